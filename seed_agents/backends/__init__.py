@@ -1,0 +1,33 @@
+"""Model backends: a vLLM server over HTTP, or transformers in-process."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from seed_agents.backends.base import Backend, BackendError, BackendUnavailable
+
+if TYPE_CHECKING:
+    from seed_agents.config import BackendConfig
+
+__all__ = ["Backend", "BackendError", "BackendUnavailable", "make_backend"]
+
+
+def make_backend(cfg: BackendConfig) -> tuple[Backend, Any]:
+    """Build the backend and the tokenizer that renders its prompts from a config."""
+    from transformers import AutoTokenizer
+
+    from seed_agents.models import resolve_model
+
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model(cfg.tokenizer)) if cfg.tokenizer else None
+    if cfg.kind == "local":
+        from seed_agents.backends.local import LocalBackend
+
+        backend = LocalBackend(cfg.model, tokenizer=tokenizer, max_batch_size=cfg.max_batch_size)
+        return backend, backend.tokenizer
+    from seed_agents.backends.vllm import VLLMBackend
+
+    if tokenizer is None:
+        tokenizer = AutoTokenizer.from_pretrained(resolve_model(cfg.model))
+    backend = VLLMBackend(cfg.base_url, cfg.model, max_concurrency=cfg.max_concurrency,
+                          timeout_s=cfg.timeout_s, max_retries=cfg.max_retries)
+    return backend, tokenizer

@@ -1,0 +1,172 @@
+"""``LocalBackend``: transformers in-process, the CPU default.
+
+Concurrent ``agenerate`` calls are gathered into batches (left-padded, KV-cached
+``generate``) so a group of episodes shares one forward per token, as a server would.
+Log-probabilities are the raw log-softmax of the model's logits (temperature 1), the same
+quantity vLLM returns, so both backends feed the trainer identical numbers.
+
+The trainer may share the model object (``LocalBackend(model=trainer_model)``): weights
+updated in place are live for the next request; ``policy_version`` is bumped by the sync.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from seed_agents.types import Completion, SamplingParams
+
+
+@dataclass
+class _Request:
+    prompt_ids: list[int]
+    params: SamplingParams
+    future: asyncio.Future[Completion]
+    t0: float = field(default_factory=time.perf_counter)
+
+
+class LocalBackend:
+    """In-process generation with a transformers causal LM."""
+
+    def __init__(
+        self,
+        model: str | torch.nn.Module,
+        *,
+        tokenizer: Any = None,
+        dtype: torch.dtype = torch.float32,
+        max_batch_size: int = 8,
+        batch_wait_s: float = 0.005,
+        policy_version: int = 0,
+    ) -> None:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        if isinstance(model, str):
+            from seed_agents.models import resolve_model
+
+            path = resolve_model(model)
+            self.model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+            self.tokenizer = tokenizer or AutoTokenizer.from_pretrained(path)
+        else:
+            self.model = model
+            if tokenizer is None:
+                raise ValueError("pass tokenizer= when giving LocalBackend a model object")
+            self.tokenizer = tokenizer
+        self.model.eval()
+        if max_batch_size < 1:
+            raise ValueError("max_batch_size must be >= 1")
+        self.max_batch_size = max_batch_size
+        self.batch_wait_s = batch_wait_s
+        self.policy_version = policy_version
+        pad = self.tokenizer.pad_token_id
+        self.pad_id = int(pad if pad is not None else self.tokenizer.eos_token_id)
+        self._lock = threading.Lock()  # one forward at a time; the trainer may share the model
+        self._queues: dict[int, list[_Request]] = {}
+        self._workers: set[int] = set()
+
+    # -- public API ------------------------------------------------------------------
+    def generate(self, prompt_ids: list[int], params: SamplingParams) -> Completion:
+        t0 = time.perf_counter()
+        comp = self._generate_batch([prompt_ids], params)[0]
+        comp.latency_s = time.perf_counter() - t0
+        return comp
+
+    async def agenerate(self, prompt_ids: list[int], params: SamplingParams) -> Completion:
+        loop = asyncio.get_running_loop()
+        req = _Request(list(prompt_ids), params, loop.create_future())
+        key = id(loop)
+        self._queues.setdefault(key, []).append(req)
+        if key not in self._workers:
+            self._workers.add(key)
+            loop.create_task(self._drain(key))
+        return await req.future
+
+    def score(self, prompt_ids: list[int], completion_ids: list[int]) -> list[float]:
+        from seed_agents.scoring import sequence_logprobs
+
+        with self._lock, torch.no_grad():
+            return sequence_logprobs(self.model, prompt_ids, completion_ids).tolist()
+
+    async def ascore(self, prompt_ids: list[int], completion_ids: list[int]) -> list[float]:
+        return await asyncio.to_thread(self.score, prompt_ids, completion_ids)
+
+    def close(self) -> None:
+        pass
+
+    # -- batching ----------------------------------------------------------------------
+    async def _drain(self, key: int) -> None:
+        """Serve queued requests in batches until the queue is empty, then exit."""
+        try:
+            while self._queues.get(key):
+                await asyncio.sleep(self.batch_wait_s)  # let concurrent callers join the batch
+                queue = self._queues[key]
+                # Requests batch together only when their sampling params agree.
+                params = queue[0].params
+                batch = [r for r in queue if r.params == params][: self.max_batch_size]
+                self._queues[key] = [r for r in queue if not any(r is b for b in batch)]
+                try:
+                    comps = await asyncio.to_thread(self._generate_batch, [r.prompt_ids for r in batch], params)
+                except BaseException as e:  # noqa: BLE001 - delivered to every waiter
+                    for r in batch:
+                        if not r.future.done():
+                            r.future.set_exception(e)
+                    if isinstance(e, asyncio.CancelledError):
+                        raise
+                    continue
+                now = time.perf_counter()
+                for r, c in zip(batch, comps):
+                    c.latency_s = now - r.t0
+                    if not r.future.done():
+                        r.future.set_result(c)
+        finally:
+            self._workers.discard(key)
+            if not self._queues.get(key):
+                self._queues.pop(key, None)
+
+    def _generate_batch(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
+        from transformers import GenerationConfig
+
+        if any(len(p) == 0 for p in prompts):
+            raise ValueError("empty prompt")
+        stop = set(params.stop_token_ids)
+        if self.tokenizer.eos_token_id is not None:
+            stop.add(int(self.tokenizer.eos_token_id))
+        width = max(len(p) for p in prompts)
+        input_ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
+        attention = torch.zeros((len(prompts), width), dtype=torch.long)
+        for i, p in enumerate(prompts):
+            input_ids[i, width - len(p):] = torch.tensor(p)
+            attention[i, width - len(p):] = 1
+        greedy = params.temperature == 0
+        # A fresh GenerationConfig: the checkpoint's defaults (top_k=50, repetition
+        # penalty, ...) would silently change the distribution we claim to sample from.
+        cfg = GenerationConfig(
+            max_new_tokens=params.max_tokens, do_sample=not greedy,
+            temperature=None if greedy else params.temperature, top_p=None if greedy else params.top_p,
+            top_k=None, eos_token_id=sorted(stop), pad_token_id=self.pad_id,
+            output_logits=True, return_dict_in_generate=True,
+        )
+        with self._lock, torch.no_grad():
+            if params.seed is not None:
+                torch.manual_seed(params.seed)
+            out = self.model.generate(input_ids=input_ids, attention_mask=attention, generation_config=cfg)
+        new = out.sequences[:, width:]
+        logps = torch.stack(out.logits, dim=1).float().log_softmax(-1)  # [B, T, V]
+        tok_logps = logps.gather(-1, new.unsqueeze(-1)).squeeze(-1)
+        comps = []
+        for i in range(len(prompts)):
+            ids = new[i].tolist()
+            finish = "length"
+            for j, t in enumerate(ids):
+                if t in stop:
+                    ids, finish = ids[: j + 1], "stop"
+                    break
+            comps.append(Completion(
+                token_ids=ids, logprobs=tok_logps[i, : len(ids)].tolist(),
+                finish_reason=finish, policy_version=self.policy_version,
+            ))
+        return comps

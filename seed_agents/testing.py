@@ -1,0 +1,114 @@
+"""Fakes for fast, deterministic tests of graphs built on seed-agents.
+
+``FakeBackend`` answers with scripted text, tokenized with a real tokenizer so every id
+and mask downstream is real; it satisfies the ``Backend`` protocol. Use it in unit tests
+of your own graphs; use a real server in integration tests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from seed_agents.types import Completion, SamplingParams
+
+Reply = str | Callable[[list[int]], str]
+
+
+class FakeBackend:
+    """Replies from a script: a list (cycled) of strings or ``f(prompt_ids) -> str``.
+
+    Each reply is tokenized and followed by the tokenizer's EOS token; logprobs are a
+    fixed ``logprob`` per token. ``delay_s`` simulates latency; ``fail_on`` makes the
+    n-th call (0-based) raise, to test failure handling.
+    """
+
+    def __init__(self, tokenizer: Any, replies: Sequence[Reply] | Reply, *, logprob: float = -0.5,
+                 delay_s: float = 0.0, fail_on: set[int] | None = None, policy_version: int = 0) -> None:
+        self.tokenizer = tokenizer
+        self.replies = [replies] if callable(replies) or isinstance(replies, str) else list(replies)
+        self.logprob = logprob
+        self.delay_s = delay_s
+        self.fail_on = fail_on or set()
+        self.policy_version = policy_version
+        self.prompts: list[list[int]] = []
+
+    def _complete(self, prompt_ids: list[int], params: SamplingParams) -> Completion:
+        n = len(self.prompts)
+        self.prompts.append(list(prompt_ids))
+        if n in self.fail_on:
+            raise RuntimeError(f"FakeBackend: scripted failure on call {n}")
+        reply = self.replies[n % len(self.replies)]
+        text = reply(prompt_ids) if callable(reply) else reply
+        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        finish = "stop"
+        if len(ids) >= params.max_tokens:
+            ids, finish = ids[: params.max_tokens], "length"
+        else:
+            ids = ids + [self.tokenizer.eos_token_id]
+        return Completion(token_ids=ids, logprobs=[self.logprob] * len(ids), finish_reason=finish,
+                          policy_version=self.policy_version)
+
+    def generate(self, prompt_ids: list[int], params: SamplingParams) -> Completion:
+        return self._complete(prompt_ids, params)
+
+    async def agenerate(self, prompt_ids: list[int], params: SamplingParams) -> Completion:
+        if self.delay_s:
+            await asyncio.sleep(self.delay_s)
+        return self._complete(prompt_ids, params)
+
+    async def ascore(self, prompt_ids: list[int], completion_ids: list[int]) -> list[float]:
+        return [self.logprob] * len(completion_ids)
+
+    def close(self) -> None:
+        pass
+
+
+class ScriptedEnv:
+    """A tiny deterministic text env: reach ``goal`` by issuing ``solution`` in order.
+
+    Used to test the env agent graph and the runner without TextWorld. ``raise_on_step``
+    and ``hang_s`` simulate a broken or hung environment.
+    """
+
+    def __init__(self, solution: Sequence[str] = ("open door", "go north"), *, distractors: Sequence[str] = ("look", "wait"),
+                 raise_on_step: int | None = None, hang_s: float = 0.0) -> None:
+        self.solution = list(solution)
+        self.distractors = list(distractors)
+        self.raise_on_step = raise_on_step
+        self.hang_s = hang_s
+        self.progress = 0
+        self.steps = 0
+        self.closed = False
+
+    def _obs(self, text: str, reward: float = 0.0, invalid: bool = False) -> Any:
+        from seed_agents.envs import EnvObservation
+
+        done = self.progress == len(self.solution)
+        actions = [] if done else sorted({self.solution[self.progress], *self.distractors})
+        return EnvObservation(text=text, admissible_actions=actions, reward=reward, done=done, won=done,
+                              invalid=invalid, info={"progress": self.progress})
+
+    def reset(self) -> Any:
+        self.progress = self.steps = 0
+        return self._obs("You are in a room. Your task is to leave it.")
+
+    def step(self, action: str) -> Any:
+        import time
+
+        self.steps += 1
+        if self.hang_s:
+            time.sleep(self.hang_s)
+        if self.raise_on_step is not None and self.steps >= self.raise_on_step:
+            raise RuntimeError("ScriptedEnv: scripted env failure")
+        admissible = self._obs("").admissible_actions
+        if action not in admissible:
+            return self._obs("That is not a valid action.", invalid=True)
+        if action == self.solution[self.progress]:
+            self.progress += 1
+            return self._obs(f"You {action}.", reward=1.0 if self.progress == len(self.solution) else 0.0)
+        return self._obs(f"You {action}. Nothing happens.")
+
+    def close(self) -> None:
+        self.closed = True

@@ -1,0 +1,157 @@
+"""The contract between rollout, capture and training.
+
+Every number a trainer needs is in these records: the exact prompt token ids the model
+saw, the completion token ids it sampled and the log-probabilities the *serving* model
+assigned to them, stamped with the policy version that sampled them. Nothing downstream
+re-tokenizes text; text fields are for humans and for the analyzer prompt only.
+
+Log-probabilities are the model's raw log-softmax at temperature 1 (vLLM's default
+``raw_logprobs`` mode), so they are directly comparable with a trainer's forward pass on
+the same ids regardless of the sampling temperature.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from enum import Enum
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+Purpose = Literal["policy", "analyzer", "other"]
+FinishReason = Literal["stop", "length", "error"]
+
+
+def new_id() -> str:
+    return uuid.uuid4().hex[:16]
+
+
+class StopReason(str, Enum):
+    """Why an episode ended. Only ``DONE`` is a natural end of the task."""
+
+    DONE = "done"  # the environment or the agent finished the task (won or lost)
+    MAX_TURNS = "max_turns"  # the agent's turn budget ran out
+    TIMEOUT = "timeout"  # the per-episode wall-clock limit was hit
+    ERROR = "error"  # the env, a tool or the backend raised; see Trajectory.error
+
+
+class SamplingParams(BaseModel):
+    """What a backend needs to sample one completion."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    max_tokens: int = Field(64, ge=1, le=32768, description="Maximum completion tokens.")
+    temperature: float = Field(1.0, ge=0.0, le=10.0, description="0 means greedy.")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling mass.")
+    seed: int | None = Field(None, description="Per-request sampling seed, if reproducibility matters.")
+    stop_token_ids: tuple[int, ...] = Field((), description="Extra token ids that end the completion.")
+
+
+class Completion(BaseModel):
+    """One sampled completion, exactly as the backend produced it."""
+
+    token_ids: list[int]
+    logprobs: list[float] = Field(description="Raw (T=1) log-prob of each sampled token.")
+    finish_reason: FinishReason
+    policy_version: int = 0
+    latency_s: float = 0.0
+
+    @model_validator(mode="after")
+    def _aligned(self) -> Completion:
+        if len(self.token_ids) != len(self.logprobs):
+            raise ValueError(
+                f"{len(self.token_ids)} token ids but {len(self.logprobs)} logprobs"
+            )
+        return self
+
+
+class LLMCall(BaseModel):
+    """One LLM call, captured token-exactly by ``SeedChatModel``."""
+
+    call_id: str = Field(default_factory=new_id)
+    messages: list[dict[str, Any]] = Field(description="The chat messages as rendered (role/content/tool_calls).")
+    tools: list[dict[str, Any]] | None = Field(None, description="OpenAI-style tool schemas offered to the model.")
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    logprobs: list[float]
+    text: str = Field("", description="Decoded completion, for humans and parsers.")
+    policy_version: int = 0
+    purpose: Purpose = "policy"
+    finish_reason: FinishReason = "stop"
+    latency_s: float = 0.0
+    started_at: float = Field(default_factory=time.time)
+    sampling: SamplingParams | None = None
+    scope: dict[str, Any] = Field(default_factory=dict, description="Capture scope labels (run, task, group, ...).")
+
+    @model_validator(mode="after")
+    def _aligned(self) -> LLMCall:
+        if len(self.completion_ids) != len(self.logprobs):
+            raise ValueError(
+                f"{len(self.completion_ids)} completion ids but {len(self.logprobs)} logprobs"
+            )
+        return self
+
+
+class Task(BaseModel):
+    """One task of a manifest. ``task_id`` is stable across runs and machines."""
+
+    task_id: str
+    split: str = "train"
+    data: dict[str, Any] = Field(default_factory=dict, description="Env-specific task parameters.")
+
+
+class Trajectory(BaseModel):
+    """One episode: every captured call plus the outcome the environment reported."""
+
+    trajectory_id: str = Field(default_factory=new_id)
+    task_id: str
+    group_id: str = Field(description="Episodes of the same task in the same iteration share it (GRPO group).")
+    sample_index: int = 0
+    split: str = "train"
+    calls: list[LLMCall] = Field(default_factory=list)
+    reward: float = 0.0
+    success: bool = False
+    steps: int = 0
+    invalid_actions: int = 0
+    stop_reason: StopReason = StopReason.DONE
+    metadata: dict[str, Any] = Field(default_factory=dict, description="Env metadata (game type, score, ...).")
+    error: str | None = None
+    wall_s: float = 0.0
+
+    @property
+    def policy_calls(self) -> list[LLMCall]:
+        return [c for c in self.calls if c.purpose == "policy"]
+
+
+class Row(BaseModel):
+    """One training row: a prompt and a completion span with a per-token loss mask.
+
+    ``completion_ids`` may span several LLM calls when their token prefixes continue
+    exactly; tokens the model did not sample (observations, template glue) have
+    ``loss_mask`` 0 and ``old_logprobs`` 0.0.
+    """
+
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    loss_mask: list[int]
+    old_logprobs: list[float]
+    trajectory_id: str
+    task_id: str
+    group_id: str
+    call_ids: list[str]
+    policy_version: int = 0
+
+    @model_validator(mode="after")
+    def _aligned(self) -> Row:
+        n = len(self.completion_ids)
+        if not (len(self.loss_mask) == len(self.old_logprobs) == n):
+            raise ValueError(
+                f"row lengths differ: completion {n}, mask {len(self.loss_mask)}, "
+                f"logprobs {len(self.old_logprobs)}"
+            )
+        return self
+
+    @property
+    def num_sampled_tokens(self) -> int:
+        return sum(self.loss_mask)
