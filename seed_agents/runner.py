@@ -41,7 +41,12 @@ def default_reward(task: Task, state: dict[str, Any]) -> float:
 
 
 class EpisodeRunner:
-    """Plays ``graph`` on tasks. ``make_env`` is optional: tool agents need no env."""
+    """Plays ``graph`` on tasks. ``make_env`` is optional: tool agents need no env.
+
+    ``make_input`` turns a task into the graph's input (default ``{"task": task}``; a
+    prebuilt ReAct agent wants ``{"messages": [...]}``); ``reward_fn(task, final_state)``
+    scores the episode (default: the state's ``reward``).
+    """
 
     def __init__(
         self,
@@ -53,6 +58,7 @@ class EpisodeRunner:
         success_fn: Callable[[Task, dict[str, Any], float], bool] | None = None,
         sink: Sink | None = None,
         labels: dict[str, Any] | None = None,
+        make_input: Callable[[Task], dict[str, Any]] = lambda task: {"task": task},
     ) -> None:
         self.graph = graph
         self.config = config
@@ -61,6 +67,7 @@ class EpisodeRunner:
         self.success_fn = success_fn or (lambda task, state, reward: bool(state.get("success", reward >= 1.0)))
         self.sink = sink
         self.labels = labels or {}
+        self.make_input = make_input
 
     async def run(self, tasks: list[Task], group_prefix: str = "g") -> list[Trajectory]:
         """All episodes, ordered by (task, sample) whatever order they finished in."""
@@ -97,7 +104,7 @@ class EpisodeRunner:
                         env = await asyncio.to_thread(self.make_env, task)
                         configurable["env"] = env
                     state = await self.graph.ainvoke(
-                        {"task": task},
+                        self.make_input(task),
                         config={"configurable": configurable, "recursion_limit": self.config.recursion_limit},
                     )
                 reward = float(self.reward_fn(task, state))
