@@ -114,6 +114,7 @@ class EpisodeRunner:
                 traj.invalid_actions = int(state.get("invalid_actions", 0))
                 traj.stop_reason = StopReason(state.get("stop_reason", StopReason.DONE))
                 traj.metadata = dict(state.get("metadata", {}))
+                traj.skill = state.get("skill")
             except TimeoutError:
                 traj.stop_reason = StopReason.TIMEOUT
                 traj.error = f"episode exceeded {self.config.episode_timeout_s:g}s"

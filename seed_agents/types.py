@@ -101,6 +101,31 @@ class Task(BaseModel):
     data: dict[str, Any] = Field(default_factory=dict, description="Env-specific task parameters.")
 
 
+class Skill(BaseModel):
+    """A hindsight skill: what the analyzer (the policy itself, greedy) learned from one episode.
+
+    Invalid skills are kept, not dropped: ``valid`` is False and ``reject_reason`` says
+    why (unparsable JSON, too short, control tokens, analyzer error). Only valid skills
+    are injected into teacher prompts; the episode's RL term applies either way.
+    """
+
+    trajectory_id: str = Field("", description="The episode the skill was written about.")
+    task_id: str = ""
+    success: bool = Field(description="The episode's outcome as shown to the analyzer.")
+    summary: str = Field("", description="The analyzer's episode_summary.")
+    skill: str = Field("", description="The analyzer's episode_skill: one short, policy-facing rule.")
+    valid: bool = False
+    reject_reason: str | None = Field(None, description="Why the skill is unusable; None when valid.")
+    call_id: str | None = Field(None, description="The analyzer's LLMCall (purpose='analyzer'), when captured.")
+    raw: str = Field("", description="The analyzer's raw reply.")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Skill:
+        if self.valid == (self.reject_reason is not None):
+            raise ValueError("a skill is valid exactly when it has no reject_reason")
+        return self
+
+
 class Trajectory(BaseModel):
     """One episode: every captured call plus the outcome the environment reported."""
 
@@ -118,6 +143,7 @@ class Trajectory(BaseModel):
     metadata: dict[str, Any] = Field(default_factory=dict, description="Env metadata (game type, score, ...).")
     error: str | None = None
     wall_s: float = 0.0
+    skill: Skill | None = Field(None, description="The hindsight skill written about this episode, if any.")
 
     @property
     def policy_calls(self) -> list[LLMCall]:

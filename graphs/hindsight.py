@@ -1,0 +1,152 @@
+"""The hindsight node: after an episode, the policy writes a skill about it.
+
+``with_hindsight(agent_graph, llm)`` wraps any compiled agent graph: the agent runs as a
+subgraph, then a ``hindsight`` node hands the episode's captured policy calls to the
+*same* chat model, greedy, under ``capture(purpose="analyzer")``, and puts the parsed
+``Skill`` into the state. The analyzer call is recorded in the episode's capture scope
+like any other call (purpose ``analyzer``), so the trainer can find it and stage-1 SFT
+can reuse it. A skill that fails to parse, or an analyzer that raises, gives an invalid
+``Skill`` with its reason; the episode itself is never failed by its hindsight.
+"""
+
+from __future__ import annotations
+
+import typing
+from collections.abc import Callable, Sequence
+from typing import Any, TypedDict
+
+from langgraph.graph import END, START, StateGraph
+
+from seed_agents.capture import capture, current_scope
+from seed_agents.skills import build_analyzer_messages, episode_steps, parse_skill
+from seed_agents.types import LLMCall, Skill, StopReason, Task
+
+
+class HindsightState(TypedDict, total=False):
+    """The outer state when the agent graph's own schema cannot be read."""
+
+    task: Task
+    success: bool
+    reward: float
+    steps: int
+    stop_reason: StopReason
+    invalid_actions: int
+    metadata: dict[str, Any]
+    skill: Skill
+
+
+async def write_skill(
+    llm: Any,
+    calls: Sequence[LLMCall],
+    task_text: str,
+    success: bool,
+    *,
+    max_tokens: int = 512,
+    min_words: int = 5,
+    max_words: int = 120,
+    max_chars_per_step: int = 1500,
+    max_steps: int = 30,
+    trajectory_id: str | None = None,
+    task_id: str | None = None,
+) -> Skill:
+    """Ask ``llm`` (greedy) for a hindsight skill about the episode made of ``calls``.
+
+    ``trajectory_id`` and ``task_id`` default to the capture labels of the calls. Never
+    raises for a bad reply or a failing backend: both give ``valid=False`` with a reason.
+    """
+    labels = calls[0].scope if calls else {}
+    ids = {
+        "trajectory_id": trajectory_id if trajectory_id is not None else str(labels.get("trajectory_id", "")),
+        "task_id": task_id if task_id is not None else str(labels.get("task_id", "")),
+        "success": bool(success),
+    }
+    messages = build_analyzer_messages(task_text, success, episode_steps(calls),
+                                       max_chars_per_step=max_chars_per_step, max_steps=max_steps)
+    try:
+        with capture(purpose="analyzer"):
+            reply = await llm.bind(temperature=0.0, max_tokens=max_tokens).ainvoke(messages)
+    except Exception as e:  # noqa: BLE001 - hindsight must not fail the episode
+        return Skill(**ids, valid=False, reject_reason=f"analyzer error: {type(e).__name__}: {e}")
+    raw = reply.content if isinstance(reply.content, str) else str(reply.content)
+    summary, skill, reason = parse_skill(raw, min_words=min_words, max_words=max_words)
+    return Skill(**ids, summary=summary, skill=skill, valid=reason is None, reject_reason=reason,
+                 call_id=(reply.response_metadata or {}).get("call_id"), raw=raw)
+
+
+def episode_policy_calls() -> list[LLMCall]:
+    """The policy calls of the current episode, from the active capture scope.
+
+    The scope must hold one episode (the runner opens one per episode). When it is
+    labelled with a ``trajectory_id``, only calls carrying that label are taken.
+    """
+    scope = current_scope()
+    if scope is None:
+        return []
+    tid = scope.labels.get("trajectory_id")
+    return [c for c in scope.calls if c.purpose == "policy" and (tid is None or c.scope.get("trajectory_id") == tid)]
+
+
+def first_user_message(calls: Sequence[LLMCall]) -> str:
+    """Default task text: the first user message of the first policy call."""
+    for call in calls:
+        for m in call.messages:
+            if m.get("role") == "user":
+                return str(m.get("content") or "")
+    return ""
+
+
+def _outer_schema(agent_graph: Any) -> type:
+    """The agent's own state schema plus ``skill``, so every key it returns (``answer``,
+    ``messages`` with their reducers, ...) survives the wrap; else ``HindsightState``."""
+    schema = getattr(getattr(agent_graph, "builder", None), "state_schema", None)
+    try:
+        hints = typing.get_type_hints(schema, include_extras=True) if schema is not None else {}
+    except Exception:  # noqa: BLE001 - an unreadable schema falls back to the default
+        hints = {}
+    if not hints or not isinstance(schema, type) or not issubclass(schema, dict):
+        return HindsightState
+    return TypedDict(f"{schema.__name__}WithSkill", {**hints, "skill": Skill}, total=False)  # type: ignore[operator]
+
+
+def with_hindsight(
+    agent_graph: Any,
+    llm: Any,
+    *,
+    success_key: str = "success",
+    success_fn: Callable[[dict[str, Any]], bool] | None = None,
+    task_text: Callable[[dict[str, Any]], str] | None = None,
+    state_schema: type | None = None,
+    **skill_options: Any,
+) -> Any:
+    """Compile ``START -> agent (subgraph) -> hindsight -> END``.
+
+    Run it under ``capture()`` (the runner does). ``success_key`` names the state key
+    holding the outcome (absent: ``reward >= 1``); ``success_fn(final_state)`` replaces
+    that for agents whose outcome is judged from their answer (the runner's ``reward_fn``
+    runs only after the graph, too late for the analyzer); ``task_text(final_state)`` gives the
+    task as the analyzer sees it (default: the first user message of the first policy
+    call). ``state_schema`` overrides the outer schema, which by default is the agent's
+    own plus ``skill``. ``skill_options`` go to ``write_skill`` (``max_tokens``, ...).
+    """
+
+    async def hindsight(state: dict[str, Any]) -> dict[str, Any]:
+        calls = episode_policy_calls()
+        if success_fn is not None:
+            success = bool(success_fn(state))
+        else:
+            outcome = state.get(success_key)
+            success = bool(outcome) if outcome is not None else float(state.get("reward", 0.0)) >= 1.0
+        task = state.get("task")
+        if not calls:
+            reason = "no policy calls captured for this episode (run the graph under capture())"
+            return {"skill": Skill(task_id=getattr(task, "task_id", ""), success=success, valid=False, reject_reason=reason)}
+        text = task_text(state) if task_text is not None else first_user_message(calls)
+        return {"skill": await write_skill(llm, calls, text, success, **skill_options)}
+
+    g = StateGraph(state_schema or _outer_schema(agent_graph))
+    g.add_node("agent", agent_graph)
+    g.add_node("hindsight", hindsight)
+    g.add_edge(START, "agent")
+    g.add_edge("agent", "hindsight")
+    g.add_edge("hindsight", END)
+    return g.compile()
