@@ -1,0 +1,113 @@
+"""SEEDTrainer on a tiny random model: a real TRL training step, in-process rollouts."""
+
+import pytest
+import torch
+
+datasets = pytest.importorskip("datasets")
+from transformers import AutoModelForCausalLM  # noqa: E402
+from trl import GRPOTrainer  # noqa: E402
+
+from graphs.env_agent import build_env_agent  # noqa: E402
+from graphs.hindsight import with_hindsight  # noqa: E402
+from seed_agents.backends.local import LocalBackend  # noqa: E402
+from seed_agents.chat_model import SeedChatModel  # noqa: E402
+from seed_agents.envs import EnvObservation  # noqa: E402
+from seed_agents.runner import EpisodeRunner, RunnerConfig  # noqa: E402
+from seed_agents.testing import FakeBackend  # noqa: E402
+from seed_agents.types import SamplingParams, Task  # noqa: E402
+from trainers.rollout import GraphRollout  # noqa: E402
+from trainers.seed_trainer import SEEDConfig, SEEDTrainer  # noqa: E402
+from trainers.weight_sync import InProcessSync  # noqa: E402
+
+SKILL_JSON = '{"episode_summary": "The agent answered.", "episode_skill": "Answer with a short word of even length."}'
+
+
+class ParityEnv:
+    """One step; any action is accepted; reward 1 when the reply has an even length."""
+
+    def reset(self):
+        return EnvObservation(text="Say something.", admissible_actions=["yes", "no"])
+
+    def step(self, action):
+        won = len(action) % 2 == 0
+        return EnvObservation(text="ok", reward=float(won), done=True, won=won)
+
+    def close(self):
+        pass
+
+
+def make_trainer(tiny_model_dir, tokenizer, tmp_path, *, opd_coef=0.01, skills="external", **cfg):
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    backend = LocalBackend(model, tokenizer=tokenizer, max_batch_size=8)
+    llm = SeedChatModel(backend=backend, tokenizer=tokenizer, sampling=SamplingParams(max_tokens=6, temperature=1.0))
+    graph = build_env_agent(llm, max_turns=1)
+    if skills != "none":
+        analyzer = SeedChatModel(backend=FakeBackend(tokenizer, SKILL_JSON), tokenizer=tokenizer)
+        graph = with_hindsight(graph, analyzer)
+    runner = EpisodeRunner(graph, RunnerConfig(progress=False, concurrency=8), make_env=lambda t: ParityEnv())
+    rollout = GraphRollout(runner, llm, skills=skills, merge_rows=False, out_dir=tmp_path / "run")
+    ds = datasets.Dataset.from_list([{"prompt": Task(task_id=f"t{i}").model_dump_json()} for i in range(2)])
+    args = SEEDConfig(output_dir=str(tmp_path / "out"), per_device_train_batch_size=8, num_generations=4, max_steps=1,
+                      use_cpu=True, bf16=False, report_to=[], logging_steps=1, save_strategy="no",
+                      opd_coef=opd_coef, seed=0, **cfg)
+    trainer = SEEDTrainer(model=model, args=args, train_dataset=ds, rollout=rollout, processing_class=tokenizer)
+    return trainer, backend
+
+
+def test_one_seed_step_updates_the_policy_and_logs_the_method(tiny_model_dir, tokenizer, tmp_path):
+    trainer, backend = make_trainer(tiny_model_dir, tokenizer, tmp_path, learning_rate=1e-2)
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    trainer.train()
+    changed = [n for n, p in trainer.model.named_parameters() if not torch.equal(before[n], p.detach())]
+    assert changed, "no parameter changed after a SEED step"
+    logs = {k: v for entry in trainer.state.log_history for k, v in entry.items()}
+    assert logs["skill_parse_rate"] == 1.0 and "loss/opd" in logs and 0.0 < logs["opd/gate"] < 1.0
+    batch = trainer.last_batch
+    assert len(batch.trajectories) == 8 and all(p is not None for p in batch.teacher_prompt_ids)
+    assert all(len(t.calls) == 2 and t.calls[1].purpose == "analyzer" for t in batch.trajectories)
+    assert (tmp_path / "run" / "skills.jsonl").read_text().count("\n") == 8
+
+
+def test_seed_step_with_lambda_zero_equals_trl_grpo_loss(tiny_model_dir, tokenizer, tmp_path):
+    """Our loss with lambda=0 is TRL's own GRPO (bnpo) loss on the identical batch."""
+    trainer, _ = make_trainer(tiny_model_dir, tokenizer, tmp_path, opd_coef=0.0)
+    rows = [trainer.train_dataset[i % 2] for i in range(8)]
+    inputs = trainer._generate_and_score_completions(rows)
+    trainer.model.train()
+    trainer.current_gradient_accumulation_steps = 1  # set by Trainer.train(); we call the loss directly
+    ours = trainer._compute_loss(trainer.model, inputs)
+    theirs = GRPOTrainer._compute_loss(trainer, trainer.model, {**inputs, "tool_mask": inputs["loss_mask"]})
+    assert torch.allclose(ours, theirs, atol=1e-6), (ours.item(), theirs.item())
+    # and the OPD term does change it when skills and lambda are on
+    trainer.coef = trainer.coef.__class__(lam=1.0, entropy=trainer.coef.entropy, kl=trainer.coef.kl)
+    inputs["teacher_per_token_logps"] = inputs["old_per_token_logps"] + 1.0
+    inputs["opd_mask"] = inputs["loss_mask"]
+    assert not torch.allclose(trainer._compute_loss(trainer.model, inputs), theirs)
+
+
+def test_teacher_logprobs_use_the_skill_prompt_and_pre_update_weights(tiny_model_dir, tokenizer, tmp_path):
+    trainer, _ = make_trainer(tiny_model_dir, tokenizer, tmp_path)
+    rows = [trainer.train_dataset[i % 2] for i in range(8)]
+    inputs = trainer._generate_and_score_completions(rows)
+    batch = trainer.last_batch
+    text = tokenizer.decode(batch.teacher_prompt_ids[0])
+    assert "Answer with a short word of even length." in text
+    assert "Answer with a short word" not in tokenizer.decode(batch.rows[0].prompt_ids)
+    # the student's own sampled logprobs (server side) vs the teacher's: differ only by the prompt
+    m = inputs["loss_mask"].bool()
+    assert not torch.allclose(inputs["teacher_per_token_logps"][m], inputs["old_per_token_logps"][m])
+
+
+def test_in_process_sync_bumps_the_version_stamped_on_new_calls(tiny_model_dir, tokenizer, tmp_path):
+    trainer, backend = make_trainer(tiny_model_dir, tokenizer, tmp_path)
+    sync = InProcessSync(backend)
+    assert sync.sync(trainer.model) == 1
+    rows = [trainer.train_dataset[i % 2] for i in range(8)]
+    trainer._generate_and_score_completions(rows)
+    assert {c.policy_version for t in trainer.last_batch.trajectories for c in t.policy_calls} == {1}
+
+
+def test_config_rejects_a_scoring_temperature(tmp_path):
+    with pytest.raises(ValueError, match="temperature"):
+        SEEDConfig(output_dir=str(tmp_path), temperature=0.7, use_cpu=True, bf16=False, report_to=[])

@@ -1,0 +1,98 @@
+"""``GraphRollout``: one iteration's episodes, skills, rows and teacher prompts.
+
+Plays the agent graph (wrapped with the hindsight node unless skills are off) over
+tasks x G with the runner, then builds training rows from the captured policy calls and,
+for every row whose episode has a valid skill, the teacher prompt: the same call's
+messages with the skill injected, re-rendered; the completion ids never change.
+Ablations are switches here: ``skills="none"`` (plain GRPO rollouts), ``"self"`` (the
+policy writes its own skills: SEED), ``"external"`` (another chat model writes them,
+OPID-style), ``"frozen"`` (a fixed analyzer backend that is never synced).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from statistics import fmean
+from typing import Any, Literal
+
+from seed_agents.capture import JsonlSink, capture
+from seed_agents.rows import trajectory_to_rows
+from seed_agents.runner import EpisodeRunner
+from seed_agents.skills import SkillInjector, SystemBlockInjector, teacher_prompt_ids
+from seed_agents.types import Row, Task, Trajectory
+from trainers.seed_trainer import RolloutBatch
+
+SkillSource = Literal["self", "external", "frozen", "none"]
+
+
+class GraphRollout:
+    """Implements ``trainers.seed_trainer.Rollout`` over an ``EpisodeRunner``.
+
+    ``runner`` plays the (hindsight-wrapped) graph; ``llm`` is the policy chat model used
+    to render teacher prompts. Trajectories and skills are appended to ``out_dir`` files
+    as each iteration finishes.
+    """
+
+    def __init__(self, runner: EpisodeRunner, llm: Any, *, skills: SkillSource = "self",
+                 injector: SkillInjector | None = None, merge_rows: bool = True,
+                 out_dir: str | Path | None = None) -> None:
+        self.runner = runner
+        self.llm = llm
+        self.skills = skills
+        self.injector = injector or SystemBlockInjector()
+        self.merge_rows = merge_rows
+        self.out_dir = Path(out_dir) if out_dir is not None else None
+
+    def collect(self, tasks: list[Task], group_size: int, iteration: int) -> RolloutBatch:
+        self.runner.config = self.runner.config.model_copy(update={"group_size": group_size})
+        sink = JsonlSink(self.out_dir / "trajectories.jsonl") if self.out_dir else None
+        self.runner.sink = sink
+        try:
+            with capture(iteration=iteration):
+                trajs = asyncio.run(self.runner.run(tasks, group_prefix=f"it{iteration}"))
+        finally:
+            if sink is not None:
+                sink.close()
+        return self.build(trajs, iteration)
+
+    def build(self, trajs: list[Trajectory], iteration: int = 0) -> RolloutBatch:
+        rows: list[Row] = []
+        teacher: list[list[int] | None] = []
+        calls_by_id = {c.call_id: c for t in trajs for c in t.calls}
+        for t in trajs:
+            skill = t.skill if (self.skills != "none" and t.skill is not None and t.skill.valid) else None
+            for row in trajectory_to_rows(t, merge=self.merge_rows):
+                rows.append(row)
+                if skill is None:
+                    teacher.append(None)
+                    continue
+                first = calls_by_id[row.call_ids[0]]
+                # Merged rows: the skill goes into the first prompt; every later token of the
+                # row (observations, later completions) is unchanged context after it.
+                teacher.append(teacher_prompt_ids(self.llm, first, skill.skill, self.injector))
+        self._write_skills(trajs, iteration)
+        return RolloutBatch(trajectories=trajs, rows=rows, teacher_prompt_ids=teacher, metrics=self.metrics(trajs))
+
+    def metrics(self, trajs: list[Trajectory]) -> dict[str, float]:
+        n = len(trajs) or 1
+        skills = [t.skill for t in trajs if t.skill is not None]
+        return {
+            "success_rate": sum(t.success for t in trajs) / n,
+            "episodes": float(len(trajs)),
+            "episode_errors": float(sum(t.error is not None for t in trajs)),
+            "mean_steps": fmean(t.steps for t in trajs) if trajs else 0.0,
+            "invalid_action_rate": sum(t.invalid_actions for t in trajs) / max(1, sum(t.steps for t in trajs)),
+            "skill_parse_rate": (sum(s.valid for s in skills) / len(trajs)) if trajs and self.skills != "none" else 0.0,
+            "policy_version": float(max((c.policy_version for t in trajs for c in t.policy_calls), default=0)),
+        }
+
+    def _write_skills(self, trajs: list[Trajectory], iteration: int) -> None:
+        if self.out_dir is None:
+            return
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        with (self.out_dir / "skills.jsonl").open("a", encoding="utf-8") as f:
+            for t in trajs:
+                if t.skill is not None:
+                    f.write(json.dumps({"iteration": iteration, "reward": t.reward, **t.skill.model_dump()}) + "\n")

@@ -1,0 +1,202 @@
+"""``SEEDTrainer``: TRL's GRPOTrainer with LangGraph rollouts and the SEED objective.
+
+Where it departs from stock GRPO, and why:
+- Generation is replaced by a ``Rollout`` (the LangGraph runner + hindsight node). Rows
+  come from captured calls: token ids and old log-probs are the ones the server sampled,
+  never re-tokenized. A TRL dataset row is one task; TRL repeats it G times and we run G
+  episodes of it (duplicates in the batch are collapsed into one task).
+- Rows are variable per episode (step-level agents make one row per call), so advantages
+  are computed here over every row of a task's group (``group_advantages``), not by TRL's
+  ``view(-1, G)``.
+- The loss is ``seed_objective``: PPO-clip + entropy + KL(k3) + lambda * gated OPD, whose
+  teacher log-probs are the *pre-update* policy re-scoring the sampled completion with
+  the episode's hindsight skill injected into the prompt.
+- Log-probs are scored at temperature 1 (``temperature=1.0`` is forced for scoring):
+  backends return raw log-softmax, and both sides of every ratio must agree.
+Everything else (accelerate/DeepSpeed/FSDP, PEFT, checkpoints, ``report_to``, the
+reference model) is TRL's.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+import torch
+from trl import GRPOConfig, GRPOTrainer
+
+from seed_agents.distill import SEEDCoefficients, group_advantages, seed_objective
+from seed_agents.types import Row, Task, Trajectory
+
+
+@dataclass
+class SEEDConfig(GRPOConfig):
+    """GRPOConfig plus the SEED knobs. Defaults are the paper's (DESIGN.md) where TRL's differ."""
+
+    opd_coef: float = field(default=0.01, metadata={"help": "lambda: weight of the gated OPD term; 0 = plain GRPO."})
+    opd_beta: float = field(default=5.0, metadata={"help": "beta: sharpness of the sigmoid gate on (teacher - student)."})
+    advantage_norm: Literal["mean_std", "mean"] = field(default="mean_std", metadata={"help": "Group advantage: (r-mean)/std (ALFWorld) or r-mean (WebShop)."})
+    score_batch_size: int = field(default=4, metadata={"help": "Rows per forward when scoring teacher/reference log-probs."})
+    # TRL fields with the paper's values
+    beta: float = field(default=0.01, metadata={"help": "KL(pi || pi_ref) coefficient (k3 estimator)."})
+    entropy_coef: float = field(default=0.001, metadata={"help": "Entropy bonus coefficient."})
+    learning_rate: float = field(default=1e-6, metadata={"help": "Paper: 1e-6."})
+    loss_type: str = field(default="bnpo", metadata={"help": "Token-mean over the batch (the paper's masked token-mean)."})
+    temperature: float = field(default=1.0, metadata={"help": "Scoring temperature; must be 1: backends return raw logprobs."})
+    steps_per_generation: int | None = field(default=1, metadata={"help": "One optimizer step per rollout batch."})
+    remove_unused_columns: bool | None = field(default=False, metadata={"help": "Rows carry the task JSON in 'prompt'."})
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.temperature != 1.0:
+            raise ValueError("SEEDConfig.temperature must be 1.0: rollouts carry raw (T=1) logprobs; set the sampling temperature on the rollout")
+        if self.loss_type != "bnpo":
+            raise ValueError("SEEDConfig.loss_type must be 'bnpo' (masked token-mean), the normalization of the SEED objective")
+        if self.opd_coef < 0 or self.opd_beta <= 0:
+            raise ValueError("opd_coef must be >= 0 and opd_beta > 0")
+
+
+@dataclass
+class RolloutBatch:
+    """What one iteration's rollouts produce for the trainer."""
+
+    trajectories: list[Trajectory]
+    rows: list[Row]
+    teacher_prompt_ids: list[list[int] | None]  # per row; None: no valid skill for its episode
+    metrics: dict[str, float]
+
+
+class Rollout(Protocol):
+    """Plays tasks and returns rows; see ``trainers.rollout.GraphRollout``."""
+
+    def collect(self, tasks: list[Task], group_size: int, iteration: int) -> RolloutBatch: ...
+
+
+def _env_reward(prompts: list[Any], completions: list[Any], **kwargs: Any) -> list[float]:
+    """Placeholder registered with TRL, which insists on a reward source: SEED's rewards
+    come from the environment through the rollout and are never computed by TRL."""
+    raise RuntimeError("SEEDTrainer computes rewards from trajectories; this function is never called")
+
+
+def _pad(seqs: list[list[Any]], value: Any, left: bool, dtype: torch.dtype) -> torch.Tensor:
+    width = max((len(s) for s in seqs), default=0)
+    out = torch.full((len(seqs), width), value, dtype=dtype)
+    for i, s in enumerate(seqs):
+        if s:
+            t = torch.tensor(s, dtype=dtype)
+            if left:
+                out[i, width - len(s):] = t
+            else:
+                out[i, : len(s)] = t
+    return out
+
+
+def rows_to_tensors(rows: list[Row], advantages_B: torch.Tensor, pad_id: int) -> dict[str, torch.Tensor]:
+    """Left-padded prompts, right-padded completions, masks and old log-probs."""
+    prompt_ids = _pad([r.prompt_ids for r in rows], pad_id, left=True, dtype=torch.long)
+    return {
+        "prompt_ids": prompt_ids,
+        "prompt_mask": _pad([[1] * len(r.prompt_ids) for r in rows], 0, left=True, dtype=torch.long),
+        "completion_ids": _pad([r.completion_ids for r in rows], pad_id, left=False, dtype=torch.long),
+        # attention covers every completion token; the loss mask only the sampled ones
+        "completion_mask": _pad([[1] * len(r.completion_ids) for r in rows], 0, left=False, dtype=torch.long),
+        "loss_mask": _pad([r.loss_mask for r in rows], 0, left=False, dtype=torch.long),
+        "old_per_token_logps": _pad([r.old_logprobs for r in rows], 0.0, left=False, dtype=torch.float32),
+        "advantages": advantages_B,
+    }
+
+
+class SEEDTrainer(GRPOTrainer):
+    """Thin subclass: our rollouts and our loss; TRL's everything else."""
+
+    def __init__(self, model: Any, args: SEEDConfig, train_dataset: Any, rollout: Rollout, **kwargs: Any) -> None:
+        super().__init__(model=model, reward_funcs=[_env_reward], args=args, train_dataset=train_dataset, **kwargs)
+        self.rollout = rollout
+        self.coef = SEEDCoefficients(clip_eps=args.epsilon, entropy=args.entropy_coef, lam=args.opd_coef,
+                                     kl=args.beta, beta=args.opd_beta)
+        self.iteration = 0
+        self.last_batch: RolloutBatch | None = None
+
+    # -- rollouts -> tensors ---------------------------------------------------------
+    def _generate_and_score_completions(self, generation_batch: list[dict[str, Any]]) -> dict[str, Any]:
+        tasks = list({t.task_id: t for t in (Task.model_validate_json(x["prompt"]) for x in generation_batch)}.values())
+        t0 = time.perf_counter()
+        batch = self.rollout.collect(tasks, self.num_generations, self.iteration)
+        t_rollout = time.perf_counter() - t0
+        self.last_batch = batch
+        self.iteration += 1
+        if not batch.rows:
+            raise RuntimeError("no trainable rows this iteration: every episode failed before its first LLM call")
+
+        reward_of = {t.trajectory_id: t.reward for t in batch.trajectories}
+        rewards = [reward_of[r.trajectory_id] for r in batch.rows]
+        adv = group_advantages(rewards, [r.group_id for r in batch.rows], norm=self.args.advantage_norm)
+        pad_id = self.processing_class.pad_token_id
+        if pad_id is None:
+            pad_id = self.processing_class.eos_token_id
+        out = rows_to_tensors(batch.rows, adv, pad_id)
+        device = self.accelerator.device
+        out = {k: v.to(device) for k, v in out.items()}
+
+        t1 = time.perf_counter()
+        out["teacher_per_token_logps"], out["opd_mask"] = self._teacher_logps(batch, out, pad_id)
+        if self.beta != 0.0:
+            out["ref_per_token_logps"] = self._ref_logps(out)
+        t_score = time.perf_counter() - t1
+
+        mode = "train"
+        m = self._metrics[mode]
+        for k, v in batch.metrics.items():
+            m[k].append(v)
+        m["reward"].append(sum(t.reward for t in batch.trajectories) / len(batch.trajectories))
+        m["time/rollout_s"].append(t_rollout)
+        m["time/score_s"].append(t_score)
+        m["rows"].append(float(len(batch.rows)))
+        return out
+
+    @torch.no_grad()
+    def _score(self, model: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, out: dict[str, torch.Tensor]) -> torch.Tensor:
+        input_ids = torch.cat([prompt_ids, out["completion_ids"]], dim=1)
+        attention = torch.cat([prompt_mask, out["completion_mask"]], dim=1)
+        logps, _, _ = self._get_per_token_logps_and_entropies(
+            model, input_ids, attention, out["completion_ids"].size(1), batch_size=self.args.score_batch_size)
+        return logps
+
+    def _teacher_logps(self, batch: RolloutBatch, out: dict[str, torch.Tensor], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Pre-update policy log-probs of the sampled completions under the skill prompt."""
+        has_skill = torch.tensor([p is not None for p in batch.teacher_prompt_ids], device=out["advantages"].device)
+        teacher_logps = torch.zeros_like(out["old_per_token_logps"])
+        if self.coef.lam and has_skill.any():
+            idx = has_skill.nonzero().squeeze(-1)
+            prompts = [batch.teacher_prompt_ids[i] for i in idx.tolist()]
+            t_ids = _pad(prompts, pad_id, left=True, dtype=torch.long).to(teacher_logps.device)
+            t_mask = _pad([[1] * len(p) for p in prompts], 0, left=True, dtype=torch.long).to(teacher_logps.device)
+            sub = {"completion_ids": out["completion_ids"][idx], "completion_mask": out["completion_mask"][idx]}
+            teacher_logps[idx] = self._score(self.model, t_ids, t_mask, sub)
+        opd_mask = has_skill.unsqueeze(-1).to(out["loss_mask"].dtype) * out["loss_mask"]
+        return teacher_logps, opd_mask
+
+    def _ref_logps(self, out: dict[str, torch.Tensor]) -> torch.Tensor:
+        if self.ref_model is not None:
+            return self._score(self.ref_model, out["prompt_ids"], out["prompt_mask"], out)
+        from trl.trainer.utils import use_adapter  # PEFT: the base model is the reference
+
+        model = self.accelerator.unwrap_model(self.model)
+        with use_adapter(model, adapter_name="ref" if "ref" in model.peft_config else None):
+            return self._score(self.model, out["prompt_ids"], out["prompt_mask"], out)
+
+    # -- loss ------------------------------------------------------------------------
+    def _compute_loss(self, model: Any, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+        input_ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
+        attention = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
+        logps, entropies, _ = self._get_per_token_logps_and_entropies(
+            model, input_ids, attention, inputs["completion_ids"].size(1), compute_entropy=True)
+        loss, metrics = seed_objective(
+            logps, inputs["old_per_token_logps"], inputs["advantages"], inputs["loss_mask"],
+            entropy_B_T=entropies, ref_logp_B_T=inputs.get("ref_per_token_logps"),
+            teacher_logp_B_T=inputs["teacher_per_token_logps"], opd_mask_B_T=inputs["opd_mask"], coef=self.coef)
+        for k, v in metrics.items():
+            self._metrics["train"][k].append(v)
+        # like TRL's token-mean losses: scaled for gradient accumulation (HF auto-scaling is off)
+        return loss / (self.current_gradient_accumulation_steps if self.model.training else 1.0)

@@ -1,0 +1,128 @@
+"""Push trained weights into the running server; bump ``policy_version`` only on success.
+
+Three ways, one contract (``sync(model) -> new_version``):
+- ``FullWeightSync``: save a versioned folder, then vLLM's dev endpoint
+  ``/collective_rpc`` ``reload_weights(weights_path=...)`` and ``/reset_prefix_cache``
+  (cached KV blocks were computed by the old weights).
+- ``LoRASync``: save the adapter, ``/v1/load_lora_adapter`` under a *new name per version*
+  (a same-name reload can serve stale prefix-cache blocks), point the backend at it,
+  then unload the previous adapter.
+- ``InProcessSync``: the local backend shares the trainer's model; weights are already
+  live, only the version moves.
+A failed sync raises ``WeightSyncError`` and leaves the backend on the old version and
+name, so rollouts never silently mix versions: every captured call carries the version
+the backend had when it sent the request.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+from typing import Any, Protocol
+
+import httpx
+
+
+class WeightSyncError(RuntimeError):
+    pass
+
+
+class WeightSync(Protocol):
+    def sync(self, model: Any) -> int: ...
+
+
+def _post(base_url: str, path: str, body: dict[str, Any], timeout_s: float) -> httpx.Response:
+    try:
+        r = httpx.post(base_url.rstrip("/") + path, json=body, timeout=timeout_s)
+    except httpx.HTTPError as e:
+        raise WeightSyncError(f"{path} failed: {type(e).__name__}: {e}") from e
+    if r.status_code >= 400:
+        hint = " (start vLLM with VLLM_SERVER_DEV_MODE=1)" if r.status_code == 404 and "rpc" in path else ""
+        hint = hint or (" (start vLLM with --enable-lora and VLLM_ALLOW_RUNTIME_LORA_UPDATING=True)" if "lora" in path and r.status_code in (400, 404) else "")
+        raise WeightSyncError(f"{path} -> HTTP {r.status_code}: {r.text[:500]}{hint}")
+    return r
+
+
+class _Versioned:
+    def __init__(self, backend: Any, save_root: str | Path, keep_last: int, timeout_s: float) -> None:
+        self.backend = backend
+        self.save_root = Path(save_root)
+        self.keep_last = max(1, keep_last)
+        self.timeout_s = timeout_s
+        self.last_sync_s = 0.0
+
+    def _folder(self, version: int) -> Path:
+        return self.save_root / f"v{version:06d}"
+
+    def _prune(self, version: int) -> None:
+        for old in sorted(self.save_root.glob("v*")):
+            if old.is_dir() and int(old.name[1:]) <= version - self.keep_last:
+                shutil.rmtree(old, ignore_errors=True)
+
+
+class FullWeightSync(_Versioned):
+    """Full weights through a shared filesystem (the CPU and single-node path)."""
+
+    def __init__(self, backend: Any, save_root: str | Path, *, keep_last: int = 2, timeout_s: float = 600.0) -> None:
+        super().__init__(backend, save_root, keep_last, timeout_s)
+
+    def sync(self, model: Any) -> int:
+        t0 = time.perf_counter()
+        version = self.backend.policy_version + 1
+        folder = self._folder(version)
+        if hasattr(model, "merge_and_unload"):
+            raise WeightSyncError("FullWeightSync got a PEFT model; use LoRASync (or merge the adapter first)")
+        model.save_pretrained(folder, safe_serialization=True)
+        _post(self.backend.base_url, "/collective_rpc",
+              {"method": "reload_weights", "kwargs": {"weights_path": str(folder)}}, self.timeout_s)
+        _post(self.backend.base_url, "/reset_prefix_cache", {}, self.timeout_s)
+        self.backend.policy_version = version
+        self._prune(version)
+        self.last_sync_s = time.perf_counter() - t0
+        return version
+
+
+class LoRASync(_Versioned):
+    """LoRA adapters, a fresh adapter name per version."""
+
+    def __init__(self, backend: Any, save_root: str | Path, *, name_prefix: str = "policy", keep_last: int = 2,
+                 timeout_s: float = 300.0) -> None:
+        super().__init__(backend, save_root, keep_last, timeout_s)
+        self.name_prefix = name_prefix
+        self.loaded: str | None = None
+
+    def sync(self, model: Any) -> int:
+        t0 = time.perf_counter()
+        version = self.backend.policy_version + 1
+        folder = self._folder(version)
+        if not hasattr(model, "peft_config"):
+            raise WeightSyncError("LoRASync needs a PEFT model (peft.get_peft_model)")
+        model.save_pretrained(folder)
+        name = f"{self.name_prefix}-v{version}"
+        _post(self.backend.base_url, "/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(folder)}, self.timeout_s)
+        previous, self.loaded = self.loaded, name
+        self.backend.model = name
+        self.backend.policy_version = version
+        if previous is not None:
+            try:
+                _post(self.backend.base_url, "/v1/unload_lora_adapter", {"lora_name": previous}, self.timeout_s)
+            except WeightSyncError:
+                pass  # the new adapter is live; a leftover old one only costs memory
+        self._prune(version)
+        self.last_sync_s = time.perf_counter() - t0
+        return version
+
+
+class InProcessSync:
+    """For ``LocalBackend(model=trainer_model)``: weights are shared, only the version moves."""
+
+    def __init__(self, backend: Any) -> None:
+        self.backend = backend
+        self.last_sync_s = 0.0
+
+    def sync(self, model: Any) -> int:
+        if getattr(self.backend, "model", None) is not model:
+            raise WeightSyncError("InProcessSync needs the backend to share the trainer's model object")
+        self.backend.policy_version += 1
+        return self.backend.policy_version
