@@ -1,0 +1,329 @@
+"""A backend that talks to a running vLLM server over HTTP.
+
+Prompts go out as token ids (``/v1/completions`` with ``"prompt": [ids]``) and the
+sampled ids come back as ids (``return_token_ids``), so no text is ever re-tokenized
+between the chat template and the trainer. ``logprobs: 0`` returns the log-prob of the
+sampled token only; the server runs with ``--logprobs-mode raw_logprobs`` (vLLM's
+default), so these are log-softmax values at T=1 whatever the sampling temperature.
+
+Request fields used (vLLM 0.32, ``vllm/entrypoints/openai/completion/protocol.py``):
+``prompt``, ``max_tokens``, ``temperature``, ``top_p``, ``seed``, ``logprobs``,
+``prompt_logprobs``, ``stop_token_ids``, ``return_token_ids``, ``skip_special_tokens``.
+Response: ``choices[0].token_ids``, ``choices[0].logprobs.token_logprobs``,
+``choices[0].finish_reason`` and, for scoring, ``choices[0].prompt_logprobs`` (a list
+with ``None`` first, then ``{"<token id>": {"logprob": ..., "rank": ...}}`` per token).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+import weakref
+from collections.abc import Mapping
+from typing import Any
+
+import httpx
+
+from seed_agents.backends.base import BackendError, BackendUnavailable
+from seed_agents.types import Completion, FinishReason, SamplingParams
+
+_FINISH_REASONS: dict[str, FinishReason] = {"stop": "stop", "length": "length"}
+
+
+class VLLMBackend:
+    """``Backend`` over a vLLM OpenAI-compatible server.
+
+    Safe to share between threads (sync calls) and between tasks of any number of
+    event loops (async calls): each loop gets its own ``httpx.AsyncClient`` and
+    ``asyncio.Semaphore``, because neither may cross loops.
+
+    ``model`` is the served model name (or LoRA adapter name) put in every request;
+    weight sync may change it together with ``policy_version``.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        *,
+        max_concurrency: int = 32,
+        timeout_s: float = 120.0,
+        max_retries: int = 3,
+        backoff_s: float = 0.5,
+        policy_version: int = 0,
+    ) -> None:
+        if max_concurrency < 1:
+            raise ValueError("max_concurrency must be >= 1")
+        self.base_url = _normalize_base_url(base_url)
+        self.model = model
+        self.policy_version = policy_version
+        self.max_concurrency = max_concurrency
+        self.timeout_s = timeout_s
+        self.max_retries = max_retries
+        self.backoff_s = backoff_s
+        self._timeout = httpx.Timeout(timeout_s, connect=min(timeout_s, 10.0))
+        self._client: httpx.Client | None = None
+        self._client_lock = threading.Lock()
+        self._sync_slots = threading.BoundedSemaphore(max_concurrency)
+        self._loop_state: weakref.WeakKeyDictionary[
+            asyncio.AbstractEventLoop, tuple[httpx.AsyncClient, asyncio.Semaphore]
+        ] = weakref.WeakKeyDictionary()
+
+    # -- protocol -------------------------------------------------------------------
+
+    def generate(self, prompt_ids: list[int], params: SamplingParams) -> Completion:
+        started = time.perf_counter()
+        version = self.policy_version  # the weights that will serve this request
+        data = self._post("/v1/completions", self._generate_body(prompt_ids, params))
+        return _parse_completion(data, version, time.perf_counter() - started)
+
+    async def agenerate(self, prompt_ids: list[int], params: SamplingParams) -> Completion:
+        started = time.perf_counter()
+        version = self.policy_version
+        data = await self._apost("/v1/completions", self._generate_body(prompt_ids, params))
+        return _parse_completion(data, version, time.perf_counter() - started)
+
+    def score(self, prompt_ids: list[int], completion_ids: list[int]) -> list[float]:
+        """Raw log-prob of each completion token given the prompt; nothing is sampled."""
+        if not completion_ids:
+            return []
+        data = self._post("/v1/completions", self._score_body(prompt_ids, completion_ids))
+        return _parse_prompt_logprobs(data, prompt_ids, completion_ids)
+
+    async def ascore(self, prompt_ids: list[int], completion_ids: list[int]) -> list[float]:
+        """Raw log-prob of each completion token given the prompt; nothing is sampled."""
+        if not completion_ids:
+            return []
+        data = await self._apost("/v1/completions", self._score_body(prompt_ids, completion_ids))
+        return _parse_prompt_logprobs(data, prompt_ids, completion_ids)
+
+    def health(self, timeout_s: float = 5.0) -> bool:
+        """True if the server answers ``/health`` with 200 right now (no retries)."""
+        try:
+            return httpx.get(f"{self.base_url}/health", timeout=timeout_s).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def close(self) -> None:
+        """Release connections: the sync client and every async client whose loop can
+        still run its ``aclose``. Not final: a later call opens fresh clients."""
+        with self._client_lock:
+            client, self._client = self._client, None
+        if client is not None:
+            client.close()
+        with self._client_lock:
+            states, self._loop_state = list(self._loop_state.items()), weakref.WeakKeyDictionary()
+        for loop, (aclient, _) in states:
+            if loop.is_closed():
+                continue  # its connections died with the loop
+            if loop.is_running():
+                loop.call_soon_threadsafe(lambda c=aclient: asyncio.ensure_future(c.aclose()))
+                continue
+            with contextlib.suppress(RuntimeError):  # e.g. the loop belongs to another thread
+                loop.run_until_complete(aclient.aclose())
+
+    async def aclose(self) -> None:
+        """Close this event loop's async client (and the sync one)."""
+        with self._client_lock:
+            state = self._loop_state.pop(asyncio.get_running_loop(), None)
+        if state is not None:
+            await state[0].aclose()
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"VLLMBackend({self.base_url!r}, model={self.model!r}, policy_version={self.policy_version})"
+
+    # -- request bodies ---------------------------------------------------------------
+
+    def _generate_body(self, prompt_ids: list[int], params: SamplingParams) -> dict[str, Any]:
+        if not prompt_ids:
+            raise ValueError("prompt_ids is empty")
+        body: dict[str, Any] = {
+            "model": self.model,
+            "prompt": list(prompt_ids),
+            "max_tokens": params.max_tokens,
+            "temperature": params.temperature,
+            "top_p": params.top_p,
+            "logprobs": 0,  # only the sampled token's logprob
+            "return_token_ids": True,
+            "skip_special_tokens": False,  # the text should show <|im_end|> etc. as sampled
+        }
+        if params.seed is not None:
+            body["seed"] = params.seed
+        if params.stop_token_ids:
+            body["stop_token_ids"] = list(params.stop_token_ids)
+        return body
+
+    def _score_body(self, prompt_ids: list[int], completion_ids: list[int]) -> dict[str, Any]:
+        if not prompt_ids:
+            raise ValueError("prompt_ids must hold at least one token (the first token has no logprob)")
+        return {
+            "model": self.model,
+            "prompt": list(prompt_ids) + list(completion_ids),
+            "max_tokens": 1,  # vLLM must generate something; one greedy token is cheapest
+            "temperature": 0.0,
+            "prompt_logprobs": 0,  # the logprob of each given token, no top-k extras
+            "return_token_ids": True,
+        }
+
+    # -- transport with retries ---------------------------------------------------------
+
+    def _sync_client(self) -> httpx.Client:
+        with self._client_lock:
+            if self._client is None:
+                self._client = httpx.Client(base_url=self.base_url, timeout=self._timeout)
+            return self._client
+
+    def _async_state(self) -> tuple[httpx.AsyncClient, asyncio.Semaphore]:
+        loop = asyncio.get_running_loop()
+        with self._client_lock:
+            state = self._loop_state.get(loop)
+            if state is None:
+                n = self.max_concurrency
+                limits = httpx.Limits(max_connections=n, max_keepalive_connections=n)
+                client = httpx.AsyncClient(base_url=self.base_url, timeout=self._timeout, limits=limits)
+                state = (client, asyncio.Semaphore(n))
+                self._loop_state[loop] = state
+            return state
+
+    def _post(self, path: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        client = self._sync_client()
+        last_error: BaseException | None = None
+        with self._sync_slots:
+            for attempt in range(self.max_retries + 1):
+                if attempt:
+                    time.sleep(self._backoff(attempt))
+                try:
+                    response = client.post(path, json=body)
+                except httpx.TransportError as exc:
+                    last_error = exc
+                    continue
+                if response.status_code >= 500:
+                    last_error = _ServerError(response)
+                    continue
+                return self._handle(response)
+        raise self._give_up(path, last_error)
+
+    async def _apost(self, path: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        client, slots = self._async_state()
+        last_error: BaseException | None = None
+        async with slots:
+            for attempt in range(self.max_retries + 1):
+                if attempt:
+                    await asyncio.sleep(self._backoff(attempt))
+                try:
+                    response = await client.post(path, json=body)
+                except httpx.TransportError as exc:
+                    last_error = exc
+                    continue
+                if response.status_code >= 500:
+                    last_error = _ServerError(response)
+                    continue
+                return self._handle(response)
+        raise self._give_up(path, last_error)
+
+    def _backoff(self, attempt: int) -> float:
+        return self.backoff_s * 2 ** (attempt - 1)
+
+    def _handle(self, response: httpx.Response) -> dict[str, Any]:
+        if response.status_code >= 400:
+            raise BackendError(
+                f"vLLM server at {self.base_url} rejected the request "
+                f"(HTTP {response.status_code}): {_error_message(response)}"
+            )
+        try:
+            return response.json()
+        except ValueError as exc:
+            raise BackendError(f"vLLM server at {self.base_url} sent invalid JSON: {response.text[:200]!r}") from exc
+
+    def _give_up(self, path: str, error: BaseException | None) -> BackendError:
+        tries = self.max_retries + 1
+        if isinstance(error, httpx.ConnectError | httpx.ConnectTimeout):
+            return BackendUnavailable(
+                f"cannot reach the vLLM server at {self.base_url} ({type(error).__name__}: {error}; "
+                f"{tries} attempts). Is it running? Start one with `seed-agents serve`, "
+                f"or pass the right URL."
+            )
+        if isinstance(error, _ServerError):
+            return BackendError(
+                f"vLLM server at {self.base_url}{path} failed {tries} times; last answer "
+                f"HTTP {error.status_code}: {error.message}"
+            )
+        return BackendError(f"request to {self.base_url}{path} failed {tries} times: {type(error).__name__}: {error}")
+
+
+class _ServerError(Exception):
+    """A 5xx answer, kept so the final error can quote the server."""
+
+    def __init__(self, response: httpx.Response) -> None:
+        self.status_code = response.status_code
+        self.message = _error_message(response)
+        super().__init__(f"HTTP {self.status_code}: {self.message}")
+
+
+def _normalize_base_url(url: str) -> str:
+    url = url.rstrip("/")
+    return url[: -len("/v1")] if url.endswith("/v1") else url
+
+
+def _error_message(response: httpx.Response) -> str:
+    """The human part of an error answer: vLLM sends ``{"error": {"message": ...}}``."""
+    try:
+        data = response.json()
+    except ValueError:
+        return response.text[:500] or response.reason_phrase
+    if isinstance(data, dict):
+        err = data.get("error", data)
+        if isinstance(err, dict) and "message" in err:
+            return str(err["message"])
+        if isinstance(err, str):
+            return err
+        if "detail" in data:
+            return str(data["detail"])
+    return str(data)[:500]
+
+
+def _parse_completion(data: dict[str, Any], policy_version: int, latency_s: float) -> Completion:
+    try:
+        choice = data["choices"][0]
+        token_ids = [int(t) for t in choice["token_ids"]]
+        logprobs = [float(x) for x in (choice.get("logprobs") or {}).get("token_logprobs") or []]
+    except (KeyError, IndexError, TypeError, ValueError) as exc:
+        raise BackendError(
+            f"unexpected completion response (is the server vLLM with return_token_ids support?): "
+            f"{str(data)[:300]}"
+        ) from exc
+    if len(token_ids) != len(logprobs):
+        raise BackendError(f"server returned {len(token_ids)} token ids but {len(logprobs)} logprobs")
+    return Completion(
+        token_ids=token_ids,
+        logprobs=logprobs,
+        finish_reason=_FINISH_REASONS.get(choice.get("finish_reason") or "", "error"),
+        policy_version=policy_version,
+        latency_s=latency_s,
+    )
+
+
+def _parse_prompt_logprobs(
+    data: dict[str, Any], prompt_ids: list[int], completion_ids: list[int]
+) -> list[float]:
+    try:
+        entries = data["choices"][0]["prompt_logprobs"]
+    except (KeyError, IndexError, TypeError) as exc:
+        raise BackendError(f"response has no prompt_logprobs: {str(data)[:300]}") from exc
+    n_prompt = len(prompt_ids)
+    if entries is None or len(entries) != n_prompt + len(completion_ids):
+        raise BackendError(
+            f"expected {n_prompt + len(completion_ids)} prompt_logprobs entries, got "
+            f"{None if entries is None else len(entries)}"
+        )
+    out: list[float] = []
+    for token_id, entry in zip(completion_ids, entries[n_prompt:], strict=True):
+        # JSON object keys are strings; the given token is always among them.
+        item = (entry or {}).get(str(token_id))
+        if item is None:
+            raise BackendError(f"prompt_logprobs lack token {token_id}: {str(entry)[:200]}")
+        out.append(float(item["logprob"]))
+    return out

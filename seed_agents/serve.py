@@ -1,0 +1,310 @@
+"""Run a vLLM OpenAI-compatible server as a child process.
+
+vLLM lives in its own virtualenv (it pins torch and transformers versions the training
+stack does not want), so we never import it: we start
+``<vllm python> -m vllm.entrypoints.openai.api_server`` and talk HTTP. The flags
+always passed are the ones this project relies on:
+
+- ``--dtype float32``: sampled logprobs must match the trainer's fp32 forward pass;
+- ``--logprobs-mode raw_logprobs``: logprobs are the model's log-softmax at T=1,
+  whatever the sampling temperature (vLLM's default today; pinned so it stays so);
+- ``--enable-lora`` plus ``VLLM_ALLOW_RUNTIME_LORA_UPDATING``: LoRA weight sync;
+- ``VLLM_SERVER_DEV_MODE=1``: exposes ``/collective_rpc`` for full-weight reloads.
+
+All of vLLM's caches (and temp files) go inside ``work_dir``, so tests leave nothing
+behind and parallel servers do not share compile caches.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from types import TracebackType
+
+import httpx
+
+VLLM_PYTHON_ENV = "SEED_AGENTS_VLLM_PYTHON"
+_REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def vllm_python(python: str | os.PathLike[str] | None = None) -> str:
+    """The interpreter that has vLLM installed.
+
+    In order: the ``python`` argument, ``$SEED_AGENTS_VLLM_PYTHON``,
+    ``<repo>/.venv-vllm/bin/python`` if it exists, else the current interpreter.
+    """
+    if python:
+        return str(python)
+    if env := os.environ.get(VLLM_PYTHON_ENV):
+        return env
+    repo_venv = _REPO_ROOT / ".venv-vllm" / "bin" / "python"
+    if repo_venv.exists():
+        return str(repo_venv)
+    return sys.executable
+
+
+def vllm_available(python: str | os.PathLike[str] | None = None) -> bool:
+    """Whether ``vllm_python(python)`` exists and can find the ``vllm`` package."""
+    exe = vllm_python(python)
+    if not Path(exe).exists():
+        return False
+    probe = "import importlib.util, sys; sys.exit(importlib.util.find_spec('vllm') is None)"
+    try:
+        return subprocess.run([exe, "-c", probe], capture_output=True, timeout=60).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free a moment ago (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+class VLLMServerError(RuntimeError):
+    """The server process exited or never became healthy; the message holds its log tail."""
+
+
+class VLLMServer:
+    """One ``vllm`` API server process: start, wait until healthy, stop.
+
+    Use as a context manager (``with VLLMServer(path) as server: server.url``) or call
+    ``start()``, ``wait_ready()`` and ``stop()`` yourself. ``startup_s`` is the time from
+    ``start()`` until the server answered its warm-up request (~60-90 s for the tiny
+    model on a 2-core CPU, ~18 s of it the warm-up).
+    """
+
+    def __init__(
+        self,
+        model: str | os.PathLike[str],
+        *,
+        served_model_name: str | None = None,
+        work_dir: str | os.PathLike[str] | None = None,
+        host: str = "127.0.0.1",
+        port: int | None = None,
+        python: str | os.PathLike[str] | None = None,
+        max_model_len: int = 2048,
+        enable_lora: bool = True,
+        max_lora_rank: int = 16,
+        max_loras: int = 2,
+        kv_cache_gib: float | None = 1.0,
+        enforce_eager: bool = False,
+        extra_args: Sequence[str] = (),
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        """
+        Args:
+            model: local folder (or hub id) to serve.
+            served_model_name: the ``model`` field requests must use; defaults to the
+                folder's name.
+            work_dir: holds the log and vLLM's caches; a fresh temp folder by default.
+            port: fixed port, or None to pick a free one.
+            python: interpreter with vLLM installed (see ``vllm_python``).
+            kv_cache_gib: explicit KV-cache size. On CPU vLLM otherwise reserves a
+                fraction (default 0.9) of *all* RAM and refuses to start when other
+                processes hold some of it; None leaves vLLM's default.
+            enforce_eager: skip torch.compile (faster start-up, slower decoding).
+            extra_args: further CLI flags, appended last (so they override).
+            env: extra environment variables for the server process.
+        """
+        # The server runs with cwd=work_dir, so local paths must be absolute.
+        self.model = str(Path(model).resolve()) if Path(model).exists() else str(model)
+        self.served_model_name = served_model_name or Path(self.model).name
+        self.work_dir = Path(work_dir).resolve() if work_dir else Path(tempfile.mkdtemp(prefix="seed-agents-vllm-"))
+        self.host = host
+        self.port = port or free_port(host)
+        self.python = vllm_python(python)
+        self.max_model_len = max_model_len
+        self.enable_lora = enable_lora
+        self.max_lora_rank = max_lora_rank
+        self.max_loras = max_loras
+        self.kv_cache_gib = kv_cache_gib
+        self.enforce_eager = enforce_eager
+        self.extra_args = list(extra_args)
+        self.extra_env = dict(env or {})
+        self.log_path = self.work_dir / "vllm-server.log"
+        self.startup_s: float | None = None  # start() -> ready (incl. warm-up)
+        self.healthy_s: float | None = None  # start() -> /health answered 200
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._started_at = 0.0
+
+    @property
+    def url(self) -> str:
+        """Base URL, without ``/v1`` (what ``VLLMBackend`` takes)."""
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def process(self) -> subprocess.Popen[bytes] | None:
+        """The server process while started (None before ``start()``/after ``stop()``)."""
+        return self._proc
+
+    def command(self) -> list[str]:
+        cmd = [
+            self.python, "-m", "vllm.entrypoints.openai.api_server",
+            "--model", self.model,
+            "--served-model-name", self.served_model_name,
+            "--dtype", "float32",
+            "--logprobs-mode", "raw_logprobs",
+            "--host", self.host,
+            "--port", str(self.port),
+            "--max-model-len", str(self.max_model_len),
+        ]  # fmt: skip
+        if self.enable_lora:
+            cmd += ["--enable-lora", "--max-lora-rank", str(self.max_lora_rank), "--max-loras", str(self.max_loras)]
+        if self.kv_cache_gib is not None:
+            cmd += ["--kv-cache-memory-bytes", str(int(self.kv_cache_gib * 2**30))]
+        if self.enforce_eager:
+            cmd.append("--enforce-eager")
+        return cmd + self.extra_args
+
+    def environment(self) -> dict[str, str]:
+        env = dict(os.environ)
+        caches = {
+            "VLLM_CACHE_ROOT": self.work_dir / "vllm-cache",
+            "TORCHINDUCTOR_CACHE_DIR": self.work_dir / "inductor-cache",
+            "TMPDIR": self.work_dir / "tmp",
+        }
+        for path in caches.values():
+            path.mkdir(parents=True, exist_ok=True)
+        env.update({k: str(v) for k, v in caches.items()})
+        env.update(
+            {
+                "VLLM_SERVER_DEV_MODE": "1",
+                "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
+                "VLLM_NO_USAGE_STATS": "1",  # no phoning home from tests
+                "DO_NOT_TRACK": "1",
+                "PYTHONUNBUFFERED": "1",  # so the log tail is current when we report it
+            }
+        )
+        env.update(self.extra_env)
+        return env
+
+    def start(self) -> VLLMServer:
+        """Launch the process (in its own process group) and return immediately."""
+        if self.is_running():
+            return self
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        env = self.environment()
+        with open(self.log_path, "ab") as log:
+            log.write(f"$ {' '.join(self.command())}\n".encode())
+            log.flush()
+            self._started_at = time.perf_counter()
+            self._proc = subprocess.Popen(
+                self.command(),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                cwd=self.work_dir,
+                start_new_session=True,  # its own process group: stop() reaches the engine workers too
+            )
+        return self
+
+    def is_running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def wait_ready(self, timeout: float = 300.0, *, warmup: bool = True) -> float:
+        """Block until ``/health`` answers 200; return the start-up seconds.
+
+        With ``warmup`` one 1-token completion with logprobs is sent before returning:
+        the first request that asks for logprobs makes vLLM torch.compile its
+        rank-counting op (~18 s on 2 CPU cores), which would otherwise land on
+        whichever real request comes first and skew its latency and timeout.
+        Raises ``VLLMServerError`` at once if the process exits, or after ``timeout``.
+        """
+        if self._proc is None:
+            raise VLLMServerError("server not started; call start() first")
+        deadline = time.monotonic() + timeout
+        with httpx.Client(timeout=5.0) as client:
+            while True:
+                code = self._proc.poll()
+                if code is not None:
+                    raise VLLMServerError(
+                        f"vLLM server exited with code {code} before becoming ready "
+                        f"(log: {self.log_path}):\n{self.log_tail()}"
+                    )
+                try:
+                    if client.get(f"{self.url}/health").status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise VLLMServerError(
+                        f"vLLM server not ready after {timeout:.0f} s (log: {self.log_path}):\n"
+                        f"{self.log_tail()}"
+                    )
+                time.sleep(0.5)
+            self.healthy_s = time.perf_counter() - self._started_at
+            if warmup:
+                self._warm_up(client, max(deadline - time.monotonic(), 30.0))
+        self.startup_s = time.perf_counter() - self._started_at
+        return self.startup_s
+
+    def _warm_up(self, client: httpx.Client, timeout: float) -> None:
+        body = {"model": self.served_model_name, "prompt": [0, 0], "max_tokens": 1, "logprobs": 0, "prompt_logprobs": 0}
+        try:
+            response = client.post(f"{self.url}/v1/completions", json=body, timeout=timeout)
+        except httpx.HTTPError as exc:
+            raise VLLMServerError(f"warm-up request failed: {exc!r} (log: {self.log_path}):\n{self.log_tail()}") from exc
+        if response.status_code != 200:
+            raise VLLMServerError(
+                f"warm-up request failed with HTTP {response.status_code}: {response.text[:300]} "
+                f"(log: {self.log_path}):\n{self.log_tail()}"
+            )
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Terminate the whole process group; kill it if it lingers past ``timeout``."""
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        for sig, wait_s in ((signal.SIGTERM, timeout), (signal.SIGKILL, 10.0)):
+            if proc.poll() is not None:
+                break
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                proc.wait(timeout=wait_s)
+            except subprocess.TimeoutExpired:
+                continue
+        # Engine-core workers share the group; make sure none outlives the server.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+
+    def log_tail(self, lines: int = 60) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return "(no log)"
+        return "\n".join(text.splitlines()[-lines:])
+
+    def __enter__(self) -> VLLMServer:
+        self.start()
+        try:
+            self.wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        state = "running" if self.is_running() else "stopped"
+        return f"VLLMServer({self.model!r}, url={self.url!r}, {state})"

