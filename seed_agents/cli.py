@@ -11,16 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
-
-from seed_agents.config import ConfigError, EvalConfig, validation_message
-
-
-def _set(d: dict[str, Any], dotted: str, value: Any) -> None:
-    *parents, leaf = dotted.split(".")
-    for p in parents:
-        d = d.setdefault(p, {})
-    d[leaf] = value
+from seed_agents.config import ConfigError, EvalConfig, TrainConfig, load_config
 
 
 # CLI flag -> EvalConfig field. Flags left unset keep the config's defaults.
@@ -36,21 +27,7 @@ _EVAL_FLAGS = {
 
 
 def build_eval_config(args: argparse.Namespace) -> EvalConfig:
-    raw: dict[str, Any] = {}
-    if args.config:
-        import yaml
-
-        raw = yaml.safe_load(Path(args.config).read_text()) or {}
-        if not isinstance(raw, dict):
-            raise ConfigError(f"{args.config}: expected a mapping at the top level")
-    for flag, field in _EVAL_FLAGS.items():
-        value = getattr(args, flag, None)
-        if value is not None:
-            _set(raw, field, value)
-    try:
-        return EvalConfig.model_validate(raw)
-    except ValidationError as e:
-        raise ConfigError(validation_message(e, args.config or "arguments")) from None
+    return load_config(EvalConfig, args.config, {field: getattr(args, flag, None) for flag, field in _EVAL_FLAGS.items()})
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
@@ -96,6 +73,19 @@ def cmd_eval(args: argparse.Namespace) -> int:
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     print(format_table(summary))
     print(f"wrote {out / 'trajectories.jsonl'}, {out / 'calls.jsonl'}, {out / 'summary.json'}")
+    return 0
+
+
+_TRAIN_FLAGS = {"out": "out", "iterations": "iterations", "seed": "seed", "backend": "backend.kind",
+                "model": "backend.model", "base_url": "backend.base_url"}
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from seed_agents.cli_train import run_train
+
+    cfg = load_config(TrainConfig, args.config, {f: getattr(args, k, None) for k, f in _TRAIN_FLAGS.items()})
+    summary = run_train(cfg, resume=args.resume)
+    print(f"done: {summary['iterations']} iterations, policy v{summary['policy_version']}; run dir {cfg.out}")
     return 0
 
 
@@ -146,6 +136,17 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("--out", help="Output directory (default runs/eval).")
     e.add_argument("--overwrite", action="store_true", help="Replace an existing run in --out.")
     e.set_defaults(func=cmd_eval)
+
+    t = sub.add_parser("train", help="Train with SEED (or an ablation) from a YAML config.")
+    t.add_argument("--config", help="YAML with TrainConfig fields (see configs/).")
+    t.add_argument("--out", help="Run directory.")
+    t.add_argument("--iterations", type=int, help="Optimizer updates.")
+    t.add_argument("--seed", type=int)
+    t.add_argument("--backend", choices=["local", "vllm"])
+    t.add_argument("--model")
+    t.add_argument("--base-url", dest="base_url")
+    t.add_argument("--resume", action="store_true", help="Continue from the last checkpoint in --out.")
+    t.set_defaults(func=cmd_train)
 
     s = sub.add_parser("serve", help="Start a vLLM server ready for hot reload (dev mode, LoRA).")
     s.add_argument("--model", default="smollm2-135m")

@@ -19,6 +19,7 @@ class BackendConfig(BaseModel):
     kind: Literal["local", "vllm"] = Field("local", description="local: transformers in-process; vllm: a running vLLM server.")
     model: str = Field("smollm2-135m", description="Alias (smollm2-135m), local folder or hub id; for vllm, the served model name.")
     tokenizer: str | None = Field(None, description="Tokenizer path/alias; defaults to `model` (with vllm, set it when the served name is not a local path).")
+    weights: str | None = Field(None, description="Training only: local copy of the served weights (vllm); defaults to `tokenizer`, then `model`.")
     base_url: str = Field("http://127.0.0.1:8000", description="vLLM server URL (kind=vllm).")
     max_concurrency: int = Field(32, ge=1, le=4096, description="Requests in flight to the server.")
     timeout_s: float = Field(120.0, gt=0, description="Per-request timeout.")
@@ -74,3 +75,92 @@ def validation_message(err: ValidationError, source: str = "config") -> str:
         loc = ".".join(str(x) for x in e["loc"]) or "(root)"
         parts.append(f"  {loc}: {e['msg']}" + (f" (got {e['input']!r})" if "input" in e and not isinstance(e["input"], dict) else ""))
     return f"invalid {source}:\n" + "\n".join(parts)
+
+
+class SkillConfig(BaseModel):
+    """Where hindsight skills come from and how they enter the teacher prompt."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    source: Literal["self", "external", "frozen", "none"] = Field("self", description="self: SEED; none: plain GRPO; external: another model writes skills (OPID-style); frozen: the initial policy, never synced.")
+    injector: Literal["system", "task_line"] = Field("system", description="system: a delimited block in the system message; task_line: after 'Your task is to:' (ALFWorld).")
+    min_words: int = Field(5, ge=1, description="Shorter skills are rejected.")
+    max_words: int = Field(120, ge=5, description="Longer skills are rejected.")
+    max_tokens: int = Field(256, ge=16, le=8192, description="Analyzer completion budget.")
+    analyzer: BackendConfig | None = Field(None, description="Backend of the external/frozen analyzer (default: a local copy of the initial policy).")
+
+
+class TrainerConfig(BaseModel):
+    """Optimization; names follow TRL's GRPOConfig where they exist."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    learning_rate: float = Field(1e-6, gt=0, le=1.0, description="Paper: 1e-6 (use larger for tiny CPU demos).")
+    opd_coef: float = Field(0.01, ge=0, description="lambda; 0 turns SEED into GRPO.")
+    opd_beta: float = Field(5.0, gt=0, description="Gate sharpness.")
+    kl_coef: float = Field(0.01, ge=0, description="KL(pi || pi_ref) coefficient.")
+    entropy_coef: float = Field(0.001, ge=0, description="Entropy bonus.")
+    clip_eps: float = Field(0.2, gt=0, lt=1, description="PPO clip range.")
+    max_grad_norm: float = Field(1.0, gt=0, description="Gradient clipping.")
+    advantage_norm: Literal["mean_std", "mean"] = Field("mean_std", description="Group advantage normalization.")
+    merge_rows: bool = Field(True, description="Merge calls whose tokens continue into one row.")
+    lora_r: int | None = Field(None, ge=1, le=512, description="Train a LoRA adapter of this rank instead of full weights.")
+    lora_alpha: int = Field(32, ge=1, description="LoRA alpha.")
+
+
+class TrainConfig(BaseModel):
+    """`seed-agents train`: SEED (or an ablation) on an env suite or any graph."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    env: str = Field("textworld", description="Environment suite (entry point group seed_agents.envs).")
+    split: str = Field("train", description="Training task split.")
+    num_tasks: int = Field(8, ge=1, description="Distinct training tasks cycled through.")
+    tasks_per_iteration: int = Field(2, ge=1, description="Tasks per update (paper: 16).")
+    iterations: int = Field(4, ge=1, description="Optimizer updates (paper: 150).")
+    seed: int = Field(0, description="Seed of everything.")
+    out: Path = Field(Path("runs/train"), description="Run directory.")
+    backend: BackendConfig = Field(default_factory=BackendConfig)
+    sampling: SamplingParams = Field(default_factory=lambda: SamplingParams(max_tokens=16, temperature=0.7))
+    runner: RunnerConfig = Field(default_factory=lambda: RunnerConfig(group_size=4))
+    agent: AgentConfig = Field(default_factory=lambda: AgentConfig(max_turns=6))
+    skills: SkillConfig = Field(default_factory=SkillConfig)
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+    sync: Literal["auto", "full", "lora"] = Field("auto", description="vLLM weight sync; auto: lora when trainer.lora_r is set, else full.")
+    env_options: dict[str, Any] = Field(default_factory=dict, description="Extra keyword arguments for the env suite.")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> TrainConfig:
+        if self.tasks_per_iteration > self.num_tasks:
+            raise ValueError(f"tasks_per_iteration ({self.tasks_per_iteration}) exceeds num_tasks ({self.num_tasks})")
+        if self.runner.group_size < 2:
+            raise ValueError("runner.group_size must be >= 2: group-relative advantages need a group")
+        if self.sync == "lora" and self.trainer.lora_r is None:
+            raise ValueError("sync: lora needs trainer.lora_r")
+        return self
+
+
+def load_config(model: type[BaseModel], path: str | Path | None, overrides: dict[str, Any]) -> Any:
+    """YAML file (optional) + dotted overrides -> validated config, or one ConfigError."""
+    import yaml
+
+    raw: dict[str, Any] = {}
+    if path:
+        try:
+            raw = yaml.safe_load(Path(path).read_text()) or {}
+        except (OSError, yaml.YAMLError) as e:
+            raise ConfigError(f"cannot read {path}: {e}") from None
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{path}: expected a mapping at the top level")
+    for dotted, value in overrides.items():
+        if value is None:
+            continue
+        d = raw
+        *parents, leaf = dotted.split(".")
+        for p in parents:
+            d = d.setdefault(p, {})
+        d[leaf] = value
+    try:
+        return model.model_validate(raw)
+    except ValidationError as e:
+        raise ConfigError(validation_message(e, str(path) if path else "arguments")) from None

@@ -47,14 +47,14 @@ class GraphRollout:
 
     def collect(self, tasks: list[Task], group_size: int, iteration: int) -> RolloutBatch:
         self.runner.config = self.runner.config.model_copy(update={"group_size": group_size})
-        sink = JsonlSink(self.out_dir / "trajectories.jsonl") if self.out_dir else None
-        self.runner.sink = sink
-        try:
-            with capture(iteration=iteration):
-                trajs = asyncio.run(self.runner.run(tasks, group_prefix=f"it{iteration}"))
-        finally:
-            if sink is not None:
-                sink.close()
+        with capture(iteration=iteration):
+            trajs = asyncio.run(self.runner.run(tasks, group_prefix=f"it{iteration}"))
+        for t in trajs:
+            t.metadata["iteration"] = iteration
+        if self.out_dir is not None:
+            with JsonlSink(self.out_dir / "trajectories.jsonl") as sink:
+                for t in trajs:
+                    sink.write("trajectory", t)
         return self.build(trajs, iteration)
 
     def build(self, trajs: list[Trajectory], iteration: int = 0) -> RolloutBatch:

@@ -115,17 +115,16 @@ class SEEDTrainer(GRPOTrainer):
         self.rollout = rollout
         self.coef = SEEDCoefficients(clip_eps=args.epsilon, entropy=args.entropy_coef, lam=args.opd_coef,
                                      kl=args.beta, beta=args.opd_beta)
-        self.iteration = 0
         self.last_batch: RolloutBatch | None = None
 
     # -- rollouts -> tensors ---------------------------------------------------------
     def _generate_and_score_completions(self, generation_batch: list[dict[str, Any]]) -> dict[str, Any]:
         tasks = list({t.task_id: t for t in (Task.model_validate_json(x["prompt"]) for x in generation_batch)}.values())
         t0 = time.perf_counter()
-        batch = self.rollout.collect(tasks, self.num_generations, self.iteration)
+        # The iteration is the optimizer step about to happen: stable across --resume.
+        batch = self.rollout.collect(tasks, self.num_generations, self.state.global_step)
         t_rollout = time.perf_counter() - t0
         self.last_batch = batch
-        self.iteration += 1
         if not batch.rows:
             raise RuntimeError("no trainable rows this iteration: every episode failed before its first LLM call")
 

@@ -1,0 +1,214 @@
+"""`seed-agents train`: the reference loop, wired top to bottom.
+
+    tasks -> (runner: agent graph + hindsight node, G episodes per task)
+          -> rows + teacher prompts -> SEEDTrainer step -> weight sync -> next iteration
+
+Everything heavy is imported lazily: this module is the composition root for training,
+the one place that joins seed_agents, graphs, tools (via entry points) and trainers.
+The run directory holds metrics.jsonl, trajectories.jsonl, skills.jsonl, checkpoints/
+and learning_curve.png; ``--resume`` continues from the last checkpoint and first drops
+trace records of iterations the checkpoint does not contain, so nothing is duplicated.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from seed_agents.config import ConfigError, TrainConfig
+
+TRACE_FILES = ("metrics.jsonl", "trajectories.jsonl", "skills.jsonl")
+
+
+def _iteration_of(record: dict[str, Any]) -> int:
+    if "iteration" in record:
+        return int(record["iteration"])
+    return int(record.get("metadata", {}).get("iteration", -1))
+
+
+def truncate_traces(out: Path, keep_before: int) -> None:
+    """Drop records of iterations >= ``keep_before`` (they will be re-run on resume)."""
+    for name in TRACE_FILES:
+        path = out / name
+        if not path.exists():
+            continue
+        kept = []
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                if _iteration_of(json.loads(line)) < keep_before:
+                    kept.append(line)
+            except json.JSONDecodeError:
+                continue  # a half-written line from a killed run
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text("".join(x + "\n" for x in kept), encoding="utf-8")
+        tmp.replace(path)
+
+
+def last_checkpoint(out: Path) -> tuple[str | None, int]:
+    ckpts = sorted((out / "checkpoints").glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[-1]))
+    return (str(ckpts[-1]), int(ckpts[-1].name.split("-")[-1])) if ckpts else (None, 0)
+
+
+def plot_learning_curve(out: Path) -> Path | None:
+    path = out / "metrics.jsonl"
+    if not path.exists():
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    rows = [r for r in rows if "success_rate" in r]
+    if not rows:
+        return None
+    it = [r["iteration"] for r in rows]
+    fig, ax = plt.subplots(1, 2, figsize=(10, 3.5))
+    ax[0].plot(it, [r["success_rate"] for r in rows], marker="o", label="success rate")
+    ax[0].plot(it, [r.get("skill_parse_rate", 0.0) for r in rows], marker=".", label="skill parse rate")
+    ax[0].set_xlabel("iteration")
+    ax[0].set_ylim(-0.05, 1.05)
+    ax[0].legend()
+    ax[1].plot(it, [r.get("loss/ppo", 0.0) for r in rows], label="PPO loss")
+    ax[1].plot(it, [r.get("loss/opd", 0.0) for r in rows], label="OPD loss")
+    ax[1].set_xlabel("iteration")
+    ax[1].legend()
+    fig.tight_layout()
+    png = out / "learning_curve.png"
+    fig.savefig(png, dpi=100)
+    plt.close(fig)
+    return png
+
+
+def run_train(cfg: TrainConfig, resume: bool = False) -> dict[str, Any]:
+    import datasets
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+
+    from graphs.hindsight import with_hindsight
+    from seed_agents.backends import make_backend
+    from seed_agents.backends.local import LocalBackend
+    from seed_agents.chat_model import SeedChatModel
+    from seed_agents.envs import load_env_suite
+    from seed_agents.models import resolve_model
+    from seed_agents.runner import EpisodeRunner
+    from seed_agents.skills import SystemBlockInjector, TaskLineInjector
+    from trainers.rollout import GraphRollout
+    from trainers.seed_trainer import SEEDConfig, SEEDTrainer
+    from trainers.weight_sync import FullWeightSync, InProcessSync, LoRASync
+
+    out = Path(cfg.out)
+    checkpoint, done_steps = last_checkpoint(out)
+    if resume:
+        if checkpoint is None:
+            raise ConfigError(f"--resume: no checkpoint under {out / 'checkpoints'}")
+        truncate_traces(out, done_steps)
+    elif (out / "metrics.jsonl").exists():
+        raise ConfigError(f"{out} already holds a run; pass --resume to continue it or choose another --out")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(cfg.model_dump_json(indent=2))
+    torch.manual_seed(cfg.seed)
+
+    # -- tasks and environment -------------------------------------------------------
+    suite = load_env_suite(cfg.env, seed=cfg.seed, **cfg.env_options)
+    tasks = suite.tasks(cfg.split, cfg.num_tasks)
+    if hasattr(suite, "prepare"):
+        print(f"preparing {len(tasks)} {cfg.env} tasks ({cfg.split}) ...", flush=True)
+        suite.prepare(tasks)
+
+    # -- policy: the trainer's model, and the backend that samples from it ------------
+    b = cfg.backend
+    weights = resolve_model(b.weights or b.tokenizer or b.model)
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model(b.tokenizer) if b.tokenizer else weights)
+    model = AutoModelForCausalLM.from_pretrained(weights, dtype=torch.float32)
+    if cfg.trainer.lora_r:
+        from peft import LoraConfig, get_peft_model
+
+        model = get_peft_model(model, LoraConfig(r=cfg.trainer.lora_r, lora_alpha=cfg.trainer.lora_alpha,
+                                                 target_modules="all-linear", task_type="CAUSAL_LM"))
+    if b.kind == "local":
+        backend: Any = LocalBackend(model, tokenizer=tokenizer, max_batch_size=b.max_batch_size)
+        sync: Any = InProcessSync(backend)
+    else:
+        backend, _ = make_backend(b)
+        if not backend.health():
+            raise ConfigError(f"no vLLM server answers at {b.base_url}; start one with `seed-agents serve --model {b.model}`")
+        lora = cfg.sync == "lora" or (cfg.sync == "auto" and cfg.trainer.lora_r)
+        sync = (LoRASync if lora else FullWeightSync)(backend, out / "weights")
+    llm = SeedChatModel(backend=backend, tokenizer=tokenizer, sampling=cfg.sampling, model_name=b.model)
+
+    # -- the agent graph, with the hindsight node -----------------------------------------
+    graph = suite.build_graph(llm, **cfg.agent.model_dump())
+    s = cfg.skills
+    if s.source != "none":
+        analyzer = llm
+        if s.source in ("external", "frozen"):
+            if s.analyzer is not None:
+                a_backend, a_tok = make_backend(s.analyzer)
+            else:  # a frozen copy of the initial policy
+                a_backend = LocalBackend(resolve_model(b.weights or b.tokenizer or b.model), max_batch_size=b.max_batch_size)
+                a_tok = a_backend.tokenizer
+            analyzer = SeedChatModel(backend=a_backend, tokenizer=a_tok, model_name="analyzer")
+        graph = with_hindsight(graph, analyzer, max_tokens=s.max_tokens, min_words=s.min_words, max_words=s.max_words)
+    runner = EpisodeRunner(graph, cfg.runner, make_env=suite.make_env)
+    injector = TaskLineInjector() if s.injector == "task_line" else SystemBlockInjector()
+    rollout = GraphRollout(runner, llm, skills=s.source, injector=injector, merge_rows=cfg.trainer.merge_rows, out_dir=out)
+
+    # -- the trainer -------------------------------------------------------------------
+    G, t = cfg.runner.group_size, cfg.trainer
+    args = SEEDConfig(
+        output_dir=str(out / "checkpoints"), per_device_train_batch_size=cfg.tasks_per_iteration * G,
+        num_generations=G, max_steps=cfg.iterations, learning_rate=t.learning_rate, beta=t.kl_coef,
+        entropy_coef=t.entropy_coef, epsilon=t.clip_eps, max_grad_norm=t.max_grad_norm, opd_coef=t.opd_coef,
+        opd_beta=t.opd_beta, advantage_norm=t.advantage_norm, use_cpu=not torch.cuda.is_available(), bf16=False,
+        report_to=[], logging_steps=1, save_strategy="steps", save_steps=1, save_total_limit=2, seed=cfg.seed,
+        disable_tqdm=True,
+    )
+    dataset = datasets.Dataset.from_list([{"prompt": task.model_dump_json()} for task in tasks])
+    trainer = SEEDTrainer(model=model, args=args, train_dataset=dataset, rollout=rollout, processing_class=tokenizer)
+    trainer.add_callback(_SyncAndLog(sync, backend, out))
+    t0 = time.perf_counter()
+    trainer.train(resume_from_checkpoint=checkpoint if resume else None)
+    png = plot_learning_curve(out)
+    summary = {"iterations": trainer.state.global_step, "policy_version": backend.policy_version,
+               "wall_s": time.perf_counter() - t0, "learning_curve": str(png) if png else None}
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    return summary
+
+
+def _callback_base() -> type:
+    from transformers import TrainerCallback
+
+    return TrainerCallback
+
+
+class _SyncAndLog(_callback_base()):  # type: ignore[misc]
+    """After each optimizer step: push the weights to the server; log one metrics row."""
+
+    def __init__(self, sync: Any, backend: Any, out: Path) -> None:
+        self.sync, self.backend, self.out = sync, backend, out
+        self.sync_s = 0.0
+
+    def on_train_begin(self, args, state, control, model=None, **kw):  # noqa: ANN001
+        # policy_version == optimizer steps applied; a resumed run first serves its checkpoint.
+        if state.global_step > 0:
+            self.backend.policy_version = state.global_step - 1
+            self.sync.sync(model)
+
+    def on_step_end(self, args, state, control, model=None, **kw):  # noqa: ANN001
+        t0 = time.perf_counter()
+        self.sync.sync(model)  # raises on failure: the run stops on the old version, never mixes
+        self.sync_s = time.perf_counter() - t0
+
+    def on_log(self, args, state, control, logs=None, **kw):  # noqa: ANN001
+        if not logs or "success_rate" not in logs:
+            return
+        row = {"iteration": state.global_step - 1, **logs, "policy_version_after": self.backend.policy_version,
+               "time/sync_s": self.sync_s}
+        with (self.out / "metrics.jsonl").open("a", encoding="utf-8") as f:
+            f.write(json.dumps(row) + "\n")
+        print(f"iter {row['iteration']:>3}  success {logs['success_rate']:.2f}  reward {logs.get('reward', 0):.2f}  "
+              f"parse {logs.get('skill_parse_rate', 0):.2f}  ppo {logs.get('loss/ppo', 0):+.4f}  "
+              f"opd {logs.get('loss/opd', 0):+.4f}  gate {logs.get('opd/gate', 0):.2f}  v{self.backend.policy_version}", flush=True)
