@@ -105,7 +105,9 @@ def _outer_schema(agent_graph: Any) -> type:
         hints = {}
     if not hints or not isinstance(schema, type) or not issubclass(schema, dict):
         return HindsightState
-    return TypedDict(f"{schema.__name__}WithSkill", {**hints, "skill": Skill}, total=False)  # type: ignore[operator]
+    # ``task`` too: agents whose own schema lacks it (a prebuilt ReAct agent) still let the
+    # runner pass the task through, so a success_fn can judge the answer against it.
+    return TypedDict(f"{schema.__name__}WithSkill", {"task": Task, **hints, "skill": Skill}, total=False)  # type: ignore[operator]
 
 
 def with_hindsight(

@@ -46,6 +46,25 @@ def truncate_traces(out: Path, keep_before: int) -> None:
         tmp.replace(path)
 
 
+def read_tasks(path: Path) -> list[Any]:
+    from seed_agents.types import Task
+
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except OSError as e:
+        raise ConfigError(f"cannot read tasks file {path}: {e}") from None
+    tasks = []
+    for i, line in enumerate(lines, 1):
+        if line.strip():
+            try:
+                tasks.append(Task.model_validate_json(line))
+            except ValueError as e:
+                raise ConfigError(f"{path}:{i}: not a Task record: {e}") from None
+    if not tasks:
+        raise ConfigError(f"{path} holds no tasks")
+    return tasks
+
+
 def last_checkpoint(out: Path) -> tuple[str | None, int]:
     ckpts = sorted((out / "checkpoints").glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[-1]))
     return (str(ckpts[-1]), int(ckpts[-1].name.split("-")[-1])) if ckpts else (None, 0)
@@ -93,7 +112,8 @@ def run_train(cfg: TrainConfig, resume: bool = False) -> dict[str, Any]:
     from seed_agents.chat_model import SeedChatModel
     from seed_agents.envs import load_env_suite
     from seed_agents.models import resolve_model
-    from seed_agents.runner import EpisodeRunner
+    from seed_agents.imports import load_object
+    from seed_agents.runner import EpisodeRunner, default_reward
     from seed_agents.skills import SystemBlockInjector, TaskLineInjector
     from trainers.rollout import GraphRollout
     from trainers.seed_trainer import SEEDConfig, SEEDTrainer
@@ -111,12 +131,24 @@ def run_train(cfg: TrainConfig, resume: bool = False) -> dict[str, Any]:
     (out / "config.json").write_text(cfg.model_dump_json(indent=2))
     torch.manual_seed(cfg.seed)
 
-    # -- tasks and environment -------------------------------------------------------
-    suite = load_env_suite(cfg.env, seed=cfg.seed, **cfg.env_options)
-    tasks = suite.tasks(cfg.split, cfg.num_tasks)
-    if hasattr(suite, "prepare"):
-        print(f"preparing {len(tasks)} {cfg.env} tasks ({cfg.split}) ...", flush=True)
-        suite.prepare(tasks)
+    # -- tasks and environment (an env suite, or any graph with its tasks and reward) ---
+    suite, build_graph, reward_fn, make_input = None, None, default_reward, (lambda task: {"task": task})
+    if cfg.graph is not None:
+        try:
+            build_graph, reward_fn = load_object(cfg.graph.build), load_object(cfg.graph.reward)
+        except ValueError as e:
+            raise ConfigError(f"graph: {e}") from None
+        tasks = read_tasks(cfg.graph.tasks)[: cfg.num_tasks]
+        if len(tasks) < cfg.tasks_per_iteration:
+            raise ConfigError(f"{cfg.graph.tasks} has {len(tasks)} tasks; tasks_per_iteration is {cfg.tasks_per_iteration}")
+        if cfg.graph.input == "messages":
+            make_input = lambda task: {"task": task, "messages": [("user", task.data["question"])]}  # noqa: E731
+    else:
+        suite = load_env_suite(cfg.env, seed=cfg.seed, **cfg.env_options)
+        tasks = suite.tasks(cfg.split, cfg.num_tasks)
+        if hasattr(suite, "prepare"):
+            print(f"preparing {len(tasks)} {cfg.env} tasks ({cfg.split}) ...", flush=True)
+            suite.prepare(tasks)
 
     # -- policy: the trainer's model, and the backend that samples from it ------------
     b = cfg.backend
@@ -140,7 +172,7 @@ def run_train(cfg: TrainConfig, resume: bool = False) -> dict[str, Any]:
     llm = SeedChatModel(backend=backend, tokenizer=tokenizer, sampling=cfg.sampling, model_name=b.model)
 
     # -- the agent graph, with the hindsight node -----------------------------------------
-    graph = suite.build_graph(llm, **cfg.agent.model_dump())
+    graph = build_graph(llm) if build_graph is not None else suite.build_graph(llm, **cfg.agent.model_dump())
     s = cfg.skills
     if s.source != "none":
         analyzer = llm
@@ -151,8 +183,12 @@ def run_train(cfg: TrainConfig, resume: bool = False) -> dict[str, Any]:
                 a_backend = LocalBackend(resolve_model(b.weights or b.tokenizer or b.model), max_batch_size=b.max_batch_size)
                 a_tok = a_backend.tokenizer
             analyzer = SeedChatModel(backend=a_backend, tokenizer=a_tok, model_name="analyzer")
-        graph = with_hindsight(graph, analyzer, max_tokens=s.max_tokens, min_words=s.min_words, max_words=s.max_words)
-    runner = EpisodeRunner(graph, cfg.runner, make_env=suite.make_env)
+        # graph agents are judged by their reward; the analyzer needs the outcome before it
+        success_fn = (lambda state: reward_fn(state["task"], state) >= 1.0) if cfg.graph is not None else None
+        graph = with_hindsight(graph, analyzer, success_fn=success_fn, max_tokens=s.max_tokens,
+                               min_words=s.min_words, max_words=s.max_words)
+    runner = EpisodeRunner(graph, cfg.runner, make_env=suite.make_env if suite is not None else None,
+                           reward_fn=reward_fn, make_input=make_input)
     injector = TaskLineInjector() if s.injector == "task_line" else SystemBlockInjector()
     rollout = GraphRollout(runner, llm, skills=s.source, injector=injector, merge_rows=cfg.trainer.merge_rows, out_dir=out)
 

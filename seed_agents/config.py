@@ -108,6 +108,17 @@ class TrainerConfig(BaseModel):
     lora_alpha: int = Field(32, ge=1, description="LoRA alpha.")
 
 
+class GraphConfig(BaseModel):
+    """Train any LangGraph graph, not only an env suite: a builder, tasks and a reward."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    build: str = Field(description="Import path 'pkg.module:fn'; fn(chat_model) returns a compiled graph.")
+    tasks: Path = Field(description="JSONL file, one Task per line ({'task_id': ..., 'data': {...}}).")
+    reward: str = Field(description="Import path of reward(task, final_state) -> float; success is reward >= 1.")
+    input: Literal["task", "messages"] = Field("task", description="Graph input: {'task': Task}, or also {'messages': [user: task.data['question']]} (prebuilt agents).")
+
+
 class TrainConfig(BaseModel):
     """`seed-agents train`: SEED (or an ablation) on an env suite or any graph."""
 
@@ -128,6 +139,7 @@ class TrainConfig(BaseModel):
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
     sync: Literal["auto", "full", "lora"] = Field("auto", description="vLLM weight sync; auto: lora when trainer.lora_r is set, else full.")
     env_options: dict[str, Any] = Field(default_factory=dict, description="Extra keyword arguments for the env suite.")
+    graph: GraphConfig | None = Field(None, description="Train this graph on these tasks instead of the env suite.")
 
     @model_validator(mode="after")
     def _consistent(self) -> TrainConfig:

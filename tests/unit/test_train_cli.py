@@ -1,0 +1,83 @@
+"""`seed-agents train` end to end on a tiny model: any graph, traces, resume, bad config."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("trl")
+
+from seed_agents.cli import main  # noqa: E402
+from seed_agents.cli_train import run_train  # noqa: E402
+from seed_agents.config import ConfigError, TrainConfig  # noqa: E402
+
+
+CALC_TASKS = Path(__file__).resolve().parents[2] / "configs" / "data" / "calculator_train.jsonl"
+
+
+def calc_config(tmp_path, tiny_model_dir, **over):
+    raw = {
+        "num_tasks": 4, "tasks_per_iteration": 1, "iterations": 1, "out": str(tmp_path / "run"),
+        "graph": {"build": "graphs.calculator:build_react_calculator", "tasks": str(CALC_TASKS),
+                  "reward": "graphs.calculator:calculator_reward", "input": "messages"},
+        "backend": {"kind": "local", "model": tiny_model_dir},
+        "sampling": {"max_tokens": 8, "temperature": 1.0},
+        "runner": {"group_size": 2, "progress": False},
+        "skills": {"source": "self", "max_tokens": 16},
+        "trainer": {"learning_rate": 1e-3},
+        **over,
+    }
+    return TrainConfig.model_validate(raw)
+
+
+def lines(path):
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+
+
+def test_train_any_graph_writes_every_trace_and_resumes_without_duplicates(tmp_path, tiny_model_dir):
+    cfg = calc_config(tmp_path, tiny_model_dir)
+    summary = run_train(cfg)
+    out = tmp_path / "run"
+    assert summary["iterations"] == 1 and summary["policy_version"] == 1
+    metrics = lines(out / "metrics.jsonl")
+    assert [m["iteration"] for m in metrics] == [0]
+    for key in ("success_rate", "reward", "loss/ppo", "skill_parse_rate", "policy_version", "time/rollout_s", "time/score_s", "time/sync_s"):
+        assert key in metrics[0], key
+    assert len(lines(out / "trajectories.jsonl")) == 2 and len(lines(out / "skills.jsonl")) == 2
+    assert (out / "learning_curve.png").stat().st_size > 0 and (out / "checkpoints" / "checkpoint-1").is_dir()
+
+    # an interrupted second iteration left a partial trace: resume drops it and re-runs it
+    with (out / "trajectories.jsonl").open("a") as f:
+        f.write(json.dumps({"metadata": {"iteration": 1}, "task_id": "partial"}) + "\n")
+    summary = run_train(cfg.model_copy(update={"iterations": 2}), resume=True)
+    assert summary["iterations"] == 2 and summary["policy_version"] == 2
+    assert [m["iteration"] for m in lines(out / "metrics.jsonl")] == [0, 1]
+    trajs = lines(out / "trajectories.jsonl")
+    assert [t["metadata"]["iteration"] for t in trajs] == [0, 0, 1, 1]
+    versions = {t["metadata"]["iteration"]: {c["policy_version"] for c in t["calls"] if c["purpose"] == "policy"} for t in trajs}
+    assert versions == {0: {0}, 1: {1}}  # iteration k was sampled by the weights after k updates
+
+
+def test_existing_run_needs_resume_and_resume_needs_a_checkpoint(tmp_path, tiny_model_dir):
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "metrics.jsonl").write_text("{}\n")
+    with pytest.raises(ConfigError, match="--resume"):
+        run_train(calc_config(tmp_path, tiny_model_dir))
+    with pytest.raises(ConfigError, match="no checkpoint"):
+        run_train(calc_config(tmp_path, tiny_model_dir), resume=True)
+
+
+def test_bad_train_configs_get_one_clear_error(tmp_path, capsys, tiny_model_dir):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("iterations: 2\ntrainer:\n  learning_rat: 0.1\n")
+    assert main(["train", "--config", str(cfg)]) == 2
+    assert "trainer.learning_rat" in capsys.readouterr().err
+    cfg.write_text("runner:\n  group_size: 1\n")
+    assert main(["train", "--config", str(cfg)]) == 2
+    assert "group_size must be >= 2" in capsys.readouterr().err
+    bad = calc_config(tmp_path, tiny_model_dir).model_dump(mode="json")
+    bad["graph"]["build"] = "graphs.calculator:nope"
+    cfg.write_text(json.dumps(bad))
+    assert main(["train", "--config", str(cfg)]) == 2
+    assert "has no attribute 'nope'" in capsys.readouterr().err
