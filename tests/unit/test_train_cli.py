@@ -81,3 +81,11 @@ def test_bad_train_configs_get_one_clear_error(tmp_path, capsys, tiny_model_dir)
     cfg.write_text(json.dumps(bad))
     assert main(["train", "--config", str(cfg)]) == 2
     assert "has no attribute 'nope'" in capsys.readouterr().err
+
+
+def test_embedded_default_equals_the_demo_config():
+    """`seed-agents train` with no config runs exactly configs/textworld_smollm2_cpu.yaml."""
+    from seed_agents.config import load_config
+
+    demo = load_config(TrainConfig, Path(__file__).resolve().parents[2] / "configs" / "textworld_smollm2_cpu.yaml", {})
+    assert TrainConfig().model_dump() == demo.model_dump()
