@@ -113,6 +113,9 @@ def main() -> None:
     params = SamplingParams(max_tokens=16, temperature=0.0)
     llm = SeedChatModel(backend=backend, tokenizer=tokenizer, sampling=params)
 
+    # one untimed round of each: first game loads, tokenizer caches, thread pools
+    asyncio.run(run_plain(suite, tasks, backend, tokenizer, params, args.max_turns, args.concurrency))
+    asyncio.run(run_graph(suite, tasks, llm, args.max_turns, args.concurrency))
     plain_eps, graph_eps = [], []
     for r in range(args.repeats):
         wall_p, steps_p = asyncio.run(run_plain(suite, tasks, backend, tokenizer, params, args.max_turns, args.concurrency))
