@@ -202,6 +202,8 @@ def run_train(cfg: TrainConfig, resume: bool = False) -> dict[str, Any]:
         report_to=[], logging_steps=1, save_strategy="steps", save_steps=1, save_total_limit=2, seed=cfg.seed,
         disable_tqdm=True,
     )
+    if args.world_size > 1 and args.process_index > 0:  # each rank plays its own episodes
+        rollout.out_dir = out / f"rank{args.process_index}"
     dataset = datasets.Dataset.from_list([{"prompt": task.model_dump_json()} for task in tasks])
     trainer = SEEDTrainer(model=model, args=args, train_dataset=dataset, rollout=rollout, processing_class=tokenizer)
     trainer.add_callback(_SyncAndLog(sync, backend, out))
@@ -221,25 +223,39 @@ def _callback_base() -> type:
 
 
 class _SyncAndLog(_callback_base()):  # type: ignore[misc]
-    """After each optimizer step: push the weights to the server; log one metrics row."""
+    """After each optimizer step: push the weights to the server; log one metrics row.
+
+    Under ``accelerate launch`` with a shared server, rank 0 saves and posts the weights
+    and the other ranks adopt the new version after a barrier; with in-process backends
+    every rank syncs its own model. Only rank 0 writes metrics.jsonl.
+    """
 
     def __init__(self, sync: Any, backend: Any, out: Path) -> None:
         self.sync, self.backend, self.out = sync, backend, out
         self.sync_s = 0.0
 
+    def _sync(self, state: Any, model: Any) -> None:
+        from trainers.weight_sync import InProcessSync
+
+        if isinstance(self.sync, InProcessSync) or state.is_world_process_zero:
+            self.sync.sync(model)  # raises on failure: the run stops on the old version, never mixes
+        _barrier()
+        if not isinstance(self.sync, InProcessSync) and not state.is_world_process_zero:
+            self.sync.follow()
+
     def on_train_begin(self, args, state, control, model=None, **kw):  # noqa: ANN001
         # policy_version == optimizer steps applied; a resumed run first serves its checkpoint.
         if state.global_step > 0:
             self.backend.policy_version = state.global_step - 1
-            self.sync.sync(model)
+            self._sync(state, model)
 
     def on_step_end(self, args, state, control, model=None, **kw):  # noqa: ANN001
         t0 = time.perf_counter()
-        self.sync.sync(model)  # raises on failure: the run stops on the old version, never mixes
+        self._sync(state, model)
         self.sync_s = time.perf_counter() - t0
 
     def on_log(self, args, state, control, logs=None, **kw):  # noqa: ANN001
-        if not logs or "success_rate" not in logs:
+        if not logs or "success_rate" not in logs or not state.is_world_process_zero:
             return
         row = {"iteration": state.global_step - 1, **logs, "policy_version_after": self.backend.policy_version,
                "time/sync_s": self.sync_s}
@@ -248,3 +264,10 @@ class _SyncAndLog(_callback_base()):  # type: ignore[misc]
         print(f"iter {row['iteration']:>3}  success {logs['success_rate']:.2f}  reward {logs.get('reward', 0):.2f}  "
               f"parse {logs.get('skill_parse_rate', 0):.2f}  ppo {logs.get('loss/ppo', 0):+.4f}  "
               f"opd {logs.get('loss/opd', 0):+.4f}  gate {logs.get('opd/gate', 0):.2f}  v{self.backend.policy_version}", flush=True)
+
+
+def _barrier() -> None:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()

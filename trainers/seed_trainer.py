@@ -53,6 +53,9 @@ class SEEDConfig(GRPOConfig):
             raise ValueError("SEEDConfig.temperature must be 1.0: rollouts carry raw (T=1) logprobs; set the sampling temperature on the rollout")
         if self.loss_type != "bnpo":
             raise ValueError("SEEDConfig.loss_type must be 'bnpo' (masked token-mean), the normalization of the SEED objective")
+        if self.num_generations and self.per_device_train_batch_size % self.num_generations:
+            raise ValueError(f"per_device_train_batch_size ({self.per_device_train_batch_size}) must be a multiple of "
+                             f"num_generations ({self.num_generations}): a group must not be split across ranks")
         if self.opd_coef < 0 or self.opd_beta <= 0:
             raise ValueError("opd_coef must be >= 0 and opd_beta > 0")
 
@@ -125,23 +128,8 @@ class SEEDTrainer(GRPOTrainer):
         batch = self.rollout.collect(tasks, self.num_generations, self.state.global_step)
         t_rollout = time.perf_counter() - t0
         self.last_batch = batch
-        if not batch.rows:
-            raise RuntimeError("no trainable rows this iteration: every episode failed before its first LLM call")
-
-        reward_of = {t.trajectory_id: t.reward for t in batch.trajectories}
-        rewards = [reward_of[r.trajectory_id] for r in batch.rows]
-        adv = group_advantages(rewards, [r.group_id for r in batch.rows], norm=self.args.advantage_norm)
-        pad_id = self.processing_class.pad_token_id
-        if pad_id is None:
-            pad_id = self.processing_class.eos_token_id
-        out = rows_to_tensors(batch.rows, adv, pad_id)
-        device = self.accelerator.device
-        out = {k: v.to(device) for k, v in out.items()}
-
         t1 = time.perf_counter()
-        out["teacher_per_token_logps"], out["opd_mask"] = self._teacher_logps(batch, out, pad_id)
-        if self.beta != 0.0:
-            out["ref_per_token_logps"] = self._ref_logps(out)
+        out = self.score_batch(batch)
         t_score = time.perf_counter() - t1
 
         mode = "train"
@@ -152,6 +140,25 @@ class SEEDTrainer(GRPOTrainer):
         m["time/rollout_s"].append(t_rollout)
         m["time/score_s"].append(t_score)
         m["rows"].append(float(len(batch.rows)))
+        return out
+
+    def score_batch(self, batch: RolloutBatch) -> dict[str, torch.Tensor]:
+        """Rows -> the loss inputs: advantages, padded tensors, teacher and reference
+        log-probs. No rollouts: benchmarks and tests can re-score a fixed batch."""
+        if not batch.rows:
+            raise RuntimeError("no trainable rows this iteration: every episode failed before its first LLM call")
+        reward_of = {t.trajectory_id: t.reward for t in batch.trajectories}
+        rewards = [reward_of[r.trajectory_id] for r in batch.rows]
+        adv = group_advantages(rewards, [r.group_id for r in batch.rows], norm=self.args.advantage_norm)
+        pad_id = self.processing_class.pad_token_id
+        if pad_id is None:
+            pad_id = self.processing_class.eos_token_id
+        out = rows_to_tensors(batch.rows, adv, pad_id)
+        device = self.accelerator.device
+        out = {k: v.to(device) for k, v in out.items()}
+        out["teacher_per_token_logps"], out["opd_mask"] = self._teacher_logps(batch, out, pad_id)
+        if self.beta != 0.0:
+            out["ref_per_token_logps"] = self._ref_logps(out)
         return out
 
     @torch.no_grad()

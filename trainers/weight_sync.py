@@ -29,7 +29,13 @@ class WeightSyncError(RuntimeError):
 
 
 class WeightSync(Protocol):
-    def sync(self, model: Any) -> int: ...
+    def sync(self, model: Any) -> int:
+        """Push ``model``'s weights; return the new version (raises WeightSyncError)."""
+        ...
+
+    def follow(self) -> int:
+        """On ranks other than the one that synced: adopt the new version (and name)."""
+        ...
 
 
 def _post(base_url: str, path: str, body: dict[str, Any], timeout_s: float) -> httpx.Response:
@@ -38,8 +44,11 @@ def _post(base_url: str, path: str, body: dict[str, Any], timeout_s: float) -> h
     except httpx.HTTPError as e:
         raise WeightSyncError(f"{path} failed: {type(e).__name__}: {e}") from e
     if r.status_code >= 400:
-        hint = " (start vLLM with VLLM_SERVER_DEV_MODE=1)" if r.status_code == 404 and "rpc" in path else ""
-        hint = hint or (" (start vLLM with --enable-lora and VLLM_ALLOW_RUNTIME_LORA_UPDATING=True)" if "lora" in path and r.status_code in (400, 404) else "")
+        # A 404 is a missing *route* only when the body is the router's own {"detail": "Not Found"};
+        # vLLM also answers 404 for e.g. "No adapter found for <path>", where the hint would mislead.
+        route_missing = r.status_code == 404 and '"detail":"Not Found"' in r.text.replace(" ", "")
+        hint = " (start vLLM with VLLM_SERVER_DEV_MODE=1)" if route_missing and "rpc" in path else ""
+        hint = hint or (" (start vLLM with --enable-lora and VLLM_ALLOW_RUNTIME_LORA_UPDATING=True)" if "lora" in path and (route_missing or r.status_code == 400) else "")
         raise WeightSyncError(f"{path} -> HTTP {r.status_code}: {r.text[:500]}{hint}")
     return r
 
@@ -82,6 +91,13 @@ class FullWeightSync(_Versioned):
         self.last_sync_s = time.perf_counter() - t0
         return version
 
+    def follow(self) -> int:
+        self.backend.policy_version += 1
+        return self.backend.policy_version
+
+    def follow(self) -> int:  # every rank holds its own model: each syncs itself
+        raise RuntimeError("InProcessSync is per rank; call sync() on every rank")
+
 
 class LoRASync(_Versioned):
     """LoRA adapters, a fresh adapter name per version."""
@@ -113,6 +129,12 @@ class LoRASync(_Versioned):
         self.last_sync_s = time.perf_counter() - t0
         return version
 
+    def follow(self) -> int:
+        version = self.backend.policy_version + 1
+        self.loaded = self.backend.model = f"{self.name_prefix}-v{version}"
+        self.backend.policy_version = version
+        return version
+
 
 class InProcessSync:
     """For ``LocalBackend(model=trainer_model)``: weights are shared, only the version moves."""
@@ -126,3 +148,6 @@ class InProcessSync:
             raise WeightSyncError("InProcessSync needs the backend to share the trainer's model object")
         self.backend.policy_version += 1
         return self.backend.policy_version
+
+    def follow(self) -> int:  # every rank holds its own model: each syncs itself
+        raise RuntimeError("InProcessSync is per rank; call sync() on every rank")

@@ -111,3 +111,42 @@ def test_in_process_sync_bumps_the_version_stamped_on_new_calls(tiny_model_dir, 
 def test_config_rejects_a_scoring_temperature(tmp_path):
     with pytest.raises(ValueError, match="temperature"):
         SEEDConfig(output_dir=str(tmp_path), temperature=0.7, use_cpu=True, bf16=False, report_to=[])
+
+
+def test_resumed_run_equals_an_uninterrupted_one(tiny_model_dir, tokenizer, tmp_path):
+    """Optimizer, scheduler, RNG and data order come back from the checkpoint: 1 + 1
+    resumed steps give the same weights as 2 straight (deterministic scripted rollouts)."""
+
+    def build(out, max_steps):
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+        replies = lambda ids: "ab" if sum(ids) % 3 else "abc"  # noqa: E731 - reward depends on the prompt
+        llm = SeedChatModel(backend=FakeBackend(tokenizer, replies), tokenizer=tokenizer,
+                            sampling=SamplingParams(max_tokens=6))
+        analyzer = SeedChatModel(backend=FakeBackend(tokenizer, SKILL_JSON), tokenizer=tokenizer)
+        graph = with_hindsight(build_env_agent(llm, max_turns=1), analyzer)
+        runner = EpisodeRunner(graph, RunnerConfig(progress=False), make_env=lambda t: ParityEnv())
+        rollout = GraphRollout(runner, llm, skills="self", merge_rows=False)
+        ds = datasets.Dataset.from_list([{"prompt": Task(task_id=f"t{i}").model_dump_json()} for i in range(4)])
+        args = SEEDConfig(output_dir=str(out), per_device_train_batch_size=4, num_generations=2, max_steps=max_steps,
+                          use_cpu=True, bf16=False, report_to=[], logging_steps=1, save_strategy="steps", save_steps=1,
+                          learning_rate=1e-2, seed=0, opd_coef=0.5)
+        return SEEDTrainer(model=model, args=args, train_dataset=ds, rollout=rollout, processing_class=tokenizer)
+
+    from transformers import TrainerCallback
+
+    class Crash(TrainerCallback):  # the interrupted run: same config, stops after step 1
+        def on_step_end(self, args, state, control, **kw):
+            control.should_training_stop = True
+
+    straight = build(tmp_path / "a", 2)
+    straight.train()
+    first = build(tmp_path / "b", 2)
+    first.add_callback(Crash())
+    first.train()
+    assert first.state.global_step == 1
+    resumed = build(tmp_path / "b", 2)
+    resumed.train(resume_from_checkpoint=str(tmp_path / "b" / "checkpoint-1"))
+    for (n, p), (_, q) in zip(straight.model.named_parameters(), resumed.model.named_parameters()):
+        assert torch.allclose(p, q, atol=1e-6), n
+    assert resumed.state.global_step == 2
