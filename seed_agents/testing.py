@@ -112,3 +112,29 @@ class ScriptedEnv:
 
     def close(self) -> None:
         self.closed = True
+
+
+class ParityEnv:
+    """One step; any action is accepted; reward 1 when the reply has an even length.
+
+    The smallest env with reward variance for a random policy: trainer tests use it to
+    get non-zero group advantages without TextWorld.
+    """
+
+    def reset(self) -> Any:
+        from seed_agents.envs import EnvObservation
+
+        return EnvObservation(text="Say something.", admissible_actions=["yes", "no"])
+
+    def step(self, action: str) -> Any:
+        from seed_agents.envs import EnvObservation
+
+        won = len(action) % 2 == 0
+        return EnvObservation(text="ok", reward=float(won), done=True, won=won)
+
+    def close(self) -> None:
+        pass
+
+
+#: An analyzer reply that parses: the JSON a competent analyzer would write.
+SKILL_JSON = '{"episode_summary": "The agent answered.", "episode_skill": "Answer with a short word of even length."}'

@@ -12,6 +12,14 @@ Three ways, one contract (``sync(model) -> new_version``):
 A failed sync raises ``WeightSyncError`` and leaves the backend on the old version and
 name, so rollouts never silently mix versions: every captured call carries the version
 the backend had when it sent the request.
+
+Known limits of full reloads on vLLM 0.32's CPU build (measured, see
+tests/integration/test_train_vllm.py): for models with tied input/output embeddings
+(SmolLM2) the CPU kernels keep the output layer packed at start-up, so after a reload
+the server's logprobs drift from the trainer's by ~0.1 nat (decoder layers reload
+exactly; an xfail(strict) test tracks it); LoRA sync is exact. And a ``reload_weights``
+that fails *inside* vLLM can leave its engine unusable, so the folder is always written
+completely before the request is sent.
 """
 
 from __future__ import annotations
@@ -94,9 +102,6 @@ class FullWeightSync(_Versioned):
     def follow(self) -> int:
         self.backend.policy_version += 1
         return self.backend.policy_version
-
-    def follow(self) -> int:  # every rank holds its own model: each syncs itself
-        raise RuntimeError("InProcessSync is per rank; call sync() on every rank")
 
 
 class LoRASync(_Versioned):

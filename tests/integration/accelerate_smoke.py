@@ -44,7 +44,7 @@ from seed_agents.chat_model import SeedChatModel
 from seed_agents.envs import EnvObservation
 from seed_agents.models import build_tiny_model
 from seed_agents.runner import EpisodeRunner, RunnerConfig
-from seed_agents.testing import FakeBackend
+from seed_agents.testing import SKILL_JSON, FakeBackend, ParityEnv
 from seed_agents.types import SamplingParams, Task
 from trainers.rollout import GraphRollout
 from trainers.seed_trainer import RolloutBatch, SEEDConfig, SEEDTrainer
@@ -52,21 +52,6 @@ from trainers.seed_trainer import RolloutBatch, SEEDConfig, SEEDTrainer
 G = 4  # episodes per task
 TASKS_PER_RANK = 2
 COLLECTIVE_TIMEOUT_S = 120  # a rank stuck in a collective fails the run instead of hanging
-SKILL_JSON = '{"episode_summary": "The agent answered.", "episode_skill": "Answer with a short word of even length."}'
-
-
-class ParityEnv:
-    """One step; any action is accepted; reward 1 when the reply has an even length."""
-
-    def reset(self) -> EnvObservation:
-        return EnvObservation(text="Say something.", admissible_actions=["yes", "no"])
-
-    def step(self, action: str) -> EnvObservation:
-        won = len(action) % 2 == 0
-        return EnvObservation(text="ok", reward=float(won), done=True, won=won)
-
-    def close(self) -> None:
-        pass
 
 
 class BrokenEnv(ParityEnv):

@@ -11,29 +11,13 @@ from graphs.env_agent import build_env_agent  # noqa: E402
 from graphs.hindsight import with_hindsight  # noqa: E402
 from seed_agents.backends.local import LocalBackend  # noqa: E402
 from seed_agents.chat_model import SeedChatModel  # noqa: E402
-from seed_agents.envs import EnvObservation  # noqa: E402
 from seed_agents.runner import EpisodeRunner, RunnerConfig  # noqa: E402
-from seed_agents.testing import FakeBackend  # noqa: E402
+from seed_agents.testing import SKILL_JSON, FakeBackend, ParityEnv  # noqa: E402
 from seed_agents.types import SamplingParams, Task  # noqa: E402
 from trainers.rollout import GraphRollout  # noqa: E402
 from trainers.seed_trainer import SEEDConfig, SEEDTrainer  # noqa: E402
 from trainers.weight_sync import InProcessSync  # noqa: E402
 
-SKILL_JSON = '{"episode_summary": "The agent answered.", "episode_skill": "Answer with a short word of even length."}'
-
-
-class ParityEnv:
-    """One step; any action is accepted; reward 1 when the reply has an even length."""
-
-    def reset(self):
-        return EnvObservation(text="Say something.", admissible_actions=["yes", "no"])
-
-    def step(self, action):
-        won = len(action) % 2 == 0
-        return EnvObservation(text="ok", reward=float(won), done=True, won=won)
-
-    def close(self):
-        pass
 
 
 def make_trainer(tiny_model_dir, tokenizer, tmp_path, *, opd_coef=0.01, skills="external", **cfg):

@@ -1,0 +1,207 @@
+"""SEED overhead: one SEED update vs one plain GRPO update on the identical batch.
+
+One iteration's batch is collected once (the agent graph with the hindsight node, the
+policy as its own analyzer). The *update* is then timed on that fixed batch, without new
+rollouts: scoring (teacher + reference log-probs, ``SEEDTrainer.score_batch``) + loss +
+backward + optimizer step. SEED runs with lambda = ``--opd-coef``; GRPO with lambda = 0,
+which skips the teacher forward and the OPD term and is otherwise the same code on the
+same rows. Before every timed update the weights and the optimizer state are put back,
+so each side starts from the same point; sides are interleaved (S,G / G,S, ...) after
+one untimed warm-up each, so drift on a shared machine hits both alike.
+
+The analyzer's share of an iteration is (analyzer call time) / (collect + SEED update).
+Analyzer calls overlap each other and other episodes' policy calls, so two figures are
+given: the sum of their latencies ("busy", can exceed wall time under concurrency) and
+the union of their in-flight intervals ("wall").
+
+By default every row gets a teacher prompt (``--skill-coverage full``: episodes whose
+skill did not parse get a fixed placeholder skill), which is SEED's worst case; an
+untrained SmolLM2 writes few parsable skills, and with ``collected`` the ratio would
+mostly measure the rows that happened to parse.
+
+    .venv/bin/python bench/seed_overhead.py                        # SmolLM2, TextWorld
+    .venv/bin/python bench/seed_overhead.py --env fake --repeats 2 # scripted env, quick
+    .venv/bin/python bench/seed_overhead.py --model PATH --tasks 4 --group 8
+
+Prints the two update times, their ratio SEED/GRPO (goal <= 1.3) and the analyzer share.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from dataclasses import replace
+from typing import Any
+
+import torch
+
+FALLBACK_SKILL = "Read the numbered list, pick the command that moves toward the goal, and answer with it exactly."
+
+
+def _union_s(intervals: list[tuple[float, float]]) -> float:
+    total, end = 0.0, float("-inf")
+    for a, b in sorted(intervals):
+        if b > end:
+            total += b - max(a, end)
+            end = b
+    return total
+
+
+def build(args: argparse.Namespace) -> tuple[Any, Any, list[Any]]:
+    """The policy, its graph with the hindsight node, a rollout and a SEED trainer."""
+    import datasets
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from graphs.env_agent import build_env_agent
+    from graphs.hindsight import with_hindsight
+    from seed_agents.backends.local import LocalBackend
+    from seed_agents.chat_model import SeedChatModel
+    from seed_agents.models import resolve_model
+    from seed_agents.runner import EpisodeRunner, RunnerConfig
+    from seed_agents.types import SamplingParams, Task
+    from trainers.rollout import GraphRollout
+    from trainers.seed_trainer import SEEDConfig, SEEDTrainer
+
+    path = resolve_model(args.model)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    torch.manual_seed(args.seed)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    backend = LocalBackend(model, tokenizer=tokenizer, max_batch_size=args.tasks * args.group)
+    llm = SeedChatModel(backend=backend, tokenizer=tokenizer,
+                        sampling=SamplingParams(max_tokens=args.max_tokens, temperature=0.7))
+    if args.env == "textworld":
+        from tools.textworld import TextWorldSuite
+
+        suite = TextWorldSuite(cache_dir=args.cache_dir, seed=args.seed)
+        tasks = suite.tasks("train", args.tasks)
+        suite.prepare(tasks)
+        graph, make_env = suite.build_graph(llm, max_turns=args.max_turns), suite.make_env
+    else:
+        from seed_agents.testing import ScriptedEnv
+
+        tasks = [Task(task_id=f"fake-{i}") for i in range(args.tasks)]
+        graph, make_env = build_env_agent(llm, max_turns=args.max_turns), (lambda task: ScriptedEnv())
+    graph = with_hindsight(graph, llm, max_tokens=args.analyzer_tokens)
+    runner = EpisodeRunner(graph, RunnerConfig(group_size=args.group, concurrency=args.tasks * args.group, progress=False),
+                           make_env=make_env)
+    rollout = GraphRollout(runner, llm, skills="self")
+    ds = datasets.Dataset.from_list([{"prompt": t.model_dump_json()} for t in tasks])
+    cfg = SEEDConfig(output_dir=tempfile.mkdtemp(prefix="seed-overhead-"), per_device_train_batch_size=args.tasks * args.group,
+                     num_generations=args.group, max_steps=1, learning_rate=1e-6, opd_coef=args.opd_coef,
+                     score_batch_size=args.score_batch_size, use_cpu=not torch.cuda.is_available(), bf16=False,
+                     report_to=[], save_strategy="no", seed=args.seed, disable_tqdm=True)
+    trainer = SEEDTrainer(model=model, args=cfg, train_dataset=ds, rollout=rollout, processing_class=tokenizer)
+    return trainer, rollout, tasks
+
+
+def fill_skills(rollout: Any, batch: Any) -> Any:
+    """Give every episode a valid skill (placeholder where the analyzer's did not parse)."""
+    from seed_agents.types import Skill
+
+    for t in batch.trajectories:
+        if t.skill is None or not t.skill.valid:
+            t.skill = Skill(trajectory_id=t.trajectory_id, task_id=t.task_id, success=t.success,
+                            skill=FALLBACK_SKILL, valid=True)
+    return rollout.build(batch.trajectories)
+
+
+class Updater:
+    """One update on a fixed batch, always from the same weights and optimizer state."""
+
+    def __init__(self, trainer: Any) -> None:
+        self.trainer = trainer
+        trainer.create_optimizer()
+        trainer.current_gradient_accumulation_steps = 1  # set by Trainer.train(); we drive the step
+        self.weights = {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}
+        self.coef = trainer.coef
+
+    def __call__(self, batch: Any, lam: float) -> tuple[float, float]:
+        """Seconds of (scoring, whole update)."""
+        tr = self.trainer
+        with torch.no_grad():
+            tr.model.load_state_dict(self.weights)
+        tr.optimizer.state.clear()  # Adam re-initializes its moments on the first step
+        tr.optimizer.zero_grad(set_to_none=True)
+        tr.coef = replace(self.coef, lam=lam)
+        tr.model.train()
+        t0 = time.perf_counter()
+        inputs = tr.score_batch(batch)
+        t_score = time.perf_counter() - t0
+        loss = tr._compute_loss(tr.model, inputs)
+        tr.accelerator.backward(loss)
+        torch.nn.utils.clip_grad_norm_(tr.model.parameters(), tr.args.max_grad_norm)
+        tr.optimizer.step()
+        tr.optimizer.zero_grad(set_to_none=True)
+        return t_score, time.perf_counter() - t0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="smollm2-135m", help="Alias or local folder (the trainer's and the local backend's).")
+    ap.add_argument("--env", choices=["textworld", "fake"], default="textworld", help="fake: the scripted two-step env.")
+    ap.add_argument("--cache-dir", default=None, help="TextWorld game cache (default: the user cache).")
+    ap.add_argument("--tasks", type=int, default=2, help="Tasks per iteration.")
+    ap.add_argument("--group", type=int, default=4, help="Episodes per task (G).")
+    ap.add_argument("--max-turns", type=int, default=3)
+    ap.add_argument("--max-tokens", type=int, default=16, help="Policy completion budget.")
+    ap.add_argument("--analyzer-tokens", type=int, default=128, help="Hindsight skill budget.")
+    ap.add_argument("--opd-coef", type=float, default=0.01, help="SEED's lambda (GRPO side: 0).")
+    ap.add_argument("--score-batch-size", type=int, default=4)
+    ap.add_argument("--skill-coverage", choices=["full", "collected"], default="full")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+
+    trainer, rollout, tasks = build(args)
+
+    # -- one iteration's rollouts, collected once ------------------------------------------
+    t0 = time.perf_counter()
+    batch = rollout.collect(tasks, args.group, iteration=0)
+    t_collect = time.perf_counter() - t0
+    analyzer = [c for t in batch.trajectories for c in t.calls if c.purpose == "analyzer"]
+    parsed = sum(1 for t in batch.trajectories if t.skill is not None and t.skill.valid)
+    if args.skill_coverage == "full":
+        batch = fill_skills(rollout, batch)
+    with_skill = sum(p is not None for p in batch.teacher_prompt_ids)
+
+    # -- the update on that batch: SEED vs GRPO, interleaved ------------------------------
+    update = Updater(trainer)
+    update(batch, args.opd_coef)  # warm-up (allocations, thread pools)
+    update(batch, 0.0)
+    times: dict[str, list[tuple[float, float]]] = {"seed": [], "grpo": []}
+    for r in range(args.repeats):
+        order = ("seed", "grpo") if r % 2 == 0 else ("grpo", "seed")
+        for side in order:
+            times[side].append(update(batch, args.opd_coef if side == "seed" else 0.0))
+        print(f"repeat {r}: SEED {times['seed'][-1][1]:.2f} s (score {times['seed'][-1][0]:.2f})   "
+              f"GRPO {times['grpo'][-1][1]:.2f} s (score {times['grpo'][-1][0]:.2f})", flush=True)
+    seed_s = statistics.median(t for _, t in times["seed"])
+    grpo_s = statistics.median(t for _, t in times["grpo"])
+    seed_score = statistics.median(s for s, _ in times["seed"])
+    grpo_score = statistics.median(s for s, _ in times["grpo"])
+
+    # -- the analyzer's share of one SEED iteration (collect + update; in-process sync ~0) --
+    iteration_s = t_collect + seed_s
+    busy = sum(c.latency_s for c in analyzer)
+    wall = _union_s([(c.started_at, c.started_at + c.latency_s) for c in analyzer])
+    rows = batch.rows
+    print(f"\nmodel={args.model} env={args.env} tasks={len(tasks)} group={args.group} max_turns={args.max_turns} "
+          f"repeats={args.repeats}")
+    print(f"batch: {len(batch.trajectories)} episodes, {len(rows)} rows, "
+          f"{sum(len(r.prompt_ids) for r in rows) / len(rows):.0f} prompt / "
+          f"{sum(len(r.completion_ids) for r in rows) / len(rows):.1f} completion tokens per row; "
+          f"skills parsed {parsed}/{len(batch.trajectories)}, rows with a teacher prompt {with_skill}/{len(rows)} "
+          f"(coverage: {args.skill_coverage})")
+    print(f"GRPO update : {grpo_s:.2f} s (scoring {grpo_score:.2f} s: reference)")
+    print(f"SEED update : {seed_s:.2f} s (scoring {seed_score:.2f} s: teacher + reference)")
+    print(f"ratio SEED/GRPO: {seed_s / grpo_s:.3f}   (goal <= 1.3)")
+    print(f"iteration: collect {t_collect:.2f} s + SEED update {seed_s:.2f} s = {iteration_s:.2f} s")
+    print(f"analyzer: {len(analyzer)} calls, {sum(len(c.completion_ids) for c in analyzer)} tokens; "
+          f"busy {busy:.2f} s ({busy / iteration_s:.1%} of the iteration), "
+          f"wall {wall:.2f} s ({wall / iteration_s:.1%})")
+
+
+if __name__ == "__main__":
+    main()
