@@ -31,7 +31,7 @@ from tools.textworld import TextWorldSuite
 
 async def plain_episode(backend, tokenizer, env, params: SamplingParams, max_turns: int) -> int:
     """The same agent written as a bare loop: render, generate, parse, step."""
-    obs = env.reset()
+    obs = await asyncio.to_thread(env.reset)  # as the graph does: never block the loop
     history: list[tuple[str, str]] = []
     steps = 0
     while not obs.done and steps < max_turns:
