@@ -168,7 +168,7 @@ def run_train(cfg: TrainConfig, resume: bool = False) -> dict[str, Any]:
         if not backend.health():
             raise ConfigError(f"no vLLM server answers at {b.base_url}; start one with `seed-agents serve --model {b.model}`")
         lora = cfg.sync == "lora" or (cfg.sync == "auto" and cfg.trainer.lora_r)
-        sync = (LoRASync if lora else FullWeightSync)(backend, out / "weights")
+        sync = LoRASync(backend, out / "weights") if lora else FullWeightSync(backend, out / "weights", method=b.reload_method)
     llm = SeedChatModel(backend=backend, tokenizer=tokenizer, sampling=cfg.sampling, model_name=b.model)
 
     # -- the agent graph, with the hindsight node -----------------------------------------

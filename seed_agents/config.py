@@ -25,6 +25,7 @@ class BackendConfig(BaseModel):
     timeout_s: float = Field(120.0, gt=0, description="Per-request timeout.")
     max_retries: int = Field(3, ge=0, le=20, description="Retries on connection errors, timeouts and 5xx.")
     max_batch_size: int = Field(8, ge=1, le=1024, description="Local backend: requests batched into one generate call.")
+    reload_method: Literal["seed_reload_weights", "reload_weights"] = Field("seed_reload_weights", description="vLLM full sync RPC: seed_reload_weights needs our worker extension (`seed-agents serve` loads it; exact for tied embeddings); reload_weights for a plain `vllm serve`.")
 
 
 class AgentConfig(BaseModel):

@@ -98,6 +98,7 @@ class VLLMServer:
         max_loras: int = 2,
         kv_cache_gib: float | None = 1.0,
         enforce_eager: bool = False,
+        worker_extension: bool = True,
         extra_args: Sequence[str] = (),
         env: Mapping[str, str] | None = None,
     ) -> None:
@@ -113,6 +114,8 @@ class VLLMServer:
                 fraction (default 0.9) of *all* RAM and refuses to start when other
                 processes hold some of it; None leaves vLLM's default.
             enforce_eager: skip torch.compile (faster start-up, slower decoding).
+            worker_extension: load ``seed_agents.vllm_ext`` (exact full reloads of tied
+                embeddings on CPU; ``FullWeightSync(method="seed_reload_weights")``).
             extra_args: further CLI flags, appended last (so they override).
             env: extra environment variables for the server process.
         """
@@ -129,6 +132,7 @@ class VLLMServer:
         self.max_loras = max_loras
         self.kv_cache_gib = kv_cache_gib
         self.enforce_eager = enforce_eager
+        self.worker_extension = worker_extension
         self.extra_args = list(extra_args)
         self.extra_env = dict(env or {})
         self.log_path = self.work_dir / "vllm-server.log"
@@ -164,6 +168,8 @@ class VLLMServer:
             cmd += ["--kv-cache-memory-bytes", str(int(self.kv_cache_gib * 2**30))]
         if self.enforce_eager:
             cmd.append("--enforce-eager")
+        if self.worker_extension:  # exact full reloads for tied embeddings (seed_agents/vllm_ext.py)
+            cmd += ["--worker-extension-cls", "seed_agents.vllm_ext.SeedWorkerExtension"]
         return cmd + self.extra_args
 
     def environment(self) -> dict[str, str]:
@@ -185,6 +191,15 @@ class VLLMServer:
                 "PYTHONUNBUFFERED": "1",  # so the log tail is current when we report it
             }
         )
+        if self.worker_extension:
+            # vLLM's own python imports the extension: expose our package, and only it (a
+            # symlink), so nothing else of this repo can shadow a module in vLLM's venv
+            shim = self.work_dir / "pythonpath"
+            shim.mkdir(parents=True, exist_ok=True)
+            link = shim / "seed_agents"
+            if not link.exists():
+                link.symlink_to(Path(__file__).resolve().parent, target_is_directory=True)
+            env["PYTHONPATH"] = os.pathsep.join(p for p in (str(shim), env.get("PYTHONPATH", "")) if p)
         env.update(self.extra_env)
         return env
 

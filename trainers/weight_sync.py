@@ -15,9 +15,10 @@ the backend had when it sent the request.
 
 Known limits of full reloads on vLLM 0.32's CPU build (measured, see
 tests/integration/test_train_vllm.py): for models with tied input/output embeddings
-(SmolLM2) the CPU kernels keep the output layer packed at start-up, so after a reload
-the server's logprobs drift from the trainer's by ~0.1 nat (decoder layers reload
-exactly; an xfail(strict) test tracks it); LoRA sync is exact. And a ``reload_weights``
+(SmolLM2) the CPU kernels keep the output layer packed at start-up, so after a plain
+``reload_weights`` the server's logprobs drift from the trainer's by ~0.1 nat; servers
+started with our worker extension (``seed_agents/vllm_ext.py``) take
+``method="seed_reload_weights"``, which re-packs it. LoRA sync is exact either way. And a ``reload_weights``
 that fails *inside* vLLM can leave its engine unusable, so the folder is always written
 completely before the request is sent.
 """
@@ -81,8 +82,12 @@ class _Versioned:
 class FullWeightSync(_Versioned):
     """Full weights through a shared filesystem (the CPU and single-node path)."""
 
-    def __init__(self, backend: Any, save_root: str | Path, *, keep_last: int = 2, timeout_s: float = 600.0) -> None:
+    def __init__(self, backend: Any, save_root: str | Path, *, keep_last: int = 2, timeout_s: float = 600.0,
+                 method: str = "reload_weights") -> None:
+        """``method="seed_reload_weights"`` when the server runs our worker extension
+        (``seed-agents serve`` and the test server do): exact for tied embeddings."""
         super().__init__(backend, save_root, keep_last, timeout_s)
+        self.method = method
 
     def sync(self, model: Any) -> int:
         t0 = time.perf_counter()
@@ -92,7 +97,7 @@ class FullWeightSync(_Versioned):
             raise WeightSyncError("FullWeightSync got a PEFT model; use LoRASync (or merge the adapter first)")
         model.save_pretrained(folder, safe_serialization=True)
         _post(self.backend.base_url, "/collective_rpc",
-              {"method": "reload_weights", "kwargs": {"weights_path": str(folder)}}, self.timeout_s)
+              {"method": self.method, "kwargs": {"weights_path": str(folder)}}, self.timeout_s)
         _post(self.backend.base_url, "/reset_prefix_cache", {}, self.timeout_s)
         self.backend.policy_version = version
         self._prune(version)
