@@ -1,0 +1,1 @@
+"""Environments and tools: the TextWorld suite (registered as entry point ``textworld``)."""
