@@ -109,7 +109,9 @@ class SeedChatModel(BaseChatModel):
         return {"model_name": self.model_name, **self.sampling.model_dump()}
 
     # -- rendering -----------------------------------------------------------------
-    def _native_tools(self) -> bool:
+    def native_tools(self) -> bool:
+        """True when the tokenizer's template renders tools itself; False when we add
+        them Hermes-style (then recorded messages already contain them)."""
         if self.tool_format != "auto":
             return self.tool_format == "native"
         template = self.tokenizer.chat_template or ""
@@ -118,7 +120,7 @@ class SeedChatModel(BaseChatModel):
     def render(self, messages: Sequence[BaseMessage], tools: list[dict[str, Any]] | None = None) -> tuple[list[int], list[dict[str, Any]]]:
         """Return (prompt token ids, rendered message dicts) for ``messages``."""
         dicts = to_chat_dicts(messages)
-        if self._native_tools():
+        if self.native_tools():
             text = self.tokenizer.apply_chat_template(dicts, tools=tools or None, add_generation_prompt=True, tokenize=False)
         else:
             dicts = _hermes_fallback(dicts, tools)

@@ -3,7 +3,8 @@
     tasks -> (runner: agent graph + hindsight node, G episodes per task)
           -> rows + teacher prompts -> SEEDTrainer step -> weight sync -> next iteration
 
-Everything heavy is imported lazily: this module is the composition root for training,
+The CLI imports this module only for `train`, so its imports cost nothing elsewhere; it is
+the composition root for training,
 the one place that joins seed_agents, graphs, tools (via entry points) and trainers.
 The run directory holds metrics.jsonl, trajectories.jsonl, skills.jsonl, checkpoints/
 and learning_curve.png; ``--resume`` continues from the last checkpoint and first drops
@@ -16,6 +17,8 @@ import json
 import time
 from pathlib import Path
 from typing import Any
+
+from transformers import TrainerCallback
 
 from seed_agents.config import ConfigError, TrainConfig
 
@@ -104,7 +107,7 @@ def plot_learning_curve(out: Path) -> Path | None:
 def run_train(cfg: TrainConfig, resume: bool = False) -> dict[str, Any]:
     import datasets
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from graphs.hindsight import with_hindsight
     from seed_agents.backends import make_backend
@@ -216,13 +219,7 @@ def run_train(cfg: TrainConfig, resume: bool = False) -> dict[str, Any]:
     return summary
 
 
-def _callback_base() -> type:
-    from transformers import TrainerCallback
-
-    return TrainerCallback
-
-
-class _SyncAndLog(_callback_base()):  # type: ignore[misc]
+class _SyncAndLog(TrainerCallback):
     """After each optimizer step: push the weights to the server; log one metrics row.
 
     Under ``accelerate launch`` with a shared server, rank 0 saves and posts the weights

@@ -68,14 +68,17 @@ class EpisodeRunner:
         self.sink = sink
         self.labels = labels or {}
         self.make_input = make_input
+        self._executor_loop: asyncio.AbstractEventLoop | None = None
 
     async def run(self, tasks: list[Task], group_prefix: str = "g") -> list[Trajectory]:
         """All episodes, ordered by (task, sample) whatever order they finished in."""
         loop = asyncio.get_running_loop()
         # Env calls run in threads; a hung env keeps its thread, so give the pool room
-        # for every in-flight episode rather than the default (CPU count + 4).
-        pool = concurrent.futures.ThreadPoolExecutor(max_workers=self.config.concurrency * 2 + 4)
-        loop.set_default_executor(pool)
+        # for every in-flight episode rather than the default (CPU count + 4). Once per
+        # loop: asyncio.run() shuts it down with the loop; replacing it would leak one.
+        if self._executor_loop is not loop:
+            loop.set_default_executor(concurrent.futures.ThreadPoolExecutor(max_workers=self.config.concurrency * 2 + 4))
+            self._executor_loop = loop
         sem = asyncio.Semaphore(self.config.concurrency)
         specs = [(t, f"{group_prefix}-{t.task_id}", i) for t in tasks for i in range(self.config.group_size)]
         bar = _progress(len(specs), self.config.progress)

@@ -294,6 +294,6 @@ def teacher_prompt_ids(llm: Any, call: LLMCall, skill: str, injector: SkillInjec
     # Templates without tool support record messages *after* the Hermes rewrite (tool
     # schemas already in the system message, calls and results as text): render those
     # without tools again, or the schemas would appear twice.
-    tools = call.tools if llm._native_tools() else None
+    tools = call.tools if llm.native_tools() else None
     prompt_ids, _ = llm.render(messages, tools)
     return prompt_ids

@@ -153,3 +153,17 @@ def test_env_is_closed_after_each_episode(tokenizer):
 
     asyncio.run(runner_for(tokenizer, ["look"], make, group_size=2).run([Task(task_id="a")]))
     assert len(made) == 2 and all(e.closed for e in made)
+
+
+def test_runner_can_run_twice_in_one_event_loop(tokenizer):
+    """The runner installs its env thread pool once per loop, so repeated runs reuse it."""
+    runner = runner_for(tokenizer, solver(tokenizer.decode), lambda t: ScriptedEnv())
+
+    async def twice():
+        a = await runner.run([Task(task_id="a")])
+        pool_loop = runner._executor_loop
+        b = await runner.run([Task(task_id="b")])
+        return a, b, pool_loop is runner._executor_loop is asyncio.get_running_loop()
+
+    a, b, same = asyncio.run(twice())
+    assert a[0].success and b[0].success and same

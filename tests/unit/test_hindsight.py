@@ -136,7 +136,8 @@ def test_under_the_runner_each_trajectory_has_one_analyzer_call(tokenizer):
         assert prompt.count("\nStep ") + prompt.startswith("Step ") == 2 and "Step 1\n" in prompt
 
 
-def test_tool_agent_keys_survive_the_wrap(tokenizer):
+def tool_reply(tokenizer):
+    """Call `add`, then answer; write a valid skill when asked to analyze."""
     call = '<tool_call>\n{"name": "add", "arguments": {"a": 3, "b": 4}}\n</tool_call>'
 
     def reply(prompt_ids):
@@ -145,7 +146,11 @@ def test_tool_agent_keys_survive_the_wrap(tokenizer):
             return GOOD
         return "It is 7." if "<tool_response>" in text else call
 
-    llm = make_llm(tokenizer, reply, max_tokens=64)
+    return reply
+
+
+def test_tool_agent_keys_survive_the_wrap(tokenizer):
+    llm = make_llm(tokenizer, tool_reply(tokenizer), max_tokens=64)
     graph = with_hindsight(build_tool_agent(llm, TOOLS, max_turns=4), llm)
     task = Task(task_id="c", data={"question": "What is 3 + 4?"})
     with capture() as cap:
@@ -159,15 +164,7 @@ def test_tool_agent_keys_survive_the_wrap(tokenizer):
 def test_prebuilt_react_agent_under_the_runner_with_a_success_fn(tokenizer):
     from graphs.calculator import build_react_calculator, final_answer
 
-    call = '<tool_call>\n{"name": "add", "arguments": {"a": 3, "b": 4}}\n</tool_call>'
-
-    def reply(prompt_ids):
-        text = tokenizer.decode(prompt_ids)
-        if "episode_skill" in text:
-            return GOOD
-        return "It is 7." if "<tool_response>" in text else call
-
-    llm = make_llm(tokenizer, reply, max_tokens=64)
+    llm = make_llm(tokenizer, tool_reply(tokenizer), max_tokens=64)
     graph = with_hindsight(build_react_calculator(llm), llm, success_fn=lambda s: final_answer(s).endswith("7."))
     with capture(trajectory_id="r") as cap:
         state = asyncio.run(graph.ainvoke({"messages": [("user", "What is 3 + 4?")]}))
