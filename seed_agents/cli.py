@@ -157,6 +157,13 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--max-model-len", dest="max_model_len", type=int, default=4096)
     s.add_argument("--startup-timeout", dest="startup_timeout", type=float, default=600.0)
     s.set_defaults(func=cmd_serve)
+
+    k = sub.add_parser("skills", help="Stage 1: collect hindsight skills, SFT the analyzer, check skill usefulness.")
+    ksub = k.add_subparsers(dest="skills_command", required=True)
+    from seed_agents.stage1 import collect, sft, usefulness
+
+    for module in (collect, sft, usefulness):
+        module.add_parser(ksub)
     return p
 
 

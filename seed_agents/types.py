@@ -181,3 +181,36 @@ class Row(BaseModel):
     @property
     def num_sampled_tokens(self) -> int:
         return sum(self.loss_mask)
+
+
+class SkillExample(BaseModel):
+    """One stage-1 example: an analyzer prompt and the skill JSON an analyzer wrote for it.
+
+    ``skills collect`` writes these (one per analyzed episode, valid or not, so a re-run
+    knows what is done); ``skills sft`` trains on the valid ones (prompt ``messages`` ->
+    ``completion``); ``skills eval`` re-scores the episode's policy calls (kept in the
+    collect run's trajectories.jsonl under ``trajectory_id``) with and without ``skill``.
+    """
+
+    example_id: str = Field(description="Stable id: the trajectory id (the resume key).")
+    trajectory_id: str
+    task_id: str
+    split: str = "train"
+    success: bool = Field(description="The episode's outcome as shown to the analyzer.")
+    reward: float = 0.0
+    messages: list[dict[str, Any]] = Field(description="The analyzer prompt as role/content dicts (system, user).")
+    completion: str = Field("", description="The analyzer's raw reply (the SFT target when valid).")
+    skill: str = Field("", description="The parsed episode_skill.")
+    summary: str = Field("", description="The parsed episode_summary.")
+    valid: bool = False
+    reject_reason: str | None = None
+    analyzer: str = Field(description="Who wrote it: 'rule-based-textworld', 'openai:<model>', 'policy:<model>', ...")
+    prompt_tokens: int = Field(0, ge=0, description="As reported by the analyzer endpoint (0 when unknown).")
+    completion_tokens: int = Field(0, ge=0)
+    latency_s: float = 0.0
+
+    @model_validator(mode="after")
+    def _consistent(self) -> SkillExample:
+        if self.valid == (self.reject_reason is not None):
+            raise ValueError("an example is valid exactly when it has no reject_reason")
+        return self
