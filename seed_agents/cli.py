@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from seed_agents.config import ConfigError, EvalConfig, TrainConfig, load_config
+from seed_agents.config import ConfigError, EvalConfig, TrainConfig, load_config, with_suite_defaults
 
 
 # CLI flag -> EvalConfig field. Flags left unset keep the config's defaults.
@@ -28,6 +28,11 @@ _EVAL_FLAGS = {
 
 def build_eval_config(args: argparse.Namespace) -> EvalConfig:
     return load_config(EvalConfig, args.config, {field: getattr(args, flag, None) for flag, field in _EVAL_FLAGS.items()})
+
+
+def agent_fields_given(cfg: EvalConfig | TrainConfig) -> set[str]:
+    """The agent fields the user set (YAML or flags); the rest may take suite defaults."""
+    return set(cfg.agent.model_fields_set) if "agent" in cfg.model_fields_set else set()
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
@@ -60,7 +65,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if hasattr(backend, "health") and not backend.health():
         raise BackendUnavailable(f"no vLLM server answers at {cfg.backend.base_url}; start one with `seed-agents serve --model {cfg.backend.model}`")
     llm = SeedChatModel(backend=backend, tokenizer=tokenizer, sampling=cfg.sampling, model_name=cfg.backend.model)
-    graph = suite.build_graph(llm, **cfg.agent.model_dump())
+    agent = with_suite_defaults(cfg.agent, getattr(suite, "agent_defaults", None), agent_fields_given(cfg))
+    graph = suite.build_graph(llm, **agent.model_dump())
 
     with JsonlSink(out / "trajectories.jsonl") as traj_sink, JsonlSink(out / "calls.jsonl") as call_sink:
         runner = EpisodeRunner(graph, cfg.runner, make_env=suite.make_env, sink=traj_sink)

@@ -22,7 +22,7 @@ from transformers import TrainerCallback
 
 from seed_agents.config import ConfigError, TrainConfig
 
-TRACE_FILES = ("metrics.jsonl", "trajectories.jsonl", "skills.jsonl")
+TRACE_FILES = ("metrics.jsonl", "trajectories.jsonl", "skills.jsonl", "eval.jsonl", "eval_trajectories.jsonl")
 
 
 def _iteration_of(record: dict[str, Any]) -> int:
@@ -86,11 +86,15 @@ def plot_learning_curve(out: Path) -> Path | None:
     rows = [r for r in rows if "success_rate" in r]
     if not rows:
         return None
+    # x = updates applied when the episodes were played: iteration i samples after i updates
     it = [r["iteration"] for r in rows]
     fig, ax = plt.subplots(1, 2, figsize=(10, 3.5))
-    ax[0].plot(it, [r["success_rate"] for r in rows], marker="o", label="success rate")
+    ax[0].plot(it, [r["success_rate"] for r in rows], marker="o", label="training success")
     ax[0].plot(it, [r.get("skill_parse_rate", 0.0) for r in rows], marker=".", label="skill parse rate")
-    ax[0].set_xlabel("iteration")
+    evals = [json.loads(x) for x in (out / "eval.jsonl").read_text().splitlines() if x.strip()] if (out / "eval.jsonl").exists() else []
+    if evals:
+        ax[0].plot([r["updates"] for r in evals], [r["success_rate"] for r in evals], marker="s", label="held-out success")
+    ax[0].set_xlabel("updates applied")
     ax[0].set_ylim(-0.05, 1.05)
     ax[0].legend()
     ax[1].plot(it, [r.get("loss/ppo", 0.0) for r in rows], marker="o", label="PPO loss")
@@ -113,6 +117,8 @@ def run_train(cfg: TrainConfig, resume: bool = False) -> dict[str, Any]:
     from seed_agents.backends import make_backend
     from seed_agents.backends.local import LocalBackend
     from seed_agents.chat_model import SeedChatModel
+    from seed_agents.cli import agent_fields_given
+    from seed_agents.config import with_suite_defaults
     from seed_agents.envs import load_env_suite
     from seed_agents.models import resolve_model
     from seed_agents.imports import load_object
@@ -175,7 +181,12 @@ def run_train(cfg: TrainConfig, resume: bool = False) -> dict[str, Any]:
     llm = SeedChatModel(backend=backend, tokenizer=tokenizer, sampling=cfg.sampling, model_name=b.model)
 
     # -- the agent graph, with the hindsight node -----------------------------------------
-    graph = build_graph(llm) if build_graph is not None else suite.build_graph(llm, **cfg.agent.model_dump())
+    agent = with_suite_defaults(cfg.agent, getattr(suite, "agent_defaults", None), agent_fields_given(cfg))
+
+    def make_graph(chat_model: Any) -> Any:
+        return build_graph(chat_model) if build_graph is not None else suite.build_graph(chat_model, **agent.model_dump())
+
+    graph = make_graph(llm)
     s = cfg.skills
     if s.source != "none":
         analyzer = llm
@@ -209,7 +220,24 @@ def run_train(cfg: TrainConfig, resume: bool = False) -> dict[str, Any]:
         rollout.out_dir = out / f"rank{args.process_index}"
     dataset = datasets.Dataset.from_list([{"prompt": task.model_dump_json()} for task in tasks])
     trainer = SEEDTrainer(model=model, args=args, train_dataset=dataset, rollout=rollout, processing_class=tokenizer)
-    trainer.add_callback(_SyncAndLog(sync, backend, out))
+    evaluate = None
+    if cfg.eval is not None:  # held-out, greedy, without the hindsight node
+        e = cfg.eval
+        eval_tasks = read_tasks(e.tasks)[: e.num_tasks] if e.tasks is not None else suite.tasks(e.split, e.num_tasks)
+        if suite is not None and hasattr(suite, "prepare"):
+            suite.prepare(eval_tasks)
+        eval_llm = SeedChatModel(backend=backend, tokenizer=tokenizer, model_name=b.model,
+                                 sampling=cfg.sampling.model_copy(update={"temperature": e.temperature}))
+        eval_runner = EpisodeRunner(make_graph(eval_llm), cfg.runner.model_copy(update={"group_size": e.group_size}),
+                                    make_env=suite.make_env if suite is not None else None,
+                                    reward_fn=reward_fn, make_input=make_input)
+        episodes_per_update = cfg.tasks_per_iteration * G * args.world_size
+
+        def evaluate(updates: int) -> None:
+            run_periodic_eval(eval_runner, eval_tasks, updates, updates * episodes_per_update, out)
+
+    trainer.add_callback(_SyncAndLog(sync, backend, out, evaluate=evaluate, every=cfg.eval.every if cfg.eval else 0,
+                                     at_start=bool(cfg.eval and cfg.eval.at_start), last=cfg.iterations))
     t0 = time.perf_counter()
     trainer.train(resume_from_checkpoint=checkpoint if resume else None)
     png = plot_learning_curve(out)
@@ -217,6 +245,35 @@ def run_train(cfg: TrainConfig, resume: bool = False) -> dict[str, Any]:
                "wall_s": time.perf_counter() - t0, "learning_curve": str(png) if png else None}
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
+
+
+def run_periodic_eval(runner: Any, tasks: list[Any], updates: int, episodes: int, out: Path) -> dict[str, Any]:
+    """Play the held-out tasks with the current policy; append one row to eval.jsonl.
+
+    ``iteration`` is ``updates - 1`` (the iteration whose update was just applied; -1
+    for the initial policy) so ``--resume`` truncates these rows like the other traces.
+    """
+    import asyncio
+
+    from seed_agents.capture import JsonlSink, capture
+    from seed_agents.metrics import summarize
+
+    t0 = time.perf_counter()
+    with capture(eval_after_updates=updates):
+        trajs = asyncio.run(runner.run(tasks, group_prefix=f"eval{updates}"))
+    s = summarize(trajs, time.perf_counter() - t0)
+    with JsonlSink(out / "eval_trajectories.jsonl") as sink:
+        for t in trajs:
+            t.metadata["iteration"] = updates - 1
+            sink.write("trajectory", t)
+    row = {"iteration": updates - 1, "updates": updates, "episodes_consumed": episodes,
+           **{k: s[k] for k in ("episodes", "success_rate", "mean_reward", "mean_steps", "invalid_action_rate",
+                                "errors", "success_by_type", "wall_s")}}
+    with (out / "eval.jsonl").open("a", encoding="utf-8") as f:
+        f.write(json.dumps(row) + "\n")
+    print(f"eval after {updates:>3} updates ({episodes} training episodes): success {s['success_rate']:.2f}  "
+          f"reward {s['mean_reward']:.2f}  ({s['episodes']} held-out episodes, {s['wall_s']:.0f}s)", flush=True)
+    return row
 
 
 class _SyncAndLog(TrainerCallback):
@@ -227,9 +284,19 @@ class _SyncAndLog(TrainerCallback):
     every rank syncs its own model. Only rank 0 writes metrics.jsonl.
     """
 
-    def __init__(self, sync: Any, backend: Any, out: Path) -> None:
+    def __init__(self, sync: Any, backend: Any, out: Path, *, evaluate: Any = None, every: int = 0,
+                 at_start: bool = False, last: int = 0) -> None:
         self.sync, self.backend, self.out = sync, backend, out
         self.sync_s = 0.0
+        self.evaluate, self.every, self.at_start, self.last = evaluate, every, at_start, last
+
+    def _maybe_evaluate(self, state: Any) -> None:
+        """Rank 0 only; the other ranks wait for it at their next collective."""
+        if self.evaluate is None or not state.is_world_process_zero:
+            return
+        n = state.global_step
+        if (n == 0 and self.at_start) or (n > 0 and (n % self.every == 0 or n == self.last)):
+            self.evaluate(n)
 
     def _sync(self, state: Any, model: Any) -> None:
         from trainers.weight_sync import InProcessSync
@@ -245,11 +312,14 @@ class _SyncAndLog(TrainerCallback):
         if state.global_step > 0:
             self.backend.policy_version = state.global_step - 1
             self._sync(state, model)
+        else:
+            self._maybe_evaluate(state)
 
     def on_step_end(self, args, state, control, model=None, **kw):  # noqa: ANN001
         t0 = time.perf_counter()
         self._sync(state, model)
         self.sync_s = time.perf_counter() - t0
+        self._maybe_evaluate(state)
 
     def on_log(self, args, state, control, logs=None, **kw):  # noqa: ANN001
         if not logs or "success_rate" not in logs or not state.is_world_process_zero:

@@ -120,6 +120,21 @@ class GraphConfig(BaseModel):
     input: Literal["task", "messages"] = Field("task", description="Graph input: {'task': Task}, or also {'messages': [user: task.data['question']]} (prebuilt agents).")
 
 
+class PeriodicEvalConfig(BaseModel):
+    """Held-out evaluation during training: greedy episodes on tasks never trained on,
+    before the first update and every ``every`` updates (and after the last one)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    split: str = Field("eval_seen", description="Env suite split to evaluate on (never the training split).")
+    tasks: Path | None = Field(None, description="Graph training: JSONL of held-out Task records (instead of a split).")
+    num_tasks: int = Field(8, ge=1, description="Held-out tasks, the same ones at every evaluation.")
+    group_size: int = Field(1, ge=1, description="Episodes per held-out task.")
+    every: int = Field(1, ge=1, description="Updates between evaluations.")
+    at_start: bool = Field(True, description="Also evaluate the initial policy (0 updates).")
+    temperature: float = Field(0.0, ge=0, description="0: greedy.")
+
+
 class TrainConfig(BaseModel):
     """`seed-agents train`: SEED (or an ablation) on an env suite or any graph."""
 
@@ -143,6 +158,7 @@ class TrainConfig(BaseModel):
     sync: Literal["auto", "full", "lora"] = Field("auto", description="vLLM weight sync; auto: lora when trainer.lora_r is set, else full.")
     env_options: dict[str, Any] = Field(default_factory=dict, description="Extra keyword arguments for the env suite.")
     graph: GraphConfig | None = Field(None, description="Train this graph on these tasks instead of the env suite.")
+    eval: PeriodicEvalConfig | None = Field(None, description="Held-out evaluation during training (eval.jsonl); off when absent.")
 
     @model_validator(mode="after")
     def _consistent(self) -> TrainConfig:
@@ -152,7 +168,21 @@ class TrainConfig(BaseModel):
             raise ValueError("runner.group_size must be >= 2: group-relative advantages need a group")
         if self.sync == "lora" and self.trainer.lora_r is None:
             raise ValueError("sync: lora needs trainer.lora_r")
+        if self.eval is not None:
+            if self.graph is not None and self.eval.tasks is None:
+                raise ValueError("eval: graph training needs eval.tasks (a JSONL of held-out tasks)")
+            if self.graph is None and self.eval.split == self.split:
+                raise ValueError(f"eval.split must differ from the training split ({self.split!r}): evaluate on held-out tasks")
         return self
+
+
+def with_suite_defaults(agent: AgentConfig, defaults: dict[str, Any] | None, given: set[str]) -> AgentConfig:
+    """The agent config with an env suite's protocol defaults (``suite.agent_defaults``,
+    e.g. ALFWorld's 30 turns and window 5) for every field not in ``given``, the fields
+    the user set. Without suite defaults the config is returned unchanged."""
+    if not defaults:
+        return agent
+    return AgentConfig.model_validate({**agent.model_dump(), **{k: v for k, v in defaults.items() if k not in given}})
 
 
 def load_config(model: type[BaseModel], path: str | Path | None, overrides: dict[str, Any]) -> Any:

@@ -89,3 +89,32 @@ def test_embedded_default_equals_the_demo_config():
 
     demo = load_config(TrainConfig, Path(__file__).resolve().parents[2] / "configs" / "textworld_smollm2_cpu.yaml", {})
     assert TrainConfig().model_dump() == demo.model_dump()
+
+
+def test_periodic_held_out_eval_rows_and_resume(tmp_path, tiny_model_dir):
+    eval_cfg = {"tasks": str(CALC_TASKS), "num_tasks": 2, "every": 2, "at_start": True}
+    cfg = calc_config(tmp_path, tiny_model_dir, iterations=3, eval=eval_cfg)
+    run_train(cfg)
+    out = tmp_path / "run"
+    rows = lines(out / "eval.jsonl")
+    # before training, every 2 updates, and after the last update
+    assert [r["updates"] for r in rows] == [0, 2, 3]
+    assert [r["episodes_consumed"] for r in rows] == [0, 4, 6]  # 1 task x group 2 per update
+    assert all(r["episodes"] == 2 and 0.0 <= r["success_rate"] <= 1.0 for r in rows)
+    evals = lines(out / "eval_trajectories.jsonl")
+    assert len(evals) == 6 and {c["scope"]["eval_after_updates"] for t in evals for c in t["calls"]} == {0, 2, 3}
+    # the training traces never hold eval episodes
+    assert all("eval_after_updates" not in c["scope"] for t in lines(out / "trajectories.jsonl") for c in t["calls"])
+
+    # resuming from checkpoint-2 re-runs update 3: its eval row is dropped, then written again
+    import shutil
+    shutil.rmtree(out / "checkpoints" / "checkpoint-3")
+    run_train(cfg, resume=True)
+    assert [r["updates"] for r in lines(out / "eval.jsonl")] == [0, 2, 3]
+
+
+def test_eval_split_must_be_held_out():
+    with pytest.raises(ValueError, match="held-out"):
+        TrainConfig.model_validate({"split": "train", "eval": {"split": "train"}})
+    with pytest.raises(ValueError, match="eval.tasks"):
+        TrainConfig.model_validate({"graph": {"build": "a:b", "tasks": "t.jsonl", "reward": "a:c"}, "eval": {}})
