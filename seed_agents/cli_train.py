@@ -123,6 +123,7 @@ def run_train(cfg: TrainConfig, resume: bool = False) -> dict[str, Any]:
     from seed_agents.models import resolve_model
     from seed_agents.imports import load_object
     from seed_agents.runner import EpisodeRunner, default_reward
+    from seed_agents.stage1.auto import stage1_model
     from seed_agents.skills import SystemBlockInjector, TaskLineInjector
     from trainers.rollout import GraphRollout
     from trainers.seed_trainer import SEEDConfig, SEEDTrainer
@@ -160,8 +161,10 @@ def run_train(cfg: TrainConfig, resume: bool = False) -> dict[str, Any]:
             suite.prepare(tasks)
 
     # -- policy: the trainer's model, and the backend that samples from it ------------
+    # Stage 1 (skill SFT) first where it applies; the run then starts from that model.
     b = cfg.backend
-    weights = resolve_model(b.weights or b.tokenizer or b.model)
+    stage1_dir = stage1_model(cfg)
+    weights = str(stage1_dir) if stage1_dir is not None else resolve_model(b.weights or b.tokenizer or b.model)
     tokenizer = AutoTokenizer.from_pretrained(resolve_model(b.tokenizer) if b.tokenizer else weights)
     model = AutoModelForCausalLM.from_pretrained(weights, dtype=torch.float32)
     if cfg.trainer.lora_r:
@@ -213,6 +216,7 @@ def run_train(cfg: TrainConfig, resume: bool = False) -> dict[str, Any]:
         num_generations=G, max_steps=cfg.iterations, learning_rate=t.learning_rate, beta=t.kl_coef,
         entropy_coef=t.entropy_coef, epsilon=t.clip_eps, max_grad_norm=t.max_grad_norm, opd_coef=t.opd_coef,
         opd_beta=t.opd_beta, advantage_norm=t.advantage_norm, use_cpu=not torch.cuda.is_available(), bf16=False,
+        gradient_checkpointing=t.gradient_checkpointing,
         report_to=[], logging_steps=1, save_strategy="steps", save_steps=1, save_total_limit=2, seed=cfg.seed,
         disable_tqdm=True,
     )
@@ -242,6 +246,7 @@ def run_train(cfg: TrainConfig, resume: bool = False) -> dict[str, Any]:
     trainer.train(resume_from_checkpoint=checkpoint if resume else None)
     png = plot_learning_curve(out)
     summary = {"iterations": trainer.state.global_step, "policy_version": backend.policy_version,
+               "initial_weights": str(weights),
                "wall_s": time.perf_counter() - t0, "learning_curve": str(png) if png else None}
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary

@@ -105,6 +105,7 @@ class TrainerConfig(BaseModel):
     max_grad_norm: float = Field(1.0, gt=0, description="Gradient clipping.")
     advantage_norm: Literal["mean_std", "mean"] = Field("mean_std", description="Group advantage normalization.")
     merge_rows: bool = Field(True, description="Merge calls whose tokens continue into one row.")
+    gradient_checkpointing: bool = Field(False, description="Recompute activations in backward: less memory, ~1/3 more compute (on for large models on GPUs; TRL's default is on).")
     lora_r: int | None = Field(None, ge=1, le=512, description="Train a LoRA adapter of this rank instead of full weights.")
     lora_alpha: int = Field(32, ge=1, description="LoRA alpha.")
 
@@ -118,6 +119,27 @@ class GraphConfig(BaseModel):
     tasks: Path = Field(description="JSONL file, one Task per line ({'task_id': ..., 'data': {...}}).")
     reward: str = Field(description="Import path of reward(task, final_state) -> float; success is reward >= 1.")
     input: Literal["task", "messages"] = Field("task", description="Graph input: {'task': Task}, or also {'messages': [user: task.data['question']]} (prebuilt agents).")
+
+
+class Stage1Config(BaseModel):
+    """Stage 1 before RL: SEED needs a policy that can already write parsable skills (the
+    paper's ablation: 91.8 with stage 1, 86.0 without). With ``run: auto``, a SEED run
+    (``skills.source: self``) on TextWorld with the local backend starts from a stage-1
+    model: the base model after SFT on skills that the offline rule-based analyzer wrote
+    about the base policy's own episodes. It is built once and cached by its settings.
+    Elsewhere, build it with ``seed-agents skills collect`` + ``skills sft`` (any analyzer)
+    and point ``backend.weights`` (or the served model) at the result."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    run: Literal["auto", "off"] = Field("auto", description="auto: build or reuse the cached stage-1 model when it applies; off: start from backend.model.")
+    num_tasks: int = Field(8, ge=1, description="Training tasks rolled out for skill collection.")
+    group_size: int = Field(4, ge=1, description="Episodes per task.")
+    temperature: float = Field(0.4, ge=0, description="Rollout temperature (paper: 0.4).")
+    epochs: float = Field(3.0, gt=0, description="SFT epochs over the valid examples.")
+    learning_rate: float = Field(5e-5, gt=0, description="SFT learning rate.")
+    lora_r: int | None = Field(None, ge=1, description="SFT a LoRA adapter (merged into the saved model).")
+    cache_dir: Path | None = Field(None, description="Where stage-1 models are cached (default: $SEED_AGENTS_CACHE/stage1).")
 
 
 class PeriodicEvalConfig(BaseModel):
@@ -158,6 +180,7 @@ class TrainConfig(BaseModel):
     sync: Literal["auto", "full", "lora"] = Field("auto", description="vLLM weight sync; auto: lora when trainer.lora_r is set, else full.")
     env_options: dict[str, Any] = Field(default_factory=dict, description="Extra keyword arguments for the env suite.")
     graph: GraphConfig | None = Field(None, description="Train this graph on these tasks instead of the env suite.")
+    stage1: Stage1Config = Field(default_factory=Stage1Config)
     eval: PeriodicEvalConfig | None = Field(None, description="Held-out evaluation during training (eval.jsonl); off when absent.")
 
     @model_validator(mode="after")

@@ -1,0 +1,110 @@
+"""Stage 1 on demand: the cached stage-1 model a SEED training run starts from.
+
+``seed-agents train`` calls ``stage1_model(cfg)``. When stage 1 applies (``stage1.run:
+auto``, SEED's own skills, TextWorld, the local backend) it returns the folder of a model
+that is ``backend.model`` after skill SFT, building it first when no cached copy exists:
+``skills collect`` with the offline rule-based analyzer on the base policy's episodes,
+then ``skills sft``. The cache key covers every setting that changes the result, so a
+changed setting builds a new model instead of reusing a stale one. A finished build is
+marked by a ``DONE`` file written last; an interrupted build resumes (collect is
+resumable) or restarts its SFT, and a file lock keeps two runs from building it twice.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from seed_agents.config import TrainConfig
+
+STAGE1_RECIPE = 1  # bump when the recipe changes in a way the settings below do not show
+
+
+def applies(cfg: TrainConfig) -> tuple[bool, str]:
+    """(stage 1 runs, why or why not)."""
+    if cfg.stage1.run == "off":
+        return False, "stage1.run is off"
+    if cfg.skills.source != "self":
+        return False, f"skills.source is {cfg.skills.source!r} (stage 1 trains the policy's own analyzer)"
+    if cfg.graph is not None or cfg.env != "textworld":
+        return False, ("the offline analyzer is TextWorld's; for other envs or graphs build a stage-1 model with "
+                       "`seed-agents skills collect --analyzer openai ...` and `skills sft`, then set backend.weights")
+    if cfg.backend.kind != "local":
+        return False, ("a vLLM server serves its own weights; build the stage-1 model with `seed-agents skills collect` "
+                       "+ `skills sft` and serve it")
+    if cfg.backend.weights is not None:
+        return False, "backend.weights is set (the run starts from those weights)"
+    return True, "SEED on TextWorld with the local backend"
+
+
+def cache_key(cfg: TrainConfig, base: str) -> str:
+    s = cfg.stage1
+    settings = {
+        "recipe": STAGE1_RECIPE, "base": os.path.realpath(base), "env": cfg.env, "split": cfg.split,
+        "env_options": cfg.env_options, "num_tasks": s.num_tasks, "group_size": s.group_size,
+        "temperature": s.temperature, "max_tokens": cfg.sampling.max_tokens, "agent": cfg.agent.model_dump(),
+        "epochs": s.epochs, "learning_rate": s.learning_rate, "lora_r": s.lora_r,
+        "skill_words": [cfg.skills.min_words, cfg.skills.max_words],
+    }
+    return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def default_cache_dir() -> Path:
+    return Path(os.environ.get("SEED_AGENTS_CACHE") or Path.home() / ".cache" / "seed-agents").expanduser() / "stage1"
+
+
+def stage1_model(cfg: TrainConfig, log: Any = print) -> Path | None:
+    """The stage-1 model folder for ``cfg``, built if needed; None when stage 1 does not apply."""
+    ok, why = applies(cfg)
+    if not ok:
+        if cfg.stage1.run == "auto" and cfg.skills.source == "self":
+            log(f"stage 1 skipped: {why}")
+        return None
+    from filelock import FileLock
+
+    from seed_agents.models import resolve_model
+
+    base = resolve_model(cfg.backend.model)
+    root = (cfg.stage1.cache_dir or default_cache_dir()) / cache_key(cfg, base)
+    model_dir = root / "sft" / "model"
+    if (root / "DONE").exists():
+        log(f"stage 1: using the cached stage-1 model {model_dir}")
+        return model_dir
+    root.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(root / ".lock")):
+        if (root / "DONE").exists():  # built by another run while we waited
+            return model_dir
+        log(f"stage 1: no cached stage-1 model; collecting skills (offline rule-based analyzer) and running SFT in {root}")
+        summary = build(cfg, base, root)
+        (root / "DONE").write_text(json.dumps(summary, indent=2, default=str))
+    return model_dir
+
+
+def build(cfg: TrainConfig, base: str, root: Path) -> dict[str, Any]:
+    """Collect with the offline analyzer, then SFT; returns both summaries."""
+    import shutil
+
+    from seed_agents.stage1.collect import CollectConfig, run_collect
+    from seed_agents.stage1.sft import SFTRunConfig, run_sft
+
+    s = cfg.stage1
+    collect = CollectConfig.model_validate({
+        "env": cfg.env, "split": cfg.split, "num_tasks": s.num_tasks, "seed": cfg.seed, "out": str(root / "collect"),
+        "env_options": cfg.env_options,
+        "backend": {"kind": "local", "model": base, "max_batch_size": cfg.backend.max_batch_size},
+        "sampling": {"max_tokens": cfg.sampling.max_tokens, "temperature": s.temperature},
+        "runner": {"group_size": s.group_size, "concurrency": cfg.runner.concurrency, "progress": cfg.runner.progress},
+        "agent": cfg.agent.model_dump(), "analyzer": {"kind": "rule_based"},
+        "min_words": cfg.skills.min_words, "max_words": cfg.skills.max_words,
+    })
+    collected = run_collect(collect)
+    shutil.rmtree(root / "sft", ignore_errors=True)  # a half-finished SFT starts over
+    sft = SFTRunConfig.model_validate({
+        "examples": [str(root / "collect" / "examples.jsonl")], "model": base, "out": str(root / "sft"),
+        "epochs": s.epochs, "learning_rate": s.learning_rate, "lora_r": s.lora_r, "seed": cfg.seed,
+    })
+    trained = run_sft(sft)
+    return {"collect": collected, "sft": trained}
