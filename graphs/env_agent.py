@@ -120,6 +120,11 @@ def build_env_agent(
         recent = state.get("history", [])[-history_window:] if history_window else []
         past = "".join(f"Observation: {o.strip()}\nYour command: {a}\n\n" for o, a in recent)
         body = (f"Recent history:\n{past}" if past else "") + f"Current observation:\n{turn}"
+        # The task must stay in view once the first observation leaves the window (ALFWorld
+        # envs report it as info["objective"], the line the task_line skill injector anchors on).
+        objective = str(state.get("metadata", {}).get("objective") or "").strip()
+        if objective and objective not in body:
+            body = f"{objective}\n\n{body}"
         return [SystemMessage(system_prompt), HumanMessage(body)]
 
     async def act(state: EnvAgentState) -> EnvAgentState:

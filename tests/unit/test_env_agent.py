@@ -167,3 +167,17 @@ def test_runner_can_run_twice_in_one_event_loop(tokenizer):
 
     a, b, same = asyncio.run(twice())
     assert a[0].success and b[0].success and same
+
+
+def test_window_layout_keeps_the_objective_in_view_after_it_leaves_the_window(tokenizer):
+    class ObjectiveEnv(ScriptedEnv):
+        def _obs(self, text, reward=0.0, invalid=False):
+            obs = super()._obs(text, reward, invalid)
+            obs.info["objective"] = "Your task is to: leave the room."
+            return obs
+
+    graph = build_env_agent(make_llm(tokenizer, ["look"]), max_turns=4, history_window=1)
+    with capture() as cap:
+        run(graph, ObjectiveEnv())
+    prompts = [c.messages[-1]["content"] for c in cap.calls]
+    assert all(p.startswith("Your task is to: leave the room.") and p.count("Your task is to:") == 1 for p in prompts)
