@@ -18,7 +18,7 @@ from typing import Any, TypedDict
 from langgraph.graph import END, START, StateGraph
 
 from seed_agents.capture import capture, current_scope
-from seed_agents.skills import build_analyzer_messages, episode_steps, parse_skill
+from seed_agents.skills import build_analyzer_messages, episode_steps, first_user_message, parse_skill
 from seed_agents.types import LLMCall, Skill, StopReason, Task
 
 
@@ -84,15 +84,6 @@ def episode_policy_calls() -> list[LLMCall]:
         return []
     tid = scope.labels.get("trajectory_id")
     return [c for c in scope.calls if c.purpose == "policy" and (tid is None or c.scope.get("trajectory_id") == tid)]
-
-
-def first_user_message(calls: Sequence[LLMCall]) -> str:
-    """Default task text: the first user message of the first policy call."""
-    for call in calls:
-        for m in call.messages:
-            if m.get("role") == "user":
-                return str(m.get("content") or "")
-    return ""
 
 
 def _outer_schema(agent_graph: Any) -> type:

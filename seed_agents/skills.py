@@ -85,6 +85,18 @@ def episode_steps(calls: Sequence[LLMCall]) -> list[tuple[str, str]]:
     return steps
 
 
+def first_user_message(calls: Sequence[LLMCall]) -> str:
+    """The task as the analyzer sees it by default: the first user message of the first
+    policy call (the hindsight node and ``skills collect`` both use it)."""
+    for call in calls:
+        if call.purpose != "policy":
+            continue
+        for m in call.messages:
+            if m.get("role") == "user":
+                return str(m.get("content") or "")
+    return ""
+
+
 def _clip(text: str, limit: int, head_share: float) -> str:
     """Keep ``limit`` chars of ``text``: a head share and the rest from the tail."""
     text = text.strip()

@@ -1,10 +1,415 @@
-"""Placeholder: being written (see seed_agents/stage1/__init__.py)."""
+"""``seed-agents skills collect``: the stage-1 data set, one analyzed episode per line.
+
+The base policy plays training tasks (G episodes per task, paper T=0.4, no hindsight
+node); an analyzer (a stronger model, or the offline rule-based stand-in) reads each
+finished episode with the *same* prompt the policy gets during training and writes
+``{"episode_summary", "episode_skill"}``. Every analyzed episode becomes one
+``SkillExample`` in ``examples.jsonl``, valid or not, the moment it is done.
+
+Resumable by construction: episodes go to ``trajectories.jsonl`` as they finish and a
+re-run plays only the missing (task, sample) pairs (errored episodes are played again);
+an episode whose id is already in ``examples.jsonl`` is never analyzed twice; a request
+that failed after its retries is *not* written, so the next run retries it. A
+half-written last line (a killed run) is dropped before appending. To compare analyzers
+on the same episodes, point ``from_trajectories`` at one run's ``trajectories.jsonl``
+and give each analyzer its own ``out``.
+"""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import concurrent.futures
+import filecmp
+import json
+import shutil
+import time
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from seed_agents.config import AgentConfig, BackendConfig, ConfigError, load_config
+from seed_agents.runner import RunnerConfig
+from seed_agents.stage1.analyzers import Analyzer, AnalyzerConfig, AnalyzerReply, PolicyAnalyzer, make_analyzer
+from seed_agents.types import LLMCall, SamplingParams, SkillExample, StopReason, Task, Trajectory
+
+
+class CollectConfig(BaseModel):
+    """`seed-agents skills collect`: roll out the base policy, analyze every episode."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    env: str = Field("textworld", description="Environment suite (entry point group seed_agents.envs).")
+    split: str = Field("train", description="Task split to roll out (stage 1 uses training tasks).")
+    num_tasks: int = Field(8, ge=1, le=100000, description="Distinct tasks (paper: 180 ALFWorld tasks).")
+    seed: int = Field(0, description="Seed for sampling and env shuffles.")
+    out: Path = Field(Path("runs/skills"), description="Output directory; a re-run with the same one resumes.")
+    backend: BackendConfig = Field(default_factory=BackendConfig, description="The policy that plays the episodes.")
+    sampling: SamplingParams = Field(default_factory=lambda: SamplingParams(max_tokens=16, temperature=0.4),
+                                     description="Policy sampling (paper: T=0.4).")
+    runner: RunnerConfig = Field(default_factory=lambda: RunnerConfig(group_size=4),
+                                 description="Episode scheduling; group_size is G, episodes per task (paper: 8).")
+    agent: AgentConfig = Field(default_factory=lambda: AgentConfig(max_turns=3, history="chat"),
+                               description="Env agent options (defaults: the CPU demo of `seed-agents train`).")
+    env_options: dict[str, Any] = Field(default_factory=dict, description="Extra keyword arguments for the env suite.")
+    analyzer: AnalyzerConfig = Field(default_factory=AnalyzerConfig, description="Who writes the skills.")
+    from_trajectories: Path | None = Field(None, description="Analyze the episodes of this trajectories.jsonl instead of rolling out (copied into `out`).")
+    max_chars_per_step: int = Field(1500, ge=50, description="Analyzer prompt: characters kept per step (as in training).")
+    max_steps: int = Field(30, ge=1, description="Analyzer prompt: steps shown; longer episodes keep their head and tail.")
+    min_words: int = Field(5, ge=1, description="Shorter skills are rejected (as in training).")
+    max_words: int = Field(120, ge=5, description="Longer skills are rejected (as in training).")
+
+
+def episode_key(traj: Trajectory) -> tuple[str, str, int]:
+    """Identifies an episode slot across re-runs: a re-played slot replaces the old record."""
+    return traj.group_id, traj.task_id, traj.sample_index
+
+
+def latest_trajectories(trajs: Sequence[Trajectory]) -> list[Trajectory]:
+    """The last record of each episode slot, in first-seen order."""
+    by_key: dict[tuple[str, str, int], Trajectory] = {}
+    for t in trajs:
+        by_key[episode_key(t)] = t  # a dict keeps the first position and the last value
+    return list(by_key.values())
+
+
+def run_collect(cfg: CollectConfig, *, suite: Any = None, llm: Any = None, analyzer: Analyzer | None = None) -> dict[str, Any]:
+    """Roll out (unless ``from_trajectories``), analyze, write; return the summary.
+
+    ``suite`` (an ``EnvSuite``), ``llm`` (the policy's chat model) and ``analyzer`` replace
+    what the config would build, for tests and for callers that already hold them.
+    """
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(cfg.model_dump_json(indent=2))
+    traj_path, ex_path = out / "trajectories.jsonl", out / "examples.jsonl"
+    for path in (traj_path, ex_path):
+        repair_tail(path)
+    done = {e.example_id: e for e in _read(ex_path, SkillExample)}
+    t0 = time.perf_counter()
+    owned: list[Any] = []  # backends built here, closed at the end
+    try:
+        return _collect(cfg, suite, llm, analyzer, done, owned, t0)
+    finally:
+        for backend in owned:
+            backend.close()
+
+
+def _collect(cfg: CollectConfig, suite: Any, llm: Any, analyzer: Analyzer | None, done: dict[str, SkillExample],
+             owned: list[Any], t0: float) -> dict[str, Any]:
+    out = Path(cfg.out)
+    traj_path, ex_path = out / "trajectories.jsonl", out / "examples.jsonl"
+
+    # -- episodes: reuse what is there, find what is missing -----------------------------
+    missing: list[tuple[Task, int]] = []
+    if cfg.from_trajectories is not None:
+        src = Path(cfg.from_trajectories)
+        if not src.is_file():
+            raise FileNotFoundError(f"--from-trajectories: no such file {src}")
+        if traj_path.exists() and not filecmp.cmp(src, traj_path, shallow=False):
+            raise ConfigError(f"{out} already holds other episodes (trajectories.jsonl); choose another --out")
+        if not traj_path.exists():
+            shutil.copyfile(src, traj_path)  # the out dir stays self-contained for `skills eval`
+        existing = latest_trajectories(_read(traj_path, Trajectory))
+    else:
+        existing = latest_trajectories(_read(traj_path, Trajectory))
+        if suite is None:
+            from seed_agents.envs import load_env_suite
+
+            suite = load_env_suite(cfg.env, seed=cfg.seed, **cfg.env_options)
+        have = {(t.task_id, t.sample_index) for t in existing if t.stop_reason != StopReason.ERROR}
+        missing = [(task, i) for task in suite.tasks(cfg.split, cfg.num_tasks)
+                   for i in range(cfg.runner.group_size) if (task.task_id, i) not in have]
+
+    # -- the analyzer (before any rollout, so a mismatch fails fast) --------------------------
+    a = cfg.analyzer
+    if llm is None and (missing or (analyzer is None and a.kind == "policy" and a.backend is None and not a.model)):
+        llm = _policy_llm(cfg, owned)
+    if analyzer is None:
+        try:
+            analyzer = make_analyzer(a, llm=llm)
+        except ValueError as e:
+            raise ConfigError(f"analyzer: {e}") from None
+        if isinstance(analyzer, PolicyAnalyzer) and analyzer.close_backend:
+            owned.append(analyzer.llm.backend)
+    others = sorted({e.analyzer for e in done.values()} - {analyzer.name})
+    if others:
+        raise ConfigError(f"{ex_path} holds examples written by {', '.join(others)}, not {analyzer.name}; choose "
+                          f"another --out (with --from-trajectories {traj_path} to analyze the same episodes)")
+
+    # -- rollouts: only the missing (task, sample) slots ---------------------------------------
+    new: list[Trajectory] = []
+    t_roll = time.perf_counter()
+    if missing:
+        new = _roll_out(cfg, suite, llm, missing, traj_path)
+    elif existing and cfg.from_trajectories is None:
+        print(f"{traj_path} holds all {len(existing)} episodes; no new rollouts", flush=True)
+    trajs = latest_trajectories([*existing, *new])
+    rollout_s = time.perf_counter() - t_roll
+
+    # -- analysis: every finished, not yet analyzed episode, concurrently ------------------
+    errored = [t for t in trajs if t.stop_reason == StopReason.ERROR]
+    no_calls = [t for t in trajs if t.stop_reason != StopReason.ERROR and not t.policy_calls]
+    todo = [t for t in trajs if t.stop_reason != StopReason.ERROR and t.policy_calls and t.trajectory_id not in done]
+    t1 = time.perf_counter()
+    written, failures, cost = asyncio.run(_analyze_all(cfg, analyzer, todo, ex_path))
+    analysis_s = time.perf_counter() - t1
+
+    # -- summary -------------------------------------------------------------------------
+    examples = [*done.values(), *written]
+    valid = sum(e.valid for e in examples)
+    summary = {
+        "analyzer": analyzer.name,
+        "episodes": len(trajs),
+        "rolled_out_now": len(new),
+        "skipped_errors": len(errored),
+        "skipped_no_calls": len(no_calls),
+        "analyzed_before": len(done),
+        "analyzed_now": len(written),
+        "examples": len(examples),
+        "valid": valid,
+        "valid_now": sum(e.valid for e in written),
+        "parse_rate": valid / len(examples) if examples else 0.0,
+        "failed_requests": len(failures),
+        "prompt_tokens": sum(e.prompt_tokens for e in written),
+        "completion_tokens": sum(e.completion_tokens for e in written),
+        "cost_usd": cost,
+        "reject_reasons": dict(Counter((e.reject_reason or "").split(":")[0] for e in examples if not e.valid)),
+        "first_errors": list(dict.fromkeys(r.error or "" for _, r in failures))[:3],
+        "rollout_wall_s": rollout_s,
+        "analysis_wall_s": analysis_s,
+        "wall_s": time.perf_counter() - t0,
+    }
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    return summary
+
+
+# -- rollouts ----------------------------------------------------------------------------------
+
+
+def _policy_llm(cfg: CollectConfig, owned: list[Any]) -> Any:
+    import torch
+
+    from seed_agents.backends import BackendUnavailable, make_backend
+    from seed_agents.chat_model import SeedChatModel
+
+    torch.manual_seed(cfg.seed)
+    print(f"loading {cfg.backend.kind} backend for {cfg.backend.model} ...", flush=True)
+    backend, tokenizer = make_backend(cfg.backend)
+    owned.append(backend)
+    if hasattr(backend, "health") and not backend.health():
+        raise BackendUnavailable(f"no vLLM server answers at {cfg.backend.base_url}; start one with "
+                                 f"`seed-agents serve --model {cfg.backend.model}`")
+    return SeedChatModel(backend=backend, tokenizer=tokenizer, sampling=cfg.sampling, model_name=cfg.backend.model)
+
+
+def _roll_out(cfg: CollectConfig, suite: Any, llm: Any, specs: list[tuple[Task, int]], path: Path) -> list[Trajectory]:
+    from seed_agents.capture import JsonlSink, capture
+    from seed_agents.runner import EpisodeRunner
+
+    tasks = list({t.task_id: t for t, _ in specs}.values())
+    if hasattr(suite, "prepare"):
+        print(f"preparing {len(tasks)} {cfg.env} tasks ({cfg.split}) ...", flush=True)
+        suite.prepare(tasks)
+    graph = suite.build_graph(llm, **cfg.agent.model_dump())
+    print(f"rolling out {len(specs)} episodes ({len(tasks)} tasks, T={cfg.sampling.temperature:g}) ...", flush=True)
+    with JsonlSink(path) as sink:
+        runner = EpisodeRunner(graph, cfg.runner, make_env=suite.make_env, sink=sink)
+        with capture(run=Path(cfg.out).name, split=cfg.split):
+            return asyncio.run(_play(runner, specs, cfg.runner))
+
+
+async def _play(runner: Any, specs: list[tuple[Task, int]], rc: RunnerConfig) -> list[Trajectory]:
+    """``EpisodeRunner.run`` for a subset of (task, sample) slots: a resumed run plays only these."""
+    loop = asyncio.get_running_loop()
+    loop.set_default_executor(concurrent.futures.ThreadPoolExecutor(max_workers=rc.concurrency * 2 + 4))
+    slots = asyncio.Semaphore(rc.concurrency)
+    bar = _bar(len(specs), "episodes", rc.progress)
+
+    async def one(task: Task, i: int) -> Trajectory:
+        async with slots:
+            traj = await runner.run_episode(task, f"g-{task.task_id}", i)
+        if bar is not None:
+            bar.update(1)
+        return traj
+
+    try:
+        return list(await asyncio.gather(*(one(t, i) for t, i in specs)))
+    finally:
+        if bar is not None:
+            bar.close()
+
+
+# -- analysis ------------------------------------------------------------------------------------
+
+
+async def _analyze_all(cfg: CollectConfig, analyzer: Analyzer, todo: list[Trajectory],
+                       path: Path) -> tuple[list[SkillExample], list[tuple[Trajectory, AnalyzerReply]], float]:
+    """Analyze ``todo`` concurrently (the analyzer bounds and paces its requests); each
+    example is appended to ``path`` as soon as it is done. Returns the examples written,
+    the failed requests, and the cost of all requests."""
+    from seed_agents.capture import JsonlSink
+    from seed_agents.chat_model import to_chat_dicts
+    from seed_agents.skills import build_analyzer_messages, episode_steps, first_user_message, parse_skill
+
+    written: list[SkillExample] = []
+    failures: list[tuple[Trajectory, AnalyzerReply]] = []
+    cost = 0.0
+    bar = _bar(len(todo), "analyzed", cfg.runner.progress and bool(todo))
+
+    async def one(traj: Trajectory, sink: JsonlSink) -> None:
+        nonlocal cost
+        steps, text = episode_steps(traj.calls), first_user_message(traj.calls)
+        messages = build_analyzer_messages(text, traj.success, steps, max_chars_per_step=cfg.max_chars_per_step,
+                                           max_steps=cfg.max_steps)
+        try:
+            reply = await analyzer.analyze(messages, steps=steps, success=traj.success, task_text=text)
+        except Exception as e:  # noqa: BLE001 - a broken analyzer fails this episode, not the run
+            reply = AnalyzerReply(error=f"{type(e).__name__}: {e}")
+        cost += reply.cost_usd
+        if bar is not None:
+            bar.update(1)
+        if reply.error is not None:
+            failures.append((traj, reply))  # not written: the next run retries it
+            return
+        summary, skill, reason = parse_skill(reply.text, min_words=cfg.min_words, max_words=cfg.max_words)
+        example = SkillExample(
+            example_id=traj.trajectory_id, trajectory_id=traj.trajectory_id, task_id=traj.task_id, split=traj.split,
+            success=traj.success, reward=traj.reward, messages=to_chat_dicts(messages), completion=reply.text,
+            skill=skill, summary=summary, valid=reason is None, reject_reason=reason, analyzer=analyzer.name,
+            prompt_tokens=reply.prompt_tokens, completion_tokens=reply.completion_tokens, latency_s=reply.latency_s,
+        )
+        sink.write("example", example)
+        written.append(example)
+
+    try:
+        with JsonlSink(path) as sink:
+            await asyncio.gather(*(one(t, sink) for t in todo))
+    finally:
+        if bar is not None:
+            bar.close()
+        await analyzer.aclose()
+    return written, failures, cost
+
+
+# -- files -----------------------------------------------------------------------------------------
+
+
+def repair_tail(path: Path) -> None:
+    """Make ``path`` end with a complete line before appending: a half-written last record
+    (a killed writer) is dropped, a complete one missing only its newline gets it."""
+    if not path.exists() or path.stat().st_size == 0:
+        return
+    with path.open("rb+") as f:
+        size = f.seek(0, 2)
+        f.seek(size - 1)
+        if f.read(1) == b"\n":
+            return
+        cut, pos = 0, size
+        while pos > 0:
+            start = max(0, pos - 65536)
+            f.seek(start)
+            i = f.read(pos - start).rfind(b"\n")
+            if i >= 0:
+                cut = start + i + 1
+                break
+            pos = start
+        f.seek(cut)
+        tail = f.read()
+        try:
+            json.loads(tail)
+        except ValueError:
+            f.truncate(cut)
+            print(f"{path}: dropped a half-written last line ({len(tail)} bytes)", flush=True)
+            return
+        f.write(b"\n")
+
+
+def _read(path: Path, model: type[BaseModel]) -> list[Any]:
+    from seed_agents.capture import read_jsonl
+
+    return read_jsonl(path, model) if path.exists() else []
+
+
+def _bar(total: int, desc: str, enabled: bool) -> Any:
+    if not enabled:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, unit="ep", dynamic_ncols=True)
+
+
+def format_summary(summary: dict[str, Any]) -> str:
+    keys = ["analyzer", "episodes", "rolled_out_now", "skipped_errors", "skipped_no_calls", "analyzed_before",
+            "analyzed_now", "examples", "valid", "parse_rate", "failed_requests", "prompt_tokens",
+            "completion_tokens", "cost_usd", "wall_s"]
+    lines = [f"{'metric':<20} value", f"{'-' * 20} {'-' * 12}"]
+    for k in keys:
+        v = summary[k]
+        lines.append(f"{k:<20} {v:.4f}" if isinstance(v, float) else f"{k:<20} {v}")
+    if summary["reject_reasons"]:
+        lines.append(f"{'reject_reasons':<20} {summary['reject_reasons']}")
+    return "\n".join(lines)
+
+
+# -- CLI ------------------------------------------------------------------------------------------
+
+# CLI flag -> CollectConfig field. Flags left unset keep the config's (or the YAML's) values.
+_FLAGS = {
+    "out": "out", "env": "env", "split": "split", "seed": "seed", "num_tasks": "num_tasks",
+    "group": "runner.group_size", "temperature": "sampling.temperature", "max_tokens": "sampling.max_tokens",
+    "max_turns": "agent.max_turns", "model": "backend.model", "backend": "backend.kind", "base_url": "backend.base_url",
+    "from_trajectories": "from_trajectories", "analyzer": "analyzer.kind", "analyzer_model": "analyzer.model",
+    "analyzer_base_url": "analyzer.base_url", "api_key_env": "analyzer.api_key_env", "analyzer_spec": "analyzer.spec",
+    "analyzer_concurrency": "analyzer.max_concurrency", "requests_per_minute": "analyzer.requests_per_minute",
+}
+
+
+def build_config(args: argparse.Namespace) -> CollectConfig:
+    return load_config(CollectConfig, args.config, {field: getattr(args, flag, None) for flag, field in _FLAGS.items()})
+
+
+def cmd_collect(args: argparse.Namespace) -> int:
+    """Exit 0 when every episode is analyzed; 1 when some requests failed (re-run to retry them)."""
+    cfg = build_config(args)
+    summary = run_collect(cfg)
+    print(format_summary(summary))
+    out = Path(cfg.out)
+    print(f"wrote {out / 'examples.jsonl'}, {out / 'trajectories.jsonl'}, {out / 'summary.json'}")
+    if summary["failed_requests"]:
+        print(f"{summary['failed_requests']} analyzer requests failed (first: {summary['first_errors'][0]}); "
+              f"re-run the same command to retry them (finished episodes are kept).")
+        return 1
+    return 0
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("collect", help="(not yet implemented)")
-    p.set_defaults(func=lambda args: 1)
+    p = sub.add_parser("collect", help="Roll out the base policy and have an analyzer write a skill per episode (resumable).",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                       epilog="Exit status: 0 when every episode is analyzed; 1 when some analyzer requests failed "
+                              "(re-run the same command to retry them); 2 on a bad config or an unreachable backend.")
+    p.add_argument("--config", help="YAML with CollectConfig fields; flags override it.")
+    p.add_argument("--out", help="Output directory (default runs/skills); re-run with the same one to resume.")
+    p.add_argument("--env", help="Environment suite (default textworld).")
+    p.add_argument("--split", help="Task split (default train).")
+    p.add_argument("--seed", type=int)
+    p.add_argument("--num-tasks", dest="num_tasks", type=int, help="Distinct tasks (default 8).")
+    p.add_argument("--group", type=int, help="Episodes per task, G (default 4; paper 8).")
+    p.add_argument("--temperature", type=float, help="Policy sampling temperature (default 0.4, as in the paper).")
+    p.add_argument("--max-tokens", dest="max_tokens", type=int, help="Policy tokens per turn.")
+    p.add_argument("--max-turns", dest="max_turns", type=int, help="Agent turns per episode.")
+    p.add_argument("--model", help="Policy: smollm2-135m, a local folder or a hub id; with vllm the served name.")
+    p.add_argument("--backend", choices=["local", "vllm"], help="Policy backend.")
+    p.add_argument("--base-url", dest="base_url", help="Policy vLLM server URL.")
+    p.add_argument("--from-trajectories", dest="from_trajectories", help="Analyze this trajectories.jsonl instead of rolling out.")
+    p.add_argument("--analyzer", choices=["rule_based", "openai", "langchain", "policy"], help="Who writes the skills (default rule_based, the offline stand-in).")
+    p.add_argument("--analyzer-model", dest="analyzer_model", help="openai: model name; policy: model folder/alias.")
+    p.add_argument("--analyzer-base-url", dest="analyzer_base_url", help="openai: endpoint URL (with or without /v1).")
+    p.add_argument("--api-key-env", dest="api_key_env", help="openai: NAME of the env variable holding the API key (default OPENAI_API_KEY).")
+    p.add_argument("--analyzer-spec", dest="analyzer_spec", help="langchain: 'pkg.module:ChatModelClass'.")
+    p.add_argument("--analyzer-concurrency", dest="analyzer_concurrency", type=int, help="Analyzer requests in flight.")
+    p.add_argument("--requests-per-minute", dest="requests_per_minute", type=float, help="Analyzer rate limit.")
+    p.set_defaults(func=cmd_collect)
