@@ -56,6 +56,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
     torch.manual_seed(cfg.seed)
 
     suite = load_env_suite(cfg.env, seed=cfg.seed, **cfg.env_options)
+    if cfg.split is None:  # each benchmark names its held-out split its own way
+        cfg = cfg.model_copy(update={"split": getattr(suite, "eval_split", "eval_seen")})
+        (out / "config.json").write_text(cfg.model_dump_json(indent=2))
     tasks = suite.tasks(cfg.split, cfg.num_tasks)
     if hasattr(suite, "prepare"):
         print(f"preparing {len(tasks)} {cfg.env} tasks ({cfg.split}) ...", flush=True)
@@ -76,6 +79,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
         wall = time.perf_counter() - t0
     backend.close()
     summary = summarize(trajs, wall)
+    if hasattr(suite, "extra_metrics"):  # a benchmark's own headline figure (WebShop: score)
+        summary.update(suite.extra_metrics(summary))
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     print(format_table(summary))
     print(f"wrote {out / 'trajectories.jsonl'}, {out / 'calls.jsonl'}, {out / 'summary.json'}")

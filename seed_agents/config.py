@@ -44,7 +44,7 @@ class EvalConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     env: str = Field("textworld", description="Environment suite name (entry point group seed_agents.envs).")
-    split: str = Field("eval_seen", description="Task split to play.")
+    split: str | None = Field(None, description="Task split to play (default: the suite's eval_split, else eval_seen).")
     episodes: int = Field(8, ge=1, le=100000, description="Total episodes = tasks x group; must be a multiple of group.")
     seed: int = Field(0, description="Seed for sampling and env shuffles.")
     out: Path = Field(Path("runs/eval"), description="Output directory.")

@@ -47,6 +47,7 @@ def format_table(summary: dict[str, Any]) -> str:
     keys = ["episodes", "success_rate", "mean_reward", "mean_steps", "invalid_action_rate",
             "errors", "llm_calls", "rows", "completion_tokens", "tokens_per_s", "wall_s"]
     lines = [f"{'metric':<22} value", f"{'-' * 22} {'-' * 12}"]
+    keys += [k for k in ("score",) if k in summary]
     for k in keys:
         v = summary[k]
         lines.append(f"{k:<22} {v:.3f}" if isinstance(v, float) else f"{k:<22} {v}")

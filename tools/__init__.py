@@ -1,1 +1,3 @@
-"""Environments and tools: the TextWorld suite (registered as entry point ``textworld``)."""
+"""Environment suites, each registered under the ``seed_agents.envs`` entry-point group:
+``textworld`` (generated games, the offline default), ``alfworld`` (the ALFWorld text
+benchmark, real engine) and ``webshop`` (the WebShop protocol and reward, pure Python)."""

@@ -290,6 +290,7 @@ class AlfWorldSuite:
     name = "alfworld"
     #: The paper's agent settings; the CLI applies them to fields the user did not set.
     agent_defaults = {"max_turns": 30, "history": "window", "history_window": 5}
+    eval_split = "valid_seen"
 
     def __init__(self, data_dir: str | Path | None = None, seed: int = 0, *, win_reward: float = WIN_REWARD,
                  invalid_penalty: float = INVALID_PENALTY, **options: Any) -> None:
