@@ -175,7 +175,7 @@ class TrainConfig(BaseModel):
     # Defaults are the embedded CPU demo (configs/textworld_smollm2_cpu.yaml); the paper's
     # settings are in configs/paper_textworld_qwen2.5-3b.yaml.
     agent: AgentConfig = Field(default_factory=lambda: AgentConfig(max_turns=3, history="chat"))
-    skills: SkillConfig = Field(default_factory=lambda: SkillConfig(max_tokens=64))
+    skills: SkillConfig = Field(default_factory=lambda: SkillConfig(max_tokens=128))
     trainer: TrainerConfig = Field(default_factory=lambda: TrainerConfig(learning_rate=1e-5))
     sync: Literal["auto", "full", "lora"] = Field("auto", description="vLLM weight sync; auto: lora when trainer.lora_r is set, else full.")
     env_options: dict[str, Any] = Field(default_factory=dict, description="Extra keyword arguments for the env suite.")

@@ -47,7 +47,7 @@ def cache_key(cfg: TrainConfig, base: str) -> str:
         "env_options": cfg.env_options, "num_tasks": s.num_tasks, "group_size": s.group_size,
         "temperature": s.temperature, "max_tokens": cfg.sampling.max_tokens, "agent": cfg.agent.model_dump(),
         "epochs": s.epochs, "learning_rate": s.learning_rate, "lora_r": s.lora_r,
-        "skill_words": [cfg.skills.min_words, cfg.skills.max_words],
+        "skill_words": [cfg.skills.min_words, cfg.skills.max_words], "skill_tokens": cfg.skills.max_tokens,
     }
     return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
@@ -105,6 +105,8 @@ def build(cfg: TrainConfig, base: str, root: Path) -> dict[str, Any]:
     sft = SFTRunConfig.model_validate({
         "examples": [str(root / "collect" / "examples.jsonl")], "model": base, "out": str(root / "sft"),
         "epochs": s.epochs, "learning_rate": s.learning_rate, "lora_r": s.lora_r, "seed": cfg.seed,
+        # the parse check generates under the same budget the analyzer gets in training
+        "eval_max_tokens": cfg.skills.max_tokens, "max_eval_examples": 8,
     })
     trained = run_sft(sft)
     return {"collect": collected, "sft": trained}

@@ -1,0 +1,55 @@
+"""collect -> SFT -> train, end to end on real TextWorld games, the way `seed-agents
+train` runs it by default: a SEED run with no stage-1 model builds one (offline analyzer,
+SFT), caches it, starts from it, and a second run reuses the cache."""
+
+import json
+
+import pytest
+
+pytest.importorskip("trl")
+pytest.importorskip("textworld")
+
+from seed_agents.cli_train import run_train  # noqa: E402
+from seed_agents.config import TrainConfig  # noqa: E402
+from seed_agents.stage1.auto import cache_key  # noqa: E402
+
+pytestmark = pytest.mark.integration
+
+
+def lines(path):
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+
+
+def test_train_builds_the_stage1_model_first_then_reuses_it(tmp_path, tiny_model_dir, capsys):
+    raw = {
+        "env": "textworld", "num_tasks": 2, "tasks_per_iteration": 1, "iterations": 1, "out": str(tmp_path / "run1"),
+        "env_options": {"cache_dir": str(tmp_path / "tw")},
+        "backend": {"kind": "local", "model": tiny_model_dir},
+        "sampling": {"max_tokens": 6, "temperature": 1.0},
+        "runner": {"group_size": 2, "progress": False},
+        "agent": {"max_turns": 2, "history": "chat"},
+        "skills": {"source": "self", "max_tokens": 16},
+        "stage1": {"num_tasks": 2, "group_size": 2, "epochs": 1, "cache_dir": str(tmp_path / "stage1")},
+        "trainer": {"learning_rate": 1e-4},
+    }
+    cfg = TrainConfig.model_validate(raw)
+    summary = run_train(cfg)
+    root = tmp_path / "stage1" / cache_key(cfg, tiny_model_dir)
+    model_dir = root / "sft" / "model"
+    assert (root / "DONE").exists() and (model_dir / "config.json").exists()
+    assert summary["initial_weights"] == str(model_dir) and summary["iterations"] == 1
+
+    # stage 1: every collected episode was analyzed by the offline analyzer, and its JSON parses
+    examples = lines(root / "collect" / "examples.jsonl")
+    assert len(examples) == 4 and all(e["valid"] and e["analyzer"] == "rule-based-textworld" for e in examples)
+    sft = json.loads((root / "sft" / "sft_summary.json").read_text())
+    assert sft["split"]["n_train"] + sft["split"]["n_heldout"] == 4
+
+    # the RL run played with the hindsight node on, from the stage-1 weights
+    trajs = lines(tmp_path / "run1" / "trajectories.jsonl")
+    assert len(trajs) == 2 and all(t["skill"] is not None for t in trajs)
+
+    # a second run with the same stage-1 settings reuses the cached model
+    capsys.readouterr()
+    run_train(cfg.model_copy(update={"out": tmp_path / "run2"}))
+    assert "using the cached stage-1 model" in capsys.readouterr().out
