@@ -68,6 +68,14 @@ def read_tasks(path: Path) -> list[Any]:
     return tasks
 
 
+def initial_weights(b: Any) -> str:
+    """The weights a run starts from: ``backend.weights``; else, in-process, the model
+    itself; else (a server) the local copy named by ``tokenizer``, then the served name."""
+    if b.weights:
+        return b.weights
+    return b.model if b.kind == "local" else (b.tokenizer or b.model)
+
+
 def last_checkpoint(out: Path) -> tuple[str | None, int]:
     ckpts = sorted((out / "checkpoints").glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[-1]))
     return (str(ckpts[-1]), int(ckpts[-1].name.split("-")[-1])) if ckpts else (None, 0)
@@ -164,7 +172,7 @@ def run_train(cfg: TrainConfig, resume: bool = False) -> dict[str, Any]:
     # Stage 1 (skill SFT) first where it applies; the run then starts from that model.
     b = cfg.backend
     stage1_dir = stage1_model(cfg)
-    weights = str(stage1_dir) if stage1_dir is not None else resolve_model(b.weights or b.tokenizer or b.model)
+    weights = str(stage1_dir) if stage1_dir is not None else resolve_model(initial_weights(b))
     tokenizer = AutoTokenizer.from_pretrained(resolve_model(b.tokenizer) if b.tokenizer else weights)
     model = AutoModelForCausalLM.from_pretrained(weights, dtype=torch.float32)
     if cfg.trainer.lora_r:
@@ -197,7 +205,7 @@ def run_train(cfg: TrainConfig, resume: bool = False) -> dict[str, Any]:
             if s.analyzer is not None:
                 a_backend, a_tok = make_backend(s.analyzer)
             else:  # a frozen copy of the initial policy
-                a_backend = LocalBackend(resolve_model(b.weights or b.tokenizer or b.model), max_batch_size=b.max_batch_size)
+                a_backend = LocalBackend(weights, max_batch_size=b.max_batch_size)
                 a_tok = a_backend.tokenizer
             analyzer = SeedChatModel(backend=a_backend, tokenizer=a_tok, model_name="analyzer")
         # graph agents are judged by their reward; the analyzer needs the outcome before it

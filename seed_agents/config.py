@@ -134,8 +134,9 @@ class Stage1Config(BaseModel):
 
     run: Literal["auto", "off"] = Field("auto", description="auto: build or reuse the cached stage-1 model when it applies; off: start from backend.model.")
     num_tasks: int = Field(8, ge=1, description="Training tasks rolled out for skill collection.")
-    group_size: int = Field(4, ge=1, description="Episodes per task.")
+    group_size: int = Field(2, ge=1, description="Episodes per task.")
     temperature: float = Field(0.4, ge=0, description="Rollout temperature (paper: 0.4).")
+    seed: int = Field(0, description="Seed of stage 1 (its own: RL runs with other seeds share one stage-1 model).")
     epochs: float = Field(3.0, gt=0, description="SFT epochs over the valid examples.")
     learning_rate: float = Field(5e-5, gt=0, description="SFT learning rate.")
     lora_r: int | None = Field(None, ge=1, description="SFT a LoRA adapter (merged into the saved model).")

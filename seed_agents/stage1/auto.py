@@ -45,7 +45,7 @@ def cache_key(cfg: TrainConfig, base: str) -> str:
     settings = {
         "recipe": STAGE1_RECIPE, "base": os.path.realpath(base), "env": cfg.env, "split": cfg.split,
         "env_options": cfg.env_options, "num_tasks": s.num_tasks, "group_size": s.group_size,
-        "temperature": s.temperature, "max_tokens": cfg.sampling.max_tokens, "agent": cfg.agent.model_dump(),
+        "temperature": s.temperature, "seed": s.seed, "max_tokens": cfg.sampling.max_tokens, "agent": cfg.agent.model_dump(),
         "epochs": s.epochs, "learning_rate": s.learning_rate, "lora_r": s.lora_r,
         "skill_words": [cfg.skills.min_words, cfg.skills.max_words], "skill_tokens": cfg.skills.max_tokens,
     }
@@ -92,7 +92,7 @@ def build(cfg: TrainConfig, base: str, root: Path) -> dict[str, Any]:
 
     s = cfg.stage1
     collect = CollectConfig.model_validate({
-        "env": cfg.env, "split": cfg.split, "num_tasks": s.num_tasks, "seed": cfg.seed, "out": str(root / "collect"),
+        "env": cfg.env, "split": cfg.split, "num_tasks": s.num_tasks, "seed": s.seed, "out": str(root / "collect"),
         "env_options": cfg.env_options,
         "backend": {"kind": "local", "model": base, "max_batch_size": cfg.backend.max_batch_size},
         "sampling": {"max_tokens": cfg.sampling.max_tokens, "temperature": s.temperature},
@@ -104,7 +104,7 @@ def build(cfg: TrainConfig, base: str, root: Path) -> dict[str, Any]:
     shutil.rmtree(root / "sft", ignore_errors=True)  # a half-finished SFT starts over
     sft = SFTRunConfig.model_validate({
         "examples": [str(root / "collect" / "examples.jsonl")], "model": base, "out": str(root / "sft"),
-        "epochs": s.epochs, "learning_rate": s.learning_rate, "lora_r": s.lora_r, "seed": cfg.seed,
+        "epochs": s.epochs, "learning_rate": s.learning_rate, "lora_r": s.lora_r, "seed": s.seed,
         # the parse check generates under the same budget the analyzer gets in training
         "eval_max_tokens": cfg.skills.max_tokens, "max_eval_examples": 8,
     })
