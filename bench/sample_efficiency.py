@@ -123,7 +123,8 @@ def run_one(method: str, seed: int, args: argparse.Namespace, stage1_model: str 
         done = json.loads((out / "config.json").read_text())
         if done.get("iterations") != cfg["iterations"] or done.get("trainer", {}).get("learning_rate") != cfg["trainer"]["learning_rate"]:
             raise SystemExit(f"{out} holds a finished run with other settings; use another --out")
-        return {"method": method, "seed": seed, "out": str(out), "rc": 0, "wall_s": None}
+        wall = json.loads((out / "summary.json").read_text()).get("wall_s")  # of its last (resumed) part
+        return {"method": method, "seed": seed, "out": str(out), "rc": 0, "wall_s": wall, "reused": True}
     out.parent.mkdir(parents=True, exist_ok=True)
     cfg_path = out.parent / f"{method}-s{seed}.yaml"
     cfg_path.write_text(yaml.safe_dump(cfg, sort_keys=False))
@@ -175,28 +176,37 @@ def summarize_method(curves: dict[int, list[dict[str, Any]]], threshold: float) 
     reached = [v for v in reach.values() if v is not None]
     area = {s: statistics.fmean(r["success_rate"] for r in c) for s, c in curves.items() if c}
     final = {s: max(c, key=lambda r: r["episodes_consumed"])["success_rate"] for s, c in curves.items() if c}
+    start = {s: min(c, key=lambda r: r["episodes_consumed"])["success_rate"] for s, c in curves.items() if c}
     return {"curve": curve, "to_threshold": reach, "reached": f"{len(reached)}/{len(reach)}",
             "mean_to_threshold": statistics.fmean(reached) if len(reached) == len(reach) and reached else None,
-            "area": mean_sd(list(area.values())), "final": mean_sd(list(final.values()))}
+            "area": mean_sd(list(area.values())), "final": mean_sd(list(final.values())),
+            "start": mean_sd(list(start.values())), "gain": mean_sd([final[s] - start[s] for s in final])}
 
 
 def report(results: dict[str, dict[str, Any]], threshold: float) -> str:
+    def ms(x: tuple[float, float]) -> str:
+        return f"{x[0]:.3f} ± {x[1]:.3f}"
+
     lines = [f"{'method':<16} {'seeds reaching':>14} {'episodes to ' + format(threshold, '.2f'):>18} "
-             f"{'mean success (area)':>20} {'final success':>15}",
-             "-" * 88]
+             f"{'start':>15} {'mean (area)':>15} {'final':>15} {'final - start':>15}",
+             "-" * 115]
     for m, r in results.items():
         tt = r["mean_to_threshold"]
         per_seed = ",".join("-" if v is None else str(v) for v in r["to_threshold"].values())
         lines.append(f"{m:<16} {r['reached']:>14} {(f'{tt:.0f}' if tt is not None else 'n/a') + ' [' + per_seed + ']':>18} "
-                     f"{r['area'][0]:>12.3f} ± {r['area'][1]:.3f} {r['final'][0]:>7.3f} ± {r['final'][1]:.3f}")
-    g, s = results.get("grpo"), results.get("seed")
+                     f"{ms(r['start']):>15} {ms(r['area']):>15} {ms(r['final']):>15} {ms(r['gain']):>15}")
+    g, s, g1 = results.get("grpo"), results.get("seed"), results.get("grpo_stage1")
     if g and s:
         if g["mean_to_threshold"] and s["mean_to_threshold"]:
             lines.append(f"episodes to threshold, SEED/GRPO: {s['mean_to_threshold'] / g['mean_to_threshold']:.2f}")
         else:
             lines.append("episodes to threshold, SEED/GRPO: n/a (a method did not reach the threshold on every seed)")
         if g["area"][0] > 0:
-            lines.append(f"mean held-out success, SEED/GRPO: {s['area'][0] / g['area'][0]:.2f}")
+            lines.append(f"mean held-out success, SEED/GRPO: {s['area'][0] / g['area'][0]:.2f} "
+                         "(SEED starts from the stage-1 model: its head start counts here)")
+    if g1 and s and g1["area"][0] > 0:
+        lines.append(f"mean held-out success, SEED/GRPO from the stage-1 model: {s['area'][0] / g1['area'][0]:.2f} "
+                     "(same start: what the distillation term adds)")
     return "\n".join(lines)
 
 
@@ -297,7 +307,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nTextWorld eval_seen ({b['eval_tasks']} games, greedy), {args.model}, {b['iterations']} updates of "
           f"{b['tasks_per_iteration']} tasks x {b['group']} episodes, lr {b['lr']}, seeds {args.seeds}")
     print(text)
-    print(f"total wall time {wall / 60:.1f} min")
+    reused = sum(bool(r.get("reused")) for r in runs)
+    print(f"total wall time {wall / 60:.1f} min" + (f" ({reused} of {len(runs)} runs finished in an earlier invocation "
+                                                    "and were reused)" if reused else ""))
     (args.out / "results.json").write_text(json.dumps({"budget": b, "seeds": args.seeds, "threshold": args.threshold,
                                                         "results": results, "runs": runs, "wall_s": wall}, indent=2))
     plot(results, args.out / "sample_efficiency.png", args.threshold)
