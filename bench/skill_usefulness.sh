@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Do the skills move the policy? One table per analyzer, on the same held-out episodes.
+#
+# The policy is the stage-1 model that bench/sample_efficiency.py starts SEED from (built
+# with that benchmark's default settings, or reused from its cache). It plays 8 eval_seen
+# TextWorld games (never used in stage 1) x 4 episodes with the benchmark's rollout
+# settings. Three analyzers write a skill about each of those same episodes:
+#   rule-based-textworld   the offline stand-in (what stage 1 trained on)
+#   policy:smollm2-135m    the base model, greedy (what SEED without stage 1 gets)
+#   policy:<stage-1 dir>   the stage-1 model itself, greedy (what SEED gets at its start)
+# `skills eval` then has the stage-1 policy re-score its own actions with and without each
+# skill, and re-plays 8 tasks x 2 episodes with the skills in the prompt vs without.
+#
+#   bash bench/skill_usefulness.sh            # ~15 min on 2 CPU cores once stage 1 is cached
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-runs/bench/skill_usefulness}
+SA=.venv/bin/seed-agents
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2} TOKENIZERS_PARALLELISM=false
+mkdir -p "$OUT"
+
+STAGE1=$(.venv/bin/python bench/sample_efficiency.py --stage1-only | sed -n 's/^STAGE1_MODEL=//p')
+[ -n "$STAGE1" ] || { echo "stage 1 failed" >&2; exit 1; }
+echo "policy (stage-1 model): $STAGE1"
+
+# the episodes, analyzed by the offline analyzer as they finish
+$SA skills collect --out "$OUT/rule_based" --model "$STAGE1" --split eval_seen --num-tasks 8 --group 4 \
+    --temperature 0.7 --max-tokens 12 --max-turns 3 --seed 0
+
+# the same episodes, analyzed by the base model and by the stage-1 model (training's skill budget)
+for name in base stage1; do
+  model=smollm2-135m; [ "$name" = stage1 ] && model=$STAGE1
+  cat > "$OUT/$name.yaml" <<EOF
+analyzer: {kind: policy, model: "$model", max_tokens: 128, max_concurrency: 8}
+EOF
+  $SA skills collect --config "$OUT/$name.yaml" --from-trajectories "$OUT/rule_based/trajectories.jsonl" \
+      --out "$OUT/$name" || [ $? -eq 1 ]  # 1: some requests failed (a re-run retries them); the table counts what parsed
+done
+
+cat > "$OUT/eval.yaml" <<EOF
+rerun: {enabled: true, max_tasks: 8, episodes_per_task: 2, sampling: {max_tokens: 12, temperature: 0.7},
+        agent: {max_turns: 3, history: chat}}
+EOF
+$SA skills eval --config "$OUT/eval.yaml" --model "$STAGE1" --trajectories "$OUT/rule_based/trajectories.jsonl" \
+    --examples "$OUT/rule_based/examples.jsonl" "$OUT/base/examples.jsonl" "$OUT/stage1/examples.jsonl" \
+    --out "$OUT/eval"
