@@ -119,14 +119,14 @@ def stage1(args: argparse.Namespace) -> str:
 def run_one(method: str, seed: int, args: argparse.Namespace, stage1_model: str | None) -> dict[str, Any]:
     cfg = train_config(method, seed, args, stage1_model)
     out = Path(cfg["out"])
+    cfg_path = out.parent / f"{method}-s{seed}.yaml"
     if (out / "summary.json").exists():  # finished before: a re-run of the benchmark reuses it
-        done = json.loads((out / "config.json").read_text())
-        if done.get("iterations") != cfg["iterations"] or done.get("trainer", {}).get("learning_rate") != cfg["trainer"]["learning_rate"]:
+        # any other setting (a new stage-1 model included) is another experiment
+        if not cfg_path.exists() or yaml.safe_load(cfg_path.read_text()) != cfg:
             raise SystemExit(f"{out} holds a finished run with other settings; use another --out")
         wall = json.loads((out / "summary.json").read_text()).get("wall_s")  # of its last (resumed) part
         return {"method": method, "seed": seed, "out": str(out), "rc": 0, "wall_s": wall, "reused": True}
     out.parent.mkdir(parents=True, exist_ok=True)
-    cfg_path = out.parent / f"{method}-s{seed}.yaml"
     cfg_path.write_text(yaml.safe_dump(cfg, sort_keys=False))
     resume = ["--resume"] if (out / "checkpoints").exists() and any((out / "checkpoints").iterdir()) else []
     if (out / "metrics.jsonl").exists() and not resume:
