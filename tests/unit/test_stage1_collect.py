@@ -223,7 +223,7 @@ def test_cli_collect_failed_requests_exit_1_and_the_key_never_leaks(tmp_path, po
         assert secret not in text
 
 
-def test_config_defaults_and_flags():
+def test_config_defaults_and_flags(tmp_path):
     from seed_agents.stage1.collect import CollectConfig as C
 
     cfg = C()
@@ -233,4 +233,5 @@ def test_config_defaults_and_flags():
         assert field.description, name
     with pytest.raises(SystemExit):
         main(["skills", "collect", "--analyzer", "nope"])
-    assert main(["skills", "collect", "--analyzer", "openai", "--out", "/tmp/unused"]) == 2  # no model: one clear error
+    assert main(["skills", "collect", "--analyzer", "openai", "--out", str(tmp_path / "unused")]) == 2  # no model: one clear error
+    assert not (tmp_path / "unused").exists()
