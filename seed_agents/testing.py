@@ -138,3 +138,25 @@ class ParityEnv:
 
 #: An analyzer reply that parses: the JSON a competent analyzer would write.
 SKILL_JSON = '{"episode_summary": "The agent answered.", "episode_skill": "Answer with a short word of even length."}'
+
+
+def random_play(make_env: Callable[[], Any], seed: int, n_steps: int, barrier: Any = None) -> list[dict[str, Any]]:
+    """Play one episode with a seeded random policy (one reply in five is invalid) and
+    return every observation as a dict: the reference trace for env determinism tests
+    (same seed -> same trace, alone or with other episodes running). ``barrier``, when
+    given, is waited on after the env is made, so concurrent players reset together."""
+    import random
+
+    env = make_env()
+    if barrier is not None:
+        barrier.wait()
+    rng = random.Random(seed)
+    obs = env.reset()
+    trace = [obs.model_dump()]
+    for _ in range(n_steps):
+        if obs.done:
+            break
+        obs = env.step("xyzzy" if rng.random() < 0.2 else rng.choice(sorted(obs.admissible_actions)))
+        trace.append(obs.model_dump())
+    env.close()
+    return trace

@@ -3,7 +3,6 @@ and played by alfworld's wrappers on TextWorld's PDDL engine, through the LangGr
 
 import asyncio
 import json
-import random
 import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -16,7 +15,7 @@ from seed_agents.capture import read_jsonl
 from seed_agents.chat_model import SeedChatModel
 from seed_agents.metrics import summarize
 from seed_agents.runner import EpisodeRunner, RunnerConfig
-from seed_agents.testing import FakeBackend
+from seed_agents.testing import FakeBackend, random_play
 from seed_agents.types import SamplingParams, StopReason, Trajectory
 from tests.fixtures.alfworld.make_fixtures import build_data_dir
 from tools.alfworld import INVALID_ACTION_TEXT, SPLITS, AlfWorldSuite
@@ -153,20 +152,7 @@ def test_smollm2_plays_without_errors(suite, smollm2_dir):
 
 
 def _random_play(suite, task, seed, n_steps=8, barrier=None):
-    """A seeded random policy with some invalid actions; returns every observation."""
-    env = suite.make_env(task)
-    if barrier is not None:
-        barrier.wait()
-    rng = random.Random(seed)
-    obs = env.reset()
-    trace = [obs.model_dump()]
-    for _ in range(n_steps):
-        if obs.done:
-            break
-        obs = env.step("xyzzy" if rng.random() < 0.2 else rng.choice(obs.admissible_actions))
-        trace.append(obs.model_dump())
-    env.close()
-    return trace
+    return random_play(lambda: suite.make_env(task), seed, n_steps, barrier)
 
 
 def test_concurrent_episodes_match_sequential(suite):

@@ -1,6 +1,5 @@
 """Real TextWorld games: generated with tw-make into a temp cache, played through jericho."""
 
-import random
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -9,6 +8,7 @@ import pytest
 
 import tools.textworld as tw
 from seed_agents.envs import TextEnv
+from seed_agents.testing import random_play
 from tools.textworld import INVALID_ACTION_TEXT, TextWorldSuite, TwMakeError
 
 pytestmark = [
@@ -100,21 +100,7 @@ def test_invalid_action_does_not_reach_the_game(suite, tasks):
 
 
 def _play(suite, task, seed, n_steps=25, barrier=None):
-    """A seeded random policy with some invalid actions; returns every observation."""
-    env = suite.make_env(task, seed=seed)
-    if barrier is not None:
-        barrier.wait()
-    rng = random.Random(seed)
-    obs = env.reset()
-    trace = [obs.model_dump()]
-    for _ in range(n_steps):
-        if obs.done:
-            break
-        action = "xyzzy" if rng.random() < 0.2 else rng.choice(sorted(obs.admissible_actions))
-        obs = env.step(action)
-        trace.append(obs.model_dump())
-    env.close()
-    return trace
+    return random_play(lambda: suite.make_env(task, seed=seed), seed, n_steps, barrier)
 
 
 def test_concurrent_episodes_match_sequential(suite, tasks):
