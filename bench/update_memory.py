@@ -1,0 +1,92 @@
+"""Peak memory of a training iteration with and without gradient checkpointing.
+
+Each side is one ``seed-agents train`` iteration (rollout + update) in its own process,
+with the settings of ``bench/sample_efficiency.py`` (SmolLM2, TextWorld, 2 tasks x 4
+episodes, 3 turns, full fine-tuning, fp32) and the same seed; the only difference is
+``trainer.gradient_checkpointing``. Sides alternate (off, on, off, on, ...) so drift on a
+shared machine hits both. Reported per side: the process's peak RSS (``ru_maxrss``), the
+update time (``step_time - time/rollout_s`` from metrics.jsonl) and the batch's rows.
+Rollouts are sampled, so the two sides' batches are alike but not identical; the
+update time is what checkpointing costs, the peak RSS is what it saves.
+
+    .venv/bin/python bench/update_memory.py              # ~5 min on 2 cores
+    .venv/bin/python bench/update_memory.py --repeats 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+CHILD = (
+    "import json, resource, sys\n"
+    "from seed_agents.cli import main\n"
+    "rc = main(['train', '--config', sys.argv[1]])\n"
+    "print('PEAK_RSS_KB=' + str(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss))\n"
+    "sys.exit(rc)\n"
+)
+
+
+def config(out: Path, checkpointing: bool, args: argparse.Namespace) -> dict:
+    return {
+        "env": "textworld", "split": "train", "num_tasks": 16, "tasks_per_iteration": 2, "iterations": 1,
+        "seed": args.seed, "out": str(out),
+        "backend": {"kind": "local", "model": args.model, "max_batch_size": 16},
+        "sampling": {"max_tokens": 12, "temperature": 0.7},
+        "runner": {"group_size": 4, "concurrency": 16, "progress": False},
+        "agent": {"max_turns": 3, "history": "chat"},
+        "skills": {"source": "self", "max_tokens": 128, "injector": "system"},
+        "stage1": {"run": "off"},
+        "trainer": {"learning_rate": 2e-5, "opd_coef": 0.01, "kl_coef": 0.0, "gradient_checkpointing": checkpointing},
+    }
+
+
+def run_side(checkpointing: bool, i: int, tmp: Path, args: argparse.Namespace) -> dict:
+    out = tmp / f"{'on' if checkpointing else 'off'}-{i}"
+    cfg_path = tmp / f"{out.name}.yaml"
+    cfg_path.write_text(yaml.safe_dump(config(out, checkpointing, args)))
+    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "TOKENIZERS_PARALLELISM": "false"}
+    proc = subprocess.run([sys.executable, "-c", CHILD, str(cfg_path)], capture_output=True, text=True, env=env, cwd=ROOT)
+    peak = [ln.split("=", 1)[1] for ln in proc.stdout.splitlines() if ln.startswith("PEAK_RSS_KB=")]
+    if proc.returncode != 0 or not peak:
+        raise SystemExit(f"train failed (exit {proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+    row = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
+    update_s = float(row["step_time"]) - float(row["time/rollout_s"])
+    side = {"checkpointing": checkpointing, "peak_rss_gb": int(peak[0]) / 1024**2, "update_s": update_s,
+            "rows": float(row["rows"])}
+    print(f"  gradient checkpointing {'on ' if checkpointing else 'off'}: peak RSS {side['peak_rss_gb']:.2f} GB, "
+          f"update {update_s:.1f} s, {side['rows']:.0f} rows", flush=True)
+    return side
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--repeats", type=int, default=1, help="Pairs of runs (off, on).")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=2, help="Torch threads per run.")
+    args = ap.parse_args()
+    sides: dict[bool, list[dict]] = {False: [], True: []}
+    with tempfile.TemporaryDirectory() as d:
+        for i in range(args.repeats):
+            order = (False, True) if i % 2 == 0 else (True, False)
+            for gc in order:
+                sides[gc].append(run_side(gc, i, Path(d), args))
+    med = {gc: {k: statistics.median(s[k] for s in runs) for k in ("peak_rss_gb", "update_s")} for gc, runs in sides.items()}
+    print(f"\nmedian of {args.repeats}: peak RSS off {med[False]['peak_rss_gb']:.2f} GB, on {med[True]['peak_rss_gb']:.2f} GB "
+          f"(on/off {med[True]['peak_rss_gb'] / med[False]['peak_rss_gb']:.2f}); update off {med[False]['update_s']:.1f} s, "
+          f"on {med[True]['update_s']:.1f} s (on/off {med[True]['update_s'] / med[False]['update_s']:.2f})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
