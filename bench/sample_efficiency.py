@@ -284,7 +284,8 @@ def main(argv: list[str] | None = None) -> int:
             print(proc.stdout[-3000:])
             raise SystemExit(f"stage 1 failed (exit {proc.returncode})")
         stage1_model = found[0]
-        print(f"stage 1 model: {stage1_model}", flush=True)
+        print(f"stage 1 model: {stage1_model} ({time.perf_counter() - t0:.0f}s; "
+              f"{'reused from the cache' if 'using the cached' in proc.stdout else 'built now'})", flush=True)
     jobs = [(m, s) for s in args.seeds for m in methods]
     print(f"{len(jobs)} runs ({', '.join(methods)} x seeds {args.seeds}), {args.parallel} at a time", flush=True)
     with ThreadPoolExecutor(args.parallel) as pool:
