@@ -31,7 +31,7 @@ $SA skills collect --out "$OUT/rule_based" --model "$STAGE1" --split eval_seen -
 for name in base stage1; do
   model=smollm2-135m; [ "$name" = stage1 ] && model=$STAGE1
   cat > "$OUT/$name.yaml" <<EOF
-analyzer: {kind: policy, model: "$model", max_tokens: 128, max_concurrency: 8}
+analyzer: {kind: policy, name: "policy:$name", model: "$model", max_tokens: 128, max_concurrency: 8}
 EOF
   $SA skills collect --config "$OUT/$name.yaml" --from-trajectories "$OUT/rule_based/trajectories.jsonl" \
       --out "$OUT/$name" || [ $? -eq 1 ]  # 1: some requests failed (a re-run retries them); the table counts what parsed

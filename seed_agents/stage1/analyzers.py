@@ -77,6 +77,7 @@ class AnalyzerConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
+    name: str | None = Field(None, min_length=1, description="Name written into each SkillExample.analyzer and shown by `skills eval` (default: the kind and model, e.g. 'openai:gpt-4o-mini').")
     kind: Literal["rule_based", "openai", "langchain", "policy"] = Field("rule_based", description="rule_based: the offline TextWorld stand-in; openai: an OpenAI-compatible endpoint; langchain: a LangChain chat model; policy: our own backends (base or SFT policy).")
     base_url: str = Field("https://api.openai.com/v1", description="openai: endpoint URL, with or without /v1 (a vLLM server: http://127.0.0.1:8000).")
     model: str | None = Field(None, description="openai: model name sent in requests; policy: a model folder/alias to load locally (when `backend` is unset).")
@@ -660,8 +661,16 @@ def _suggestion(ep: _Episode) -> str | None:
 
 
 def make_analyzer(cfg: AnalyzerConfig, *, llm: Any = None) -> Analyzer:
-    """Build the configured analyzer. ``llm``: the ``SeedChatModel`` a ``policy`` analyzer
-    uses when the config names no backend or model (e.g. the collect run's policy)."""
+    """Build the configured analyzer, named ``cfg.name`` when given. ``llm``: the
+    ``SeedChatModel`` a ``policy`` analyzer uses when the config names no backend or model
+    (e.g. the collect run's policy)."""
+    analyzer = _make_analyzer(cfg, llm=llm)
+    if cfg.name:
+        analyzer.name = cfg.name
+    return analyzer
+
+
+def _make_analyzer(cfg: AnalyzerConfig, *, llm: Any = None) -> Analyzer:
     if cfg.kind == "rule_based":
         return RuleBasedTextWorldAnalyzer()
     pacing = {"max_concurrency": cfg.max_concurrency, "requests_per_minute": cfg.requests_per_minute,

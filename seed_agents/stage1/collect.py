@@ -362,7 +362,7 @@ _FLAGS = {
     "out": "out", "env": "env", "split": "split", "seed": "seed", "num_tasks": "num_tasks",
     "group": "runner.group_size", "temperature": "sampling.temperature", "max_tokens": "sampling.max_tokens",
     "max_turns": "agent.max_turns", "model": "backend.model", "backend": "backend.kind", "base_url": "backend.base_url",
-    "from_trajectories": "from_trajectories", "analyzer": "analyzer.kind", "analyzer_model": "analyzer.model",
+    "from_trajectories": "from_trajectories", "analyzer": "analyzer.kind", "analyzer_name": "analyzer.name", "analyzer_model": "analyzer.model",
     "analyzer_base_url": "analyzer.base_url", "api_key_env": "analyzer.api_key_env", "analyzer_spec": "analyzer.spec",
     "analyzer_concurrency": "analyzer.max_concurrency", "requests_per_minute": "analyzer.requests_per_minute",
 }
@@ -407,6 +407,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--from-trajectories", dest="from_trajectories", help="Analyze this trajectories.jsonl instead of rolling out.")
     p.add_argument("--analyzer", choices=["rule_based", "openai", "langchain", "policy"], help="Who writes the skills (default rule_based, the offline stand-in).")
     p.add_argument("--analyzer-model", dest="analyzer_model", help="openai: model name; policy: model folder/alias.")
+    p.add_argument("--analyzer-name", dest="analyzer_name", help="Name recorded with each example and shown by `skills eval`.")
     p.add_argument("--analyzer-base-url", dest="analyzer_base_url", help="openai: endpoint URL (with or without /v1).")
     p.add_argument("--api-key-env", dest="api_key_env", help="openai: NAME of the env variable holding the API key (default OPENAI_API_KEY).")
     p.add_argument("--analyzer-spec", dest="analyzer_spec", help="langchain: 'pkg.module:ChatModelClass'.")

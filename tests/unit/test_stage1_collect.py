@@ -160,6 +160,12 @@ def test_the_policy_itself_as_analyzer(tmp_path, tokenizer):
     greedy = [p for p in llm.backend.prompts if "Analyze the following" in tokenizer.decode(p)]
     assert len(greedy) == 4
 
+    # a configured name replaces the default one in every record (skills eval groups by it)
+    named = run_collect(config(tmp_path / "named", analyzer={"kind": "policy", "max_tokens": 128, "name": "policy:sft"},
+                               from_trajectories=tmp_path / "run" / "trajectories.jsonl"), llm=llm)
+    assert named["analyzer"] == "policy:sft"
+    assert {e.analyzer for e in strict_lines(tmp_path / "named" / "examples.jsonl")} == {"policy:sft"}
+
 
 def test_half_written_lines_are_tolerated(tmp_path, policy):
     out = tmp_path / "run"
