@@ -140,7 +140,19 @@ def run_one(method: str, seed: int, args: argparse.Namespace, stage1_model: str 
                              stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
     wall = time.perf_counter() - t0
     print(f"  {method:<16} seed {seed}: {'ok' if rc == 0 else f'FAILED rc={rc}, see {log.name}'} ({wall:.0f}s)", flush=True)
+    if rc == 0 and (out / "summary.json").exists() and not args.keep_checkpoints:
+        drop_checkpoints(out)
     return {"method": method, "seed": seed, "out": str(out), "rc": rc, "wall_s": wall}
+
+
+def drop_checkpoints(out: Path) -> None:
+    """A finished run's checkpoints (weights plus optimizer state, ~1.5 GB each for SmolLM2)
+    are only needed to resume it; the curve lives in eval.jsonl. Nine runs would otherwise
+    leave ~28 GB behind."""
+    import shutil
+    ckpt = out / "checkpoints"
+    if ckpt.exists():
+        shutil.rmtree(ckpt)
 
 
 def read_curve(out: str) -> list[dict[str, Any]]:
@@ -197,10 +209,12 @@ def report(results: dict[str, dict[str, Any]], threshold: float) -> str:
                      f"{ms(r['start']):>15} {ms(r['area']):>15} {ms(r['final']):>15} {ms(r['gain']):>15}")
     g, s, g1 = results.get("grpo"), results.get("seed"), results.get("grpo_stage1")
     if g and s:
-        if g["mean_to_threshold"] and s["mean_to_threshold"]:
-            lines.append(f"episodes to threshold, SEED/GRPO: {s['mean_to_threshold'] / g['mean_to_threshold']:.2f}")
-        else:
+        if g["mean_to_threshold"] is None or s["mean_to_threshold"] is None:
             lines.append("episodes to threshold, SEED/GRPO: n/a (a method did not reach the threshold on every seed)")
+        elif g["mean_to_threshold"] == 0:
+            lines.append("episodes to threshold, SEED/GRPO: n/a (GRPO was above the threshold before training)")
+        else:  # SEED at 0 episodes (above it from the start, the stage-1 head start) is a real 0.00
+            lines.append(f"episodes to threshold, SEED/GRPO: {s['mean_to_threshold'] / g['mean_to_threshold']:.2f}")
         if g["area"][0] > 0:
             lines.append(f"mean held-out success, SEED/GRPO: {s['area'][0] / g['area'][0]:.2f} "
                          "(SEED starts from the stage-1 model: its head start counts here)")
@@ -263,6 +277,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--parallel", type=int, default=2, help="Runs at once.")
     p.add_argument("--threads", type=int, default=1, help="Torch threads per run.")
     p.add_argument("--full", action="store_true", help="The paper's budget (GPU).")
+    p.add_argument("--keep-checkpoints", dest="keep_checkpoints", action="store_true",
+                   help="Keep each finished run's checkpoints (by default they are deleted: ~3 GB a run).")
     p.add_argument("--out", type=Path, default=Path("runs/bench/sample_efficiency"))
     p.add_argument("--stage1-only", dest="stage1_only", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)

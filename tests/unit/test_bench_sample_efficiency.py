@@ -1,0 +1,59 @@
+"""The sample-efficiency benchmark's own arithmetic: a wrong threshold or ratio would make
+its printed claim wrong while every training run is fine."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("bench_sample_efficiency", ROOT / "bench" / "sample_efficiency.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def curve(*points: tuple[int, float]) -> list[dict]:
+    return [{"episodes_consumed": e, "success_rate": s} for e, s in points]
+
+
+def test_episodes_to_threshold_is_the_first_evaluation_reaching_it_in_episode_order(bench):
+    c = curve((16, 0.6), (0, 0.0), (8, 0.5), (24, 0.2))
+    assert bench.episodes_to_threshold(c, 0.5) == 8
+    assert bench.episodes_to_threshold(c, 0.7) is None  # never reached is not "the budget"
+
+
+def test_a_seed_that_never_reaches_the_threshold_leaves_the_mean_undefined(bench):
+    s = bench.summarize_method({0: curve((0, 0.0), (8, 0.5)), 1: curve((0, 0.25), (8, 0.25))}, 0.5)
+    assert s["reached"] == "1/2" and s["to_threshold"] == {0: 8, 1: None}
+    assert s["mean_to_threshold"] is None
+    assert s["area"][0] == pytest.approx((0.25 + 0.25) / 2)
+    assert s["start"][0] == pytest.approx(0.125) and s["final"][0] == pytest.approx(0.375)
+    assert s["gain"][0] == pytest.approx(0.25)
+    assert [p["mean"] for p in s["curve"]] == pytest.approx([0.125, 0.375])
+
+
+def test_report_prints_ratios_only_where_both_methods_have_them(bench):
+    grpo = bench.summarize_method({0: curve((0, 0.0), (8, 0.5))}, 0.5)
+    seed = bench.summarize_method({0: curve((0, 0.5), (8, 1.0))}, 0.5)
+    text = bench.report({"grpo": grpo, "seed": seed}, 0.5)
+    assert "SEED/GRPO: 0.00" in text  # seed reached it at 0 episodes, grpo at 8
+    assert "mean held-out success, SEED/GRPO: 3.00" in text
+    never = bench.summarize_method({0: curve((0, 0.0), (8, 0.25))}, 0.5)
+    assert "n/a" in bench.report({"grpo": never, "seed": seed}, 0.5)
+
+
+def test_drop_checkpoints_keeps_the_results(bench, tmp_path):
+    (tmp_path / "checkpoints" / "checkpoint-1").mkdir(parents=True)
+    (tmp_path / "checkpoints" / "checkpoint-1" / "optimizer.pt").write_bytes(b"x" * 10)
+    (tmp_path / "eval.jsonl").write_text("{}\n")
+    bench.drop_checkpoints(tmp_path)
+    bench.drop_checkpoints(tmp_path)  # nothing left to drop is fine
+    assert not (tmp_path / "checkpoints").exists()
+    assert (tmp_path / "eval.jsonl").read_text() == "{}\n"
