@@ -4,13 +4,13 @@ graphs and (later) trainers together. Everything here is thin; the pieces are im
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from seed_agents.aio import run_sync
 from seed_agents.config import ConfigError, EvalConfig, TrainConfig, load_config, with_suite_defaults
 
 
@@ -75,7 +75,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         runner = EpisodeRunner(graph, cfg.runner, make_env=suite.make_env, sink=traj_sink)
         t0 = time.perf_counter()
         with capture(sink=call_sink, run=out.name, split=cfg.split):
-            trajs = asyncio.run(runner.run(tasks))
+            trajs = run_sync(runner.run(tasks))
         wall = time.perf_counter() - t0
     backend.close()
     summary = summarize(trajs, wall)

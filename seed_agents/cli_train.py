@@ -20,6 +20,7 @@ from typing import Any
 
 from transformers import TrainerCallback
 
+from seed_agents.aio import run_sync
 from seed_agents.config import ConfigError, TrainConfig
 
 TRACE_FILES = ("metrics.jsonl", "trajectories.jsonl", "skills.jsonl", "eval.jsonl", "eval_trajectories.jsonl")
@@ -266,14 +267,13 @@ def run_periodic_eval(runner: Any, tasks: list[Any], updates: int, episodes: int
     ``iteration`` is ``updates - 1`` (the iteration whose update was just applied; -1
     for the initial policy) so ``--resume`` truncates these rows like the other traces.
     """
-    import asyncio
 
     from seed_agents.capture import JsonlSink, capture
     from seed_agents.metrics import summarize
 
     t0 = time.perf_counter()
     with capture(eval_after_updates=updates):
-        trajs = asyncio.run(runner.run(tasks, group_prefix=f"eval{updates}"))
+        trajs = run_sync(runner.run(tasks, group_prefix=f"eval{updates}"))
     s = summarize(trajs, time.perf_counter() - t0)
     with JsonlSink(out / "eval_trajectories.jsonl") as sink:
         for t in trajs:

@@ -11,12 +11,12 @@ OPID-style), ``"frozen"`` (a fixed analyzer backend that is never synced).
 
 from __future__ import annotations
 
-import asyncio
 import json
 from pathlib import Path
 from statistics import fmean
 from typing import Any, Literal
 
+from seed_agents.aio import run_sync
 from seed_agents.capture import JsonlSink, capture
 from seed_agents.rows import trajectory_to_rows
 from seed_agents.runner import EpisodeRunner
@@ -48,7 +48,7 @@ class GraphRollout:
     def collect(self, tasks: list[Task], group_size: int, iteration: int) -> RolloutBatch:
         self.runner.config = self.runner.config.model_copy(update={"group_size": group_size})
         with capture(iteration=iteration):
-            trajs = asyncio.run(self.runner.run(tasks, group_prefix=f"it{iteration}"))
+            trajs = run_sync(self.runner.run(tasks, group_prefix=f"it{iteration}"))
         for t in trajs:
             t.metadata["iteration"] = iteration
         if self.out_dir is not None:

@@ -31,6 +31,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from seed_agents.aio import run_sync
 from seed_agents.config import AgentConfig, BackendConfig, ConfigError, load_config
 from seed_agents.runner import RunnerConfig
 from seed_agents.stage1.analyzers import Analyzer, AnalyzerConfig, AnalyzerReply, PolicyAnalyzer, make_analyzer
@@ -155,7 +156,7 @@ def _collect(cfg: CollectConfig, suite: Any, llm: Any, analyzer: Analyzer | None
     no_calls = [t for t in trajs if t.stop_reason != StopReason.ERROR and not t.policy_calls]
     todo = [t for t in trajs if t.stop_reason != StopReason.ERROR and t.policy_calls and t.trajectory_id not in done]
     t1 = time.perf_counter()
-    written, failures, cost = asyncio.run(_analyze_all(cfg, analyzer, todo, ex_path))
+    written, failures, cost = run_sync(_analyze_all(cfg, analyzer, todo, ex_path))
     analysis_s = time.perf_counter() - t1
 
     # -- summary -------------------------------------------------------------------------
@@ -219,7 +220,7 @@ def _roll_out(cfg: CollectConfig, suite: Any, llm: Any, specs: list[tuple[Task, 
     with JsonlSink(path) as sink:
         runner = EpisodeRunner(graph, cfg.runner, make_env=suite.make_env, sink=sink)
         with capture(run=Path(cfg.out).name, split=cfg.split):
-            return asyncio.run(_play(runner, specs, cfg.runner))
+            return run_sync(_play(runner, specs, cfg.runner))
 
 
 async def _play(runner: Any, specs: list[tuple[Task, int]], rc: RunnerConfig) -> list[Trajectory]:

@@ -28,6 +28,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from seed_agents.aio import run_sync
 from seed_agents.config import ConfigError, load_config
 from seed_agents.types import SkillExample
 
@@ -160,7 +161,7 @@ def parse_rate(model: Any, tokenizer: Any, examples: list[SkillExample], *, max_
         out = await asyncio.gather(*(llm.ainvoke(messages_from_dicts(_prompt(ex))) for ex in examples))
         return [str(r.content) for r in out]
 
-    texts = asyncio.run(replies())
+    texts = run_sync(replies())
     reasons = Counter[str]()
     ok = 0
     for text in texts:

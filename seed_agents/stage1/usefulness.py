@@ -39,6 +39,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from seed_agents.aio import run_sync
 from seed_agents.config import AgentConfig, ConfigError, load_config
 from seed_agents.types import LLMCall, SamplingParams, SkillExample, Task, Trajectory
 
@@ -397,7 +398,7 @@ def rerun_check(suite: Any, llm: Any, tasks: Sequence[Task], skills: dict[str, d
 
         return list(await asyncio.gather(*(one(*s) for s in specs)))
 
-    trajs = asyncio.run(play_all())
+    trajs = run_sync(play_all())
     outcome = {(arm, task.task_id, k): t for (arm, task, k, _), t in zip(specs, trajs)}
     result: dict[str, dict[str, Any]] = {}
     for analyzer in skills:

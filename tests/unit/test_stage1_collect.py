@@ -241,3 +241,11 @@ def test_config_defaults_and_flags(tmp_path):
         main(["skills", "collect", "--analyzer", "nope"])
     assert main(["skills", "collect", "--analyzer", "openai", "--out", str(tmp_path / "unused")]) == 2  # no model: one clear error
     assert not (tmp_path / "unused").exists()
+
+
+async def test_collect_from_inside_a_running_event_loop(tmp_path, policy):
+    """A notebook cell or an async app calls the synchronous API with its loop running."""
+    summary = run_collect(config(tmp_path / "run"), suite=FakeSuite(), llm=policy)
+    assert summary["episodes"] == summary["valid"] == 4 and summary["failed_requests"] == 0
+    trajs = read_jsonl(tmp_path / "run" / "trajectories.jsonl", Trajectory)
+    assert trajs and all(c.scope.get("run") == "run" for t in trajs for c in t.calls)  # capture() labels kept
