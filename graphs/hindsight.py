@@ -51,6 +51,9 @@ async def write_skill(
 ) -> Skill:
     """Ask ``llm`` (greedy) for a hindsight skill about the episode made of ``calls``.
 
+    ``llm`` is a chat model, or any object with the stage-1 ``Analyzer`` interface
+    (``async analyze(messages, *, steps, success, task_text)``), such as the offline
+    rule-based TextWorld analyzer: it reads the same steps the prompt is built from.
     ``trajectory_id`` and ``task_id`` default to the capture labels of the calls. Never
     raises for a bad reply or a failing backend: both give ``valid=False`` with a reason.
     """
@@ -60,17 +63,26 @@ async def write_skill(
         "task_id": task_id if task_id is not None else str(labels.get("task_id", "")),
         "success": bool(success),
     }
-    messages = build_analyzer_messages(task_text, success, episode_steps(calls),
+    steps = episode_steps(calls)
+    messages = build_analyzer_messages(task_text, success, steps,
                                        max_chars_per_step=max_chars_per_step, max_steps=max_steps)
+    call_id = None
     try:
-        with capture(purpose="analyzer"):
-            reply = await llm.bind(temperature=0.0, max_tokens=max_tokens).ainvoke(messages)
+        if hasattr(llm, "analyze"):  # an Analyzer, not a chat model: no LLM call to capture
+            answer = await llm.analyze(messages, steps=steps, success=bool(success), task_text=task_text)
+            if answer.error is not None:
+                return Skill(**ids, valid=False, reject_reason=f"analyzer error: {answer.error}")
+            raw = answer.text
+        else:
+            with capture(purpose="analyzer"):
+                reply = await llm.bind(temperature=0.0, max_tokens=max_tokens).ainvoke(messages)
+            raw = reply.content if isinstance(reply.content, str) else str(reply.content)
+            call_id = (reply.response_metadata or {}).get("call_id")
     except Exception as e:  # noqa: BLE001 - hindsight must not fail the episode
         return Skill(**ids, valid=False, reject_reason=f"analyzer error: {type(e).__name__}: {e}")
-    raw = reply.content if isinstance(reply.content, str) else str(reply.content)
     summary, skill, reason = parse_skill(raw, min_words=min_words, max_words=max_words)
     return Skill(**ids, summary=summary, skill=skill, valid=reason is None, reject_reason=reason,
-                 call_id=(reply.response_metadata or {}).get("call_id"), raw=raw)
+                 call_id=call_id, raw=raw)
 
 
 def episode_policy_calls() -> list[LLMCall]:

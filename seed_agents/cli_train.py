@@ -201,8 +201,12 @@ def run_train(cfg: TrainConfig, resume: bool = False) -> dict[str, Any]:
     graph = make_graph(llm)
     s = cfg.skills
     if s.source != "none":
-        analyzer = llm
-        if s.source in ("external", "frozen"):
+        analyzer: Any = llm
+        if s.source == "rule_based":
+            from seed_agents.stage1.analyzers import RuleBasedTextWorldAnalyzer
+
+            analyzer = RuleBasedTextWorldAnalyzer()
+        elif s.source in ("external", "frozen"):
             if s.analyzer is not None:
                 a_backend, a_tok = make_backend(s.analyzer)
             else:  # a frozen copy of the initial policy

@@ -83,7 +83,7 @@ class SkillConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    source: Literal["self", "external", "frozen", "none"] = Field("self", description="self: SEED; none: plain GRPO; external: another model writes skills (OPID-style); frozen: the initial policy, never synced.")
+    source: Literal["self", "external", "frozen", "rule_based", "none"] = Field("self", description="self: SEED; none: plain GRPO; external: another model writes skills (OPID-style); frozen: the initial policy, never synced; rule_based: the offline TextWorld analyzer (skills read off the trajectory, an ablation).")
     injector: Literal["system", "task_line"] = Field("system", description="system: a delimited block in the system message; task_line: after 'Your task is to:' (ALFWorld).")
     min_words: int = Field(5, ge=1, description="Shorter skills are rejected.")
     max_words: int = Field(120, ge=5, description="Longer skills are rejected.")
@@ -192,6 +192,9 @@ class TrainConfig(BaseModel):
             raise ValueError("runner.group_size must be >= 2: group-relative advantages need a group")
         if self.sync == "lora" and self.trainer.lora_r is None:
             raise ValueError("sync: lora needs trainer.lora_r")
+        if self.skills.source == "rule_based" and (self.graph is not None or self.env != "textworld"):
+            raise ValueError("skills.source: rule_based is the offline TextWorld analyzer (env: textworld); "
+                             "elsewhere use self, external or frozen")
         if self.eval is not None:
             if self.graph is not None and self.eval.tasks is None:
                 raise ValueError("eval: graph training needs eval.tasks (a JSONL of held-out tasks)")

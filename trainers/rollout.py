@@ -6,7 +6,9 @@ for every row whose episode has a valid skill, the teacher prompt: the same call
 messages with the skill injected, re-rendered; the completion ids never change.
 Ablations are switches here: ``skills="none"`` (plain GRPO rollouts), ``"self"`` (the
 policy writes its own skills: SEED), ``"external"`` (another chat model writes them,
-OPID-style), ``"frozen"`` (a fixed analyzer backend that is never synced).
+OPID-style), ``"frozen"`` (a fixed analyzer backend that is never synced),
+``"rule_based"`` (the offline TextWorld analyzer: skills with content the policy did not
+write, to measure the distillation term apart from the policy's skill writing).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from seed_agents.skills import SkillInjector, SystemBlockInjector, teacher_promp
 from seed_agents.types import Row, Task, Trajectory
 from trainers.seed_trainer import RolloutBatch
 
-SkillSource = Literal["self", "external", "frozen", "none"]
+SkillSource = Literal["self", "external", "frozen", "rule_based", "none"]
 
 
 class GraphRollout:

@@ -53,3 +53,31 @@ def test_train_builds_the_stage1_model_first_then_reuses_it(tmp_path, tiny_model
     capsys.readouterr()
     run_train(cfg.model_copy(update={"out": tmp_path / "run2"}))
     assert "using the cached stage-1 model" in capsys.readouterr().out
+
+
+def test_rule_based_skills_train_without_stage1_and_reach_the_teacher(tmp_path, tiny_model_dir):
+    """The ablation that separates the distillation term from the policy's own skill
+    writing: the offline analyzer writes every skill, the policy is never asked."""
+    raw = {
+        "env": "textworld", "num_tasks": 2, "tasks_per_iteration": 1, "iterations": 1, "out": str(tmp_path / "run"),
+        "env_options": {"cache_dir": str(tmp_path / "tw")},
+        "backend": {"kind": "local", "model": tiny_model_dir},
+        "sampling": {"max_tokens": 6, "temperature": 1.0},
+        "runner": {"group_size": 2, "progress": False},
+        "agent": {"max_turns": 2, "history": "chat"},
+        "skills": {"source": "rule_based"},
+        "stage1": {"cache_dir": str(tmp_path / "stage1")},
+        "trainer": {"learning_rate": 1e-4},
+    }
+    summary = run_train(TrainConfig.model_validate(raw))
+    assert summary["initial_weights"] == tiny_model_dir and not (tmp_path / "stage1").exists()  # no stage 1
+    trajs = lines(tmp_path / "run" / "trajectories.jsonl")
+    assert len(trajs) == 2 and all(t["skill"]["valid"] and t["skill"]["call_id"] is None for t in trajs)
+    assert not any(c["purpose"] == "analyzer" for t in trajs for c in t["calls"])
+    [m] = [r for r in lines(tmp_path / "run" / "metrics.jsonl") if "skill_parse_rate" in r]
+    assert m["skill_parse_rate"] == 1.0 and m["opd/tokens"] > 0  # the teacher scored every action token
+
+
+def test_rule_based_skills_are_textworld_only():
+    with pytest.raises(ValueError, match="offline TextWorld analyzer"):
+        TrainConfig.model_validate({"env": "alfworld", "skills": {"source": "rule_based"}})

@@ -174,3 +174,43 @@ def test_prebuilt_react_agent_under_the_runner_with_a_success_fn(tokenizer):
                            make_input=lambda t: {"messages": [("user", t.data["question"])]})
     [traj] = asyncio.run(runner.run([Task(task_id="c", data={"question": "What is 3 + 4?"})]))
     assert traj.success and [c.purpose for c in traj.calls] == ["policy", "policy", "analyzer"]
+
+
+def test_an_analyzer_object_writes_the_skill_without_an_llm_call(tokenizer):
+    """``skills.source: rule_based``: the offline analyzer reads the episode's steps; the
+    policy is asked nothing, so there is no analyzer call and no call_id."""
+    from seed_agents.stage1.analyzers import RuleBasedTextWorldAnalyzer
+
+    reply, seen = scripted(tokenizer)
+    llm = make_llm(tokenizer, reply)
+    graph = with_hindsight(build_env_agent(llm, max_turns=5), RuleBasedTextWorldAnalyzer())
+    state, calls = play(graph)
+    skill = state["skill"]
+    assert state["success"] and skill.valid and skill.success and skill.call_id is None
+    assert [c.purpose for c in calls] == ["policy", "policy"] and seen["analyzer"] == 0
+    # a workflow of the commands that worked, read off the trajectory
+    assert "open door" in skill.skill.lower() and "go north" in skill.skill.lower()
+    assert skill.trajectory_id == "traj-1" and skill.task_id == "t"
+
+
+def test_an_analyzer_that_fails_or_raises_gives_an_invalid_skill(tokenizer):
+    from seed_agents.stage1.analyzers import AnalyzerReply
+
+    class Failing:
+        name = "failing"
+
+        def __init__(self, raise_it: bool) -> None:
+            self.raise_it = raise_it
+
+        async def analyze(self, messages, *, steps, success, task_text):
+            if self.raise_it:
+                raise TimeoutError("analyzer hung")
+            return AnalyzerReply(error="HTTP 503 after 3 attempts", attempts=3)
+
+    reply, _ = scripted(tokenizer)
+    llm = make_llm(tokenizer, reply)
+    _, calls = play(build_env_agent(llm, max_turns=5))
+    failed = asyncio.run(write_skill(Failing(False), calls, "Leave the room.", True))
+    raised = asyncio.run(write_skill(Failing(True), calls, "Leave the room.", True))
+    assert not failed.valid and failed.reject_reason == "analyzer error: HTTP 503 after 3 attempts"
+    assert not raised.valid and raised.reject_reason == "analyzer error: TimeoutError: analyzer hung"
