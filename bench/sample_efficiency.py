@@ -14,7 +14,10 @@ Methods:
   the distillation term's;
 - ablations, by flag: ``seed_no_stage1`` (SEED from the base model), ``seed_frozen``
   (skills from a frozen copy of the stage-1 model), ``seed_external`` (skills from another
-  served model, ``--external-url``/``--external-model``).
+  served model, ``--external-url``/``--external-model``), ``seed_rule`` (SEED from the
+  stage-1 model with every skill written by the offline rule-based analyzer: skills with
+  content that the policy did not have to write; against ``grpo_stage1`` it measures the
+  distillation term alone).
 
 Stage 1 runs once per benchmark (not per seed) and is cached in the output folder.
 Reported: success vs episodes per method (mean and spread over seeds), the episodes each
@@ -49,7 +52,8 @@ from typing import Any
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
-ALL_METHODS = ("grpo", "seed", "grpo_stage1", "seed_no_stage1", "seed_frozen", "seed_external")
+ALL_METHODS = ("grpo", "seed", "grpo_stage1", "seed_no_stage1", "seed_frozen", "seed_external", "seed_rule")
+STAGE1_START = ("seed", "seed_frozen", "seed_rule", "grpo_stage1")  # methods that start from the stage-1 model
 
 
 # -- configs ------------------------------------------------------------------------
@@ -68,13 +72,15 @@ def train_config(method: str, seed: int, args: argparse.Namespace, stage1_model:
     b = budget(args)
     skills: dict[str, Any] = {"source": "none"}
     model = args.model
-    if method == "grpo_stage1":
+    if method in ("grpo_stage1", "seed_rule"):
         model = stage1_model
     if method not in ("grpo", "grpo_stage1"):
         skills = {"source": "self", "max_tokens": args.skill_max_tokens, "injector": "system"}
         if method == "seed_frozen":  # skills from a frozen copy of the initial (stage-1) policy
             model = stage1_model
             skills["source"] = "frozen"
+        if method == "seed_rule":
+            skills["source"] = "rule_based"
         if method == "seed_external":
             skills["source"] = "external"
             skills["analyzer"] = {"kind": "vllm", "base_url": args.external_url, "model": args.external_model,
@@ -221,6 +227,10 @@ def report(results: dict[str, dict[str, Any]], threshold: float) -> str:
     if g1 and s and g1["area"][0] > 0:
         lines.append(f"mean held-out success, SEED/GRPO from the stage-1 model: {s['area'][0] / g1['area'][0]:.2f} "
                      "(same start: what the distillation term adds)")
+    r = results.get("seed_rule")
+    if g1 and r and g1["area"][0] > 0:
+        lines.append(f"mean held-out success, SEED with rule-based skills/GRPO from the stage-1 model: "
+                     f"{r['area'][0] / g1['area'][0]:.2f} (same start, skills the policy did not write)")
     return "\n".join(lines)
 
 
@@ -248,7 +258,7 @@ def plot(results: dict[str, dict[str, Any]], path: Path, threshold: float) -> No
     plt.close(fig)
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--ablations", nargs="*", default=[],
@@ -281,7 +291,11 @@ def main(argv: list[str] | None = None) -> int:
                    help="Keep each finished run's checkpoints (by default they are deleted: ~3 GB a run).")
     p.add_argument("--out", type=Path, default=Path("runs/bench/sample_efficiency"))
     p.add_argument("--stage1-only", dest="stage1_only", action="store_true", help=argparse.SUPPRESS)
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     args.out = args.out.resolve()
     args.out.mkdir(parents=True, exist_ok=True)
 
@@ -291,7 +305,7 @@ def main(argv: list[str] | None = None) -> int:
     methods = ["grpo", "seed", "grpo_stage1", *args.ablations]
     t0 = time.perf_counter()
     stage1_model = None
-    if any(m in ("seed", "seed_frozen", "grpo_stage1") for m in methods):
+    if any(m in STAGE1_START for m in methods):
         # in a subprocess: this process only waits on runs and must not keep a model (or its threads)
         proc = subprocess.run([sys.executable, __file__, *(argv if argv is not None else sys.argv[1:]), "--stage1-only"],
                               stdout=subprocess.PIPE, text=True, cwd=ROOT)

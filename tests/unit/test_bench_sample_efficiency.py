@@ -57,3 +57,20 @@ def test_drop_checkpoints_keeps_the_results(bench, tmp_path):
     bench.drop_checkpoints(tmp_path)  # nothing left to drop is fine
     assert not (tmp_path / "checkpoints").exists()
     assert (tmp_path / "eval.jsonl").read_text() == "{}\n"
+
+
+@pytest.mark.parametrize("method", ["grpo", "seed", "grpo_stage1", "seed_no_stage1", "seed_frozen", "seed_rule"])
+def test_every_method_is_a_valid_train_config_differing_only_where_it_should(bench, method, tmp_path):
+    from seed_agents.config import TrainConfig
+
+    args = bench.build_parser().parse_args(["--out", str(tmp_path)])
+    cfg = TrainConfig.model_validate(bench.train_config(method, 0, args, "/stage1/model"))
+    base = TrainConfig.model_validate(bench.train_config("grpo", 0, args, "/stage1/model"))
+    same = ("env", "split", "num_tasks", "tasks_per_iteration", "iterations", "seed", "sampling", "runner", "agent", "eval")
+    assert all(getattr(cfg, k) == getattr(base, k) for k in same)  # one budget for every method
+    assert cfg.trainer.learning_rate == base.trainer.learning_rate
+    starts_from_stage1 = method in bench.STAGE1_START and method != "seed"  # seed finds it through stage1.run auto
+    assert cfg.backend.model == ("/stage1/model" if starts_from_stage1 else args.model)
+    assert (cfg.trainer.opd_coef > 0) == method.startswith("seed")
+    expected_source = {"grpo": "none", "grpo_stage1": "none", "seed_frozen": "frozen", "seed_rule": "rule_based"}
+    assert cfg.skills.source == expected_source.get(method, "self")
