@@ -9,7 +9,6 @@ trajectory with ``stop_reason=error`` and the calls made so far; a hung episode 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import time
 import traceback
 from collections.abc import Callable
@@ -17,6 +16,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from seed_agents.aio import DaemonThreadExecutor
 from seed_agents.capture import Sink, capture
 from seed_agents.envs import TextEnv
 from seed_agents.types import StopReason, Task, Trajectory
@@ -73,11 +73,12 @@ class EpisodeRunner:
     async def run(self, tasks: list[Task], group_prefix: str = "g") -> list[Trajectory]:
         """All episodes, ordered by (task, sample) whatever order they finished in."""
         loop = asyncio.get_running_loop()
-        # Env calls run in threads; a hung env keeps its thread, so give the pool room
-        # for every in-flight episode rather than the default (CPU count + 4). Once per
-        # loop: asyncio.run() shuts it down with the loop; replacing it would leak one.
+        # Env calls run in threads. A hung env keeps its thread: a thread per call that
+        # nothing waits for (DaemonThreadExecutor) lets the episode time out and the run
+        # end; a bounded pool would fill up, and asyncio.run() would wait on it at exit.
+        # Once per loop: asyncio.run() shuts it down with the loop.
         if self._executor_loop is not loop:
-            loop.set_default_executor(concurrent.futures.ThreadPoolExecutor(max_workers=self.config.concurrency * 2 + 4))
+            loop.set_default_executor(DaemonThreadExecutor())
             self._executor_loop = loop
         sem = asyncio.Semaphore(self.config.concurrency)
         specs = [(t, f"{group_prefix}-{t.task_id}", i) for t in tasks for i in range(self.config.group_size)]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -47,3 +48,45 @@ async def test_errors_reach_the_caller():
 
     with pytest.raises(ValueError, match="env exploded"):
         run_sync(boom())
+
+
+def test_daemon_executor_runs_calls_and_shutdown_does_not_wait_for_a_stuck_one():
+    from seed_agents.aio import DaemonThreadExecutor
+
+    release = threading.Event()
+    pool = DaemonThreadExecutor()
+    stuck = pool.submit(release.wait, 30)
+    assert pool.submit(sum, [1, 2, 3]).result(timeout=5) == 6
+    with pytest.raises(ZeroDivisionError):
+        pool.submit(lambda: 1 / 0).result(timeout=5)
+    pool.shutdown(wait=True)  # returns at once
+    assert not stuck.done()
+    with pytest.raises(RuntimeError, match="after shutdown"):
+        pool.submit(sum, [1])
+    release.set()
+    assert stuck.result(timeout=5) is True
+
+
+def test_the_interpreter_exits_with_an_env_call_stuck_forever(tmp_path):
+    """What `seed-agents eval` does at its end, with one episode's env process dead."""
+    import subprocess
+    import sys
+    import time
+
+    script = tmp_path / "stuck.py"
+    script.write_text(
+        "import asyncio, threading\n"
+        "from seed_agents.aio import DaemonThreadExecutor\n"
+        "async def main():\n"
+        "    asyncio.get_running_loop().set_default_executor(DaemonThreadExecutor())\n"
+        "    try:\n"
+        "        await asyncio.wait_for(asyncio.to_thread(threading.Event().wait), 0.2)\n"
+        "    except TimeoutError:\n"
+        "        print('episode timed out')\n"
+        "asyncio.run(main())\n"
+    )
+    t0 = time.perf_counter()
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60,
+                         cwd=Path(__file__).resolve().parents[2])
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "episode timed out" and time.perf_counter() - t0 < 30

@@ -181,3 +181,17 @@ def test_window_layout_keeps_the_objective_in_view_after_it_leaves_the_window(to
         run(graph, ObjectiveEnv())
     prompts = [c.messages[-1]["content"] for c in cap.calls]
     assert all(p.startswith("Your task is to: leave the room.") and p.count("Your task is to:") == 1 for p in prompts)
+
+
+def test_a_hung_env_does_not_hold_up_the_end_of_the_run(tokenizer):
+    """``asyncio.run`` (each training iteration, each eval) shuts the loop's executor down
+    and, with a plain thread pool, waits for the thread still stuck in ``env.step``; the
+    run would end only when the env does (never, for a dead game process)."""
+    import time
+
+    envs = {"hung": lambda: ScriptedEnv(hang_s=6.0), "ok": ScriptedEnv}
+    runner = runner_for(tokenizer, solver(tokenizer.decode), lambda t: envs[t.task_id](), episode_timeout_s=0.3, concurrency=2)
+    t0 = time.perf_counter()
+    trajs = asyncio.run(runner.run([Task(task_id="hung"), Task(task_id="ok")]))
+    assert time.perf_counter() - t0 < 3.0
+    assert trajs[0].stop_reason == StopReason.TIMEOUT and trajs[1].success
