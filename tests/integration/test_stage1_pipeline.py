@@ -20,19 +20,24 @@ def lines(path):
     return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
 
 
-def test_train_builds_the_stage1_model_first_then_reuses_it(tmp_path, tiny_model_dir, capsys):
-    raw = {
-        "env": "textworld", "num_tasks": 2, "tasks_per_iteration": 1, "iterations": 1, "out": str(tmp_path / "run1"),
+def tiny_run(tmp_path, model: str, out: str, skills: dict, **stage1) -> TrainConfig:
+    """One update of 1 task x 2 episodes, 2 turns, on real TextWorld games."""
+    return TrainConfig.model_validate({
+        "env": "textworld", "num_tasks": 2, "tasks_per_iteration": 1, "iterations": 1, "out": str(tmp_path / out),
         "env_options": {"cache_dir": str(tmp_path / "tw")},
-        "backend": {"kind": "local", "model": tiny_model_dir},
+        "backend": {"kind": "local", "model": model},
         "sampling": {"max_tokens": 6, "temperature": 1.0},
         "runner": {"group_size": 2, "progress": False},
         "agent": {"max_turns": 2, "history": "chat"},
-        "skills": {"source": "self", "max_tokens": 16},
-        "stage1": {"num_tasks": 2, "group_size": 2, "epochs": 1, "cache_dir": str(tmp_path / "stage1")},
+        "skills": skills,
+        "stage1": {"cache_dir": str(tmp_path / "stage1"), **stage1},
         "trainer": {"learning_rate": 1e-4},
-    }
-    cfg = TrainConfig.model_validate(raw)
+    })
+
+
+def test_train_builds_the_stage1_model_first_then_reuses_it(tmp_path, tiny_model_dir, capsys):
+    cfg = tiny_run(tmp_path, tiny_model_dir, "run1", {"source": "self", "max_tokens": 16},
+                   num_tasks=2, group_size=2, epochs=1)
     summary = run_train(cfg)
     root = tmp_path / "stage1" / cache_key(cfg, tiny_model_dir)
     model_dir = root / "sft" / "model"
@@ -58,18 +63,7 @@ def test_train_builds_the_stage1_model_first_then_reuses_it(tmp_path, tiny_model
 def test_rule_based_skills_train_without_stage1_and_reach_the_teacher(tmp_path, tiny_model_dir):
     """The ablation that separates the distillation term from the policy's own skill
     writing: the offline analyzer writes every skill, the policy is never asked."""
-    raw = {
-        "env": "textworld", "num_tasks": 2, "tasks_per_iteration": 1, "iterations": 1, "out": str(tmp_path / "run"),
-        "env_options": {"cache_dir": str(tmp_path / "tw")},
-        "backend": {"kind": "local", "model": tiny_model_dir},
-        "sampling": {"max_tokens": 6, "temperature": 1.0},
-        "runner": {"group_size": 2, "progress": False},
-        "agent": {"max_turns": 2, "history": "chat"},
-        "skills": {"source": "rule_based"},
-        "stage1": {"cache_dir": str(tmp_path / "stage1")},
-        "trainer": {"learning_rate": 1e-4},
-    }
-    summary = run_train(TrainConfig.model_validate(raw))
+    summary = run_train(tiny_run(tmp_path, tiny_model_dir, "run", {"source": "rule_based"}))
     assert summary["initial_weights"] == tiny_model_dir and not (tmp_path / "stage1").exists()  # no stage 1
     trajs = lines(tmp_path / "run" / "trajectories.jsonl")
     assert len(trajs) == 2 and all(t["skill"]["valid"] and t["skill"]["call_id"] is None for t in trajs)
