@@ -1,0 +1,130 @@
+"""How long WebShop's pure-Python BM25 index takes to build, how much memory it holds, and
+how fast it answers, at the size of the full catalog.
+
+The original WebShop indexes 1.18M products with Lucene (Java). ``tools.webshop.search``
+replaces it with a pure-Python BM25, built once per process on the first search (or in
+``suite.prepare``). This measures that build and the search latency.
+
+Two sources:
+- default: ``--products`` synthetic documents of ``--words`` words each, drawn from a
+  Zipf-distributed vocabulary of ``--vocab`` words (natural text's word frequencies, which
+  decide how long the posting lists get). This is not WebShop's text: its documents
+  (title, description, first bullet point, option values) vary in length, so the figures
+  scale with the words per document; the script prints words/s to make that explicit.
+- ``--data-dir DIR``: the real WebShop files (as for ``env: webshop``), indexed exactly
+  as the env does. Loading the JSON is timed separately.
+
+Printed: build seconds, documents/s and words/s, the process's peak RSS before and after
+the build, and the median and 95th-percentile latency of ``--queries`` searches (queries
+of 3 to 8 words drawn like the documents' words, or the real goals' instructions).
+
+    .venv/bin/python bench/webshop_index.py --products 100000      # ~1 min
+    .venv/bin/python bench/webshop_index.py                        # full size, synthetic
+    .venv/bin/python bench/webshop_index.py --data-dir ~/webshop/data
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import resource
+import statistics
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tools.webshop.search import BM25Index  # noqa: E402
+
+FULL_CATALOG = 1_181_436  # products in WebShop's items_shuffle.json
+
+
+def peak_rss_gb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 ** 2  # Linux: KiB
+
+
+class ZipfWords:
+    """Words ``w0 .. w{n-1}`` with P(rank r) proportional to 1 / (r + 1)^s, seeded."""
+
+    def __init__(self, vocab: int, s: float, seed: int) -> None:
+        self.words = [f"w{i}" for i in range(vocab)]
+        weights = [1.0 / (r + 1) ** s for r in range(vocab)]
+        total = sum(weights)
+        acc, self.cum = 0.0, []
+        for w in weights:
+            acc += w / total
+            self.cum.append(acc)
+        self.rng = random.Random(seed)
+
+    def sample(self, k: int) -> list[str]:
+        return self.rng.choices(self.words, cum_weights=self.cum, k=k)
+
+
+def synthetic_docs(n: int, words: int, zipf: ZipfWords) -> Iterator[str]:
+    for _ in range(n):
+        yield " ".join(zipf.sample(words))
+
+
+def time_searches(index: BM25Index, queries: list[str]) -> tuple[float, float]:
+    lat = []
+    for q in queries:
+        t0 = time.perf_counter()
+        index.search(q)
+        lat.append(time.perf_counter() - t0)
+    lat.sort()
+    return statistics.median(lat), lat[min(len(lat) - 1, int(0.95 * len(lat)))]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--products", type=int, default=FULL_CATALOG, help="Synthetic documents (default: WebShop's count).")
+    p.add_argument("--words", type=int, default=100, help="Words per synthetic document.")
+    p.add_argument("--vocab", type=int, default=200_000, help="Synthetic vocabulary size.")
+    p.add_argument("--zipf", type=float, default=1.0, help="Zipf exponent of the synthetic words.")
+    p.add_argument("--queries", type=int, default=200)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--data-dir", dest="data_dir", type=Path, default=None, help="Real WebShop data instead.")
+    args = p.parse_args(argv)
+
+    rss0 = peak_rss_gb()
+    if args.data_dir is not None:
+        from tools.webshop.catalog import load_webshop
+
+        t0 = time.perf_counter()
+        catalog = load_webshop(args.data_dir)
+        print(f"loaded {len(catalog.products)} products and {len(catalog.goals)} goals in "
+              f"{time.perf_counter() - t0:.1f}s (peak RSS {peak_rss_gb():.2f} GB)", flush=True)
+        texts = [pr.search_text() for pr in catalog.products]
+        queries = [g.instruction for g in random.Random(args.seed).sample(catalog.goals, min(args.queries, len(catalog.goals)))]
+        source = f"WebShop files in {args.data_dir}"
+        rss0 = peak_rss_gb()
+        docs = texts
+        n_docs = len(texts)
+    else:
+        zipf = ZipfWords(args.vocab, args.zipf, args.seed)
+        t0 = time.perf_counter()
+        docs = list(synthetic_docs(args.products, args.words, zipf))
+        print(f"generated {len(docs)} synthetic documents in {time.perf_counter() - t0:.1f}s", flush=True)
+        n_docs = len(docs)
+        rss0 = peak_rss_gb()
+        qrng = random.Random(args.seed + 1)
+        queries = [" ".join(zipf.sample(qrng.randint(3, 8))) for _ in range(args.queries)]
+        source = f"synthetic: {args.products} documents x {args.words} words, Zipf s={args.zipf} over {args.vocab} words"
+
+    print(f"building the index ({source}) ...", flush=True)
+    t0 = time.perf_counter()
+    index = BM25Index(docs)
+    build_s = time.perf_counter() - t0
+    n_words = sum(index._lengths)  # after stopwords (none in the synthetic vocabulary)
+    median, p95 = time_searches(index, queries)
+    print(f"documents        {n_docs}")
+    print(f"build            {build_s:.1f} s ({n_docs / build_s:,.0f} documents/s, {n_words / build_s:,.0f} indexed words/s, one core)")
+    print(f"peak RSS         {rss0:.2f} GB with the documents in memory, {peak_rss_gb():.2f} GB after the build")
+    print(f"search (top 50)  median {median * 1000:.1f} ms, p95 {p95 * 1000:.1f} ms over {len(queries)} queries")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
