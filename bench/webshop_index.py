@@ -16,7 +16,10 @@ Two sources:
 
 Printed: build seconds, documents/s and words/s, the process's peak RSS before and after
 the build, and the median and 95th-percentile latency of ``--queries`` searches (queries
-of 3 to 8 words drawn like the documents' words, or the real goals' instructions).
+of 3 to 8 words drawn like the documents' words, or the real goals' instructions), with
+the index's numpy scorer and with ``reference_search`` (the plain-Python loop it
+replaced, which it must equal), on the same queries in the same run, and how many of
+the queries got the same top 50 from both.
 
     .venv/bin/python bench/webshop_index.py --products 100000      # ~1 min
     .venv/bin/python bench/webshop_index.py                        # full size, synthetic
@@ -31,12 +34,12 @@ import resource
 import statistics
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tools.webshop.search import BM25Index  # noqa: E402
+from tools.webshop.search import BM25Index, reference_search  # noqa: E402
 
 FULL_CATALOG = 1_181_436  # products in WebShop's items_shuffle.json
 
@@ -67,14 +70,21 @@ def synthetic_docs(n: int, words: int, zipf: ZipfWords) -> Iterator[str]:
         yield " ".join(zipf.sample(words))
 
 
-def time_searches(index: BM25Index, queries: list[str]) -> tuple[float, float]:
-    lat = []
+def time_searches(searches: list[Callable[[str], list[int]]], queries: list[str]) -> list[tuple[float, float, list[list[int]]]]:
+    """Per search function: (median, p95) latency in seconds and each query's results. The
+    functions take turns on every query, so load on the machine hits them alike."""
+    lat: list[list[float]] = [[] for _ in searches]
+    results: list[list[list[int]]] = [[] for _ in searches]
     for q in queries:
-        t0 = time.perf_counter()
-        index.search(q)
-        lat.append(time.perf_counter() - t0)
-    lat.sort()
-    return statistics.median(lat), lat[min(len(lat) - 1, int(0.95 * len(lat)))]
+        for i, search in enumerate(searches):
+            t0 = time.perf_counter()
+            results[i].append(search(q))
+            lat[i].append(time.perf_counter() - t0)
+    out = []
+    for ls, rs in zip(lat, results):
+        ls.sort()
+        out.append((statistics.median(ls), ls[min(len(ls) - 1, int(0.95 * len(ls)))], rs))
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -117,12 +127,16 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     index = BM25Index(docs)
     build_s = time.perf_counter() - t0
-    n_words = sum(index._lengths)  # after stopwords (none in the synthetic vocabulary)
-    median, p95 = time_searches(index, queries)
+    n_words = index.total_terms  # after stopwords (none in the synthetic vocabulary)
+    fast, slow = time_searches([index.search, lambda q: reference_search(index, q)], queries)
+    same = sum(a == b for a, b in zip(fast[2], slow[2]))
     print(f"documents        {n_docs}")
     print(f"build            {build_s:.1f} s ({n_docs / build_s:,.0f} documents/s, {n_words / build_s:,.0f} indexed words/s, one core)")
     print(f"peak RSS         {rss0:.2f} GB with the documents in memory, {peak_rss_gb():.2f} GB after the build")
-    print(f"search (top 50)  median {median * 1000:.1f} ms, p95 {p95 * 1000:.1f} ms over {len(queries)} queries")
+    print(f"search (top 50), {len(queries)} queries:")
+    print(f"  numpy scorer     median {fast[0] * 1000:8.1f} ms, p95 {fast[1] * 1000:8.1f} ms")
+    print(f"  reference loop   median {slow[0] * 1000:8.1f} ms, p95 {slow[1] * 1000:8.1f} ms")
+    print(f"  speedup          x{slow[0] / fast[0]:.1f} (median); same top 50 on {same}/{len(queries)} queries")
     return 0
 
 
