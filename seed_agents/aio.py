@@ -26,14 +26,21 @@ T = TypeVar("T")
 
 def run_sync(coro: Coroutine[Any, Any, T]) -> T:
     """``asyncio.run(coro)``, or the same on a worker thread when a loop is already running
-    in this thread (blocking it until done: the caller asked for a synchronous result)."""
+    in this thread (blocking it until done: the caller asked for a synchronous result).
+    Either way the new loop's default executor is a ``DaemonThreadExecutor``, so a hung
+    ``asyncio.to_thread`` call (an env step) cannot hold up the loop's shutdown."""
     try:
         asyncio.get_running_loop()
     except RuntimeError:
-        return asyncio.run(coro)
+        return asyncio.run(_on_daemon_threads(coro))
     ctx = contextvars.copy_context()
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="seed-agents-run-sync") as pool:
-        return pool.submit(ctx.run, asyncio.run, coro).result()
+        return pool.submit(ctx.run, asyncio.run, _on_daemon_threads(coro)).result()
+
+
+async def _on_daemon_threads(coro: Coroutine[Any, Any, T]) -> T:
+    asyncio.get_running_loop().set_default_executor(DaemonThreadExecutor())
+    return await coro
 
 
 class DaemonThreadExecutor(ThreadPoolExecutor):

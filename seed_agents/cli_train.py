@@ -271,7 +271,6 @@ def run_periodic_eval(runner: Any, tasks: list[Any], updates: int, episodes: int
     ``iteration`` is ``updates - 1`` (the iteration whose update was just applied; -1
     for the initial policy) so ``--resume`` truncates these rows like the other traces.
     """
-
     from seed_agents.capture import JsonlSink, capture
     from seed_agents.metrics import summarize
 

@@ -30,7 +30,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from seed_agents.aio import DaemonThreadExecutor, run_sync
+from seed_agents.aio import run_sync
 from seed_agents.config import AgentConfig, BackendConfig, ConfigError, load_config
 from seed_agents.runner import RunnerConfig
 from seed_agents.stage1.analyzers import Analyzer, AnalyzerConfig, AnalyzerReply, PolicyAnalyzer, make_analyzer
@@ -224,8 +224,6 @@ def _roll_out(cfg: CollectConfig, suite: Any, llm: Any, specs: list[tuple[Task, 
 
 async def _play(runner: Any, specs: list[tuple[Task, int]], rc: RunnerConfig) -> list[Trajectory]:
     """``EpisodeRunner.run`` for a subset of (task, sample) slots: a resumed run plays only these."""
-    loop = asyncio.get_running_loop()
-    loop.set_default_executor(DaemonThreadExecutor())  # a hung env must not stall the end of the run
     slots = asyncio.Semaphore(rc.concurrency)
     bar = _bar(len(specs), "episodes", rc.progress)
 

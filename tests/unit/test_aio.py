@@ -90,3 +90,23 @@ def test_the_interpreter_exits_with_an_env_call_stuck_forever(tmp_path):
                          cwd=Path(__file__).resolve().parents[2])
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "episode timed out" and time.perf_counter() - t0 < 30
+
+
+def test_run_sync_loops_never_wait_for_a_stuck_thread():
+    """Code that plays episodes without ``EpisodeRunner.run`` (stage-1 collect and the
+    usefulness re-runs) gets the daemon executor from ``run_sync`` itself."""
+    import time
+
+    release = threading.Event()
+
+    async def episode() -> str:
+        try:
+            await asyncio.wait_for(asyncio.to_thread(release.wait, 20), 0.2)
+        except TimeoutError:
+            return "timed out"
+        return "returned"
+
+    t0 = time.perf_counter()
+    assert run_sync(episode()) == "timed out"
+    assert time.perf_counter() - t0 < 5
+    release.set()
