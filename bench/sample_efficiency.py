@@ -197,7 +197,7 @@ def summarize_method(curves: dict[int, list[dict[str, Any]]], threshold: float) 
     start = {s: min(c, key=lambda r: r["episodes_consumed"])["success_rate"] for s, c in curves.items() if c}
     return {"curve": curve, "to_threshold": reach, "reached": f"{len(reached)}/{len(reach)}",
             "mean_to_threshold": statistics.fmean(reached) if len(reached) == len(reach) and reached else None,
-            "area": mean_sd(list(area.values())), "final": mean_sd(list(final.values())),
+            "area": mean_sd(list(area.values())), "area_per_seed": area, "final": mean_sd(list(final.values())),
             "start": mean_sd(list(start.values())), "gain": mean_sd([final[s] - start[s] for s in final])}
 
 
@@ -231,7 +231,23 @@ def report(results: dict[str, dict[str, Any]], threshold: float) -> str:
     if g1 and r and g1["area"][0] > 0:
         lines.append(f"mean held-out success, SEED with rule-based skills/GRPO from the stage-1 model: "
                      f"{r['area'][0] / g1['area'][0]:.2f} (same start, skills the policy did not write)")
+    if g1:
+        for m in ("seed", "seed_rule", "seed_frozen", "seed_external"):
+            if m in results:
+                lines.append(paired_line(m, results[m], "grpo_stage1", g1))
     return "\n".join(lines)
+
+
+def paired_line(name: str, a: dict[str, Any], base_name: str, base: dict[str, Any]) -> str:
+    """Seed by seed (a seed's methods share its held-out games and training tasks), the
+    difference in mean held-out success: its mean ± sd and how many seeds each side won."""
+    diffs = [a["area_per_seed"][s] - base["area_per_seed"][s] for s in a["area_per_seed"] if s in base["area_per_seed"]]
+    if not diffs:
+        return f"paired by seed, {name} - {base_name}: no common seeds"
+    m, sd = mean_sd(diffs)
+    wins, losses = sum(d > 1e-9 for d in diffs), sum(d < -1e-9 for d in diffs)  # means of k/12: float noise is a tie
+    return (f"paired by seed, mean held-out success {name} - {base_name}: {m:+.3f} ± {sd:.3f} over {len(diffs)} seeds "
+            f"({wins} higher, {losses} lower, {len(diffs) - wins - losses} equal)")
 
 
 def plot(results: dict[str, dict[str, Any]], path: Path, threshold: float) -> None:
@@ -241,11 +257,13 @@ def plot(results: dict[str, dict[str, Any]], path: Path, threshold: float) -> No
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6.5, 4))
-    for m, r in results.items():
+    styles = [("o", "-"), ("s", "--"), ("^", "-."), ("D", ":"), ("v", "-"), ("P", "--"), ("X", "-.")]
+    for i, (m, r) in enumerate(results.items()):
         xs = [p["episodes"] for p in r["curve"]]
         ys = [p["mean"] for p in r["curve"]]
         sd = [p["sd"] for p in r["curve"]]
-        ax.plot(xs, ys, marker="o", label=m)
+        marker, line = styles[i % len(styles)]  # identical curves stay visible
+        ax.plot(xs, ys, marker=marker, linestyle=line, label=m)
         ax.fill_between(xs, [y - d for y, d in zip(ys, sd)], [y + d for y, d in zip(ys, sd)], alpha=0.15)
     ax.axhline(threshold, color="grey", linestyle=":", linewidth=1)
     ax.set_xlabel("training episodes consumed")

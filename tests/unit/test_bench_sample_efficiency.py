@@ -74,3 +74,14 @@ def test_every_method_is_a_valid_train_config_differing_only_where_it_should(ben
     assert (cfg.trainer.opd_coef > 0) == method.startswith("seed")
     expected_source = {"grpo": "none", "grpo_stage1": "none", "seed_frozen": "frozen", "seed_rule": "rule_based"}
     assert cfg.skills.source == expected_source.get(method, "self")
+
+
+def test_paired_differences_are_taken_seed_by_seed(bench):
+    base = bench.summarize_method({0: curve((0, 0.0), (8, 0.5)), 1: curve((0, 0.5), (8, 0.5)),
+                                   2: curve((0, 0.25), (8, 0.25))}, 0.5)
+    seed = bench.summarize_method({0: curve((0, 0.5), (8, 0.5)), 1: curve((0, 0.0), (8, 0.5)),
+                                   2: curve((0, 0.25), (8, 0.25)), 3: curve((0, 1.0), (8, 1.0))}, 0.5)
+    line = bench.paired_line("seed", seed, "grpo_stage1", base)
+    # per seed: +0.25, -0.25, 0 (seed 3 has no partner)
+    assert "+0.000 ± 0.250 over 3 seeds (1 higher, 1 lower, 1 equal)" in line
+    assert "paired by seed" in bench.report({"grpo_stage1": base, "seed": seed}, 0.5)
