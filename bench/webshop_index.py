@@ -98,7 +98,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--data-dir", dest="data_dir", type=Path, default=None, help="Real WebShop data instead.")
     args = p.parse_args(argv)
 
-    rss0 = peak_rss_gb()
     if args.data_dir is not None:
         from tools.webshop.catalog import load_webshop
 
@@ -106,18 +105,15 @@ def main(argv: list[str] | None = None) -> int:
         catalog = load_webshop(args.data_dir)
         print(f"loaded {len(catalog.products)} products and {len(catalog.goals)} goals in "
               f"{time.perf_counter() - t0:.1f}s (peak RSS {peak_rss_gb():.2f} GB)", flush=True)
-        texts = [pr.search_text() for pr in catalog.products]
+        docs = [pr.search_text() for pr in catalog.products]
         queries = [g.instruction for g in random.Random(args.seed).sample(catalog.goals, min(args.queries, len(catalog.goals)))]
         source = f"WebShop files in {args.data_dir}"
         rss0 = peak_rss_gb()
-        docs = texts
-        n_docs = len(texts)
     else:
         zipf = ZipfWords(args.vocab, args.zipf, args.seed)
         t0 = time.perf_counter()
         docs = list(synthetic_docs(args.products, args.words, zipf))
         print(f"generated {len(docs)} synthetic documents in {time.perf_counter() - t0:.1f}s", flush=True)
-        n_docs = len(docs)
         rss0 = peak_rss_gb()
         qrng = random.Random(args.seed + 1)
         queries = [" ".join(zipf.sample(qrng.randint(3, 8))) for _ in range(args.queries)]
@@ -127,12 +123,14 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     index = BM25Index(docs)
     build_s = time.perf_counter() - t0
+    rss1 = peak_rss_gb()
+    n_docs = len(docs)
     n_words = index.total_terms  # after stopwords (none in the synthetic vocabulary)
     fast, slow = time_searches([index.search, lambda q: reference_search(index, q)], queries)
     same = sum(a == b for a, b in zip(fast[2], slow[2]))
     print(f"documents        {n_docs}")
     print(f"build            {build_s:.1f} s ({n_docs / build_s:,.0f} documents/s, {n_words / build_s:,.0f} indexed words/s, one core)")
-    print(f"peak RSS         {rss0:.2f} GB with the documents in memory, {peak_rss_gb():.2f} GB after the build")
+    print(f"peak RSS         {rss0:.2f} GB with the documents in memory, {rss1:.2f} GB after the build")
     print(f"search (top 50), {len(queries)} queries:")
     print(f"  numpy scorer     median {fast[0] * 1000:8.1f} ms, p95 {fast[1] * 1000:8.1f} ms")
     print(f"  reference loop   median {slow[0] * 1000:8.1f} ms, p95 {slow[1] * 1000:8.1f} ms")
