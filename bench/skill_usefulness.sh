@@ -6,12 +6,12 @@
 # TextWorld games (never used in stage 1) x 4 episodes with the benchmark's rollout
 # settings. Three analyzers write a skill about each of those same episodes:
 #   rule-based-textworld   the offline stand-in (what stage 1 trained on)
-#   policy:smollm2-135m    the base model, greedy (what SEED without stage 1 gets)
-#   policy:<stage-1 dir>   the stage-1 model itself, greedy (what SEED gets at its start)
+#   policy:base            the base model, greedy (what SEED without stage 1 gets)
+#   policy:stage1          the stage-1 model itself, greedy (what SEED gets at its start)
 # `skills eval` then has the stage-1 policy re-score its own actions with and without each
 # skill, and re-plays 8 tasks x 2 episodes with the skills in the prompt vs without.
 #
-#   bash bench/skill_usefulness.sh            # ~15 min on 2 CPU cores once stage 1 is cached
+#   bash bench/skill_usefulness.sh            # ~11 min on 2 CPU cores once stage 1 is cached
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-runs/bench/skill_usefulness}
