@@ -111,10 +111,10 @@ class BM25Index:
     def _score_vector(self, query: str) -> tuple[np.ndarray, np.ndarray]:
         """(matching document ids, their scores). Per term, the same float64 operations in
         the same order as ``reference_scores``; per document, terms are added in query
-        order starting from 0.0, as there."""
+        order starting from 0.0, as there. Every term's contribution is > 0 (idf > 0,
+        tf > 0), so the matching documents are exactly those with a nonzero score."""
         k1, b, avg = self.k1, self.b, self._avg_len or 1.0
         scores = np.zeros(len(self), dtype=np.float64)
-        hit = np.zeros(len(self), dtype=bool)
         for term, q_tf in Counter(tokenize(query)).items():
             ids, tfs = self.postings(term)
             if not len(ids):
@@ -122,8 +122,7 @@ class BM25Index:
             w = q_tf * self.idf(term) * (k1 + 1)
             norm = k1 * (1 - b + b * self._lengths[ids] / avg)
             scores[ids] += w * tfs / (tfs + norm)  # a term's postings hold each document once
-            hit[ids] = True
-        docs = np.flatnonzero(hit)
+        docs = np.flatnonzero(scores)
         return docs, scores[docs]
 
     def scores(self, query: str) -> dict[int, float]:
