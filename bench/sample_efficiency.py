@@ -195,10 +195,25 @@ def summarize_method(curves: dict[int, list[dict[str, Any]]], threshold: float) 
     area = {s: statistics.fmean(r["success_rate"] for r in c) for s, c in curves.items() if c}
     final = {s: max(c, key=lambda r: r["episodes_consumed"])["success_rate"] for s, c in curves.items() if c}
     start = {s: min(c, key=lambda r: r["episodes_consumed"])["success_rate"] for s, c in curves.items() if c}
+    first = [min(c, key=lambda r: r["episodes_consumed"]).get("invalid_action_rate") for c in curves.values() if c]
+    last = [max(c, key=lambda r: r["episodes_consumed"]).get("invalid_action_rate") for c in curves.values() if c]
     return {"curve": curve, "to_threshold": reach, "reached": f"{len(reached)}/{len(reach)}",
             "mean_to_threshold": statistics.fmean(reached) if len(reached) == len(reach) and reached else None,
             "area": mean_sd(list(area.values())), "area_per_seed": area, "final": mean_sd(list(final.values())),
-            "start": mean_sd(list(start.values())), "gain": mean_sd([final[s] - start[s] for s in final])}
+            "start": mean_sd(list(start.values())), "gain": mean_sd([final[s] - start[s] for s in final]),
+            "invalid_start": mean_sd([x for x in first if x is not None]),
+            "invalid_final": mean_sd([x for x in last if x is not None])}
+
+
+def training_stats(outs: list[str]) -> dict[str, float | None]:
+    """Means over every update of every run: the skill parse rate and the distillation
+    gate (None where the method writes no skills), from each run's metrics.jsonl."""
+    rows = [json.loads(x) for out in outs if (Path(out) / "metrics.jsonl").exists()
+            for x in (Path(out) / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    gates = [r["opd/gate"] for r in rows if r.get("opd/tokens")]
+    parse = [r["skill_parse_rate"] for r in rows if "skill_parse_rate" in r]
+    return {"skill_parse_rate": statistics.fmean(parse) if parse and gates else None,
+            "gate": statistics.fmean(gates) if gates else None}
 
 
 def report(results: dict[str, dict[str, Any]], threshold: float) -> str:
@@ -213,6 +228,13 @@ def report(results: dict[str, dict[str, Any]], threshold: float) -> str:
         per_seed = ",".join("-" if v is None else str(v) for v in r["to_threshold"].values())
         lines.append(f"{m:<16} {r['reached']:>14} {(f'{tt:.0f}' if tt is not None else 'n/a') + ' [' + per_seed + ']':>18} "
                      f"{ms(r['start']):>15} {ms(r['area']):>15} {ms(r['final']):>15} {ms(r['gain']):>15}")
+    lines += ["", f"{'method':<16} {'held-out invalid actions, start -> final':>42} {'training skill parse rate':>26} {'mean gate':>10}"]
+    for m, r in results.items():
+        t = r.get("train", {})
+        fmt = lambda x: "-" if x is None else f"{x:.3f}"  # noqa: E731
+        lines.append(f"{m:<16} {ms(r['invalid_start']) + ' -> ' + ms(r['invalid_final']):>42} "
+                     f"{fmt(t.get('skill_parse_rate')):>26} {fmt(t.get('gate')):>10}")
+    lines.append("")
     g, s, g1 = results.get("grpo"), results.get("seed"), results.get("grpo_stage1")
     if g and s:
         if g["mean_to_threshold"] is None or s["mean_to_threshold"] is None:
@@ -350,6 +372,7 @@ def main(argv: list[str] | None = None) -> int:
         curves = {r["seed"]: read_curve(r["out"]) for r in runs if r["method"] == m and r["rc"] == 0}
         if curves:
             results[m] = summarize_method(curves, args.threshold)
+            results[m]["train"] = training_stats([r["out"] for r in runs if r["method"] == m and r["rc"] == 0])
     text = report(results, args.threshold)
     wall = time.perf_counter() - t0
     b = budget(args)

@@ -85,3 +85,16 @@ def test_paired_differences_are_taken_seed_by_seed(bench):
     # per seed: +0.25, -0.25, 0 (seed 3 has no partner)
     assert "+0.000 ± 0.250 over 3 seeds (1 higher, 1 lower, 1 equal)" in line
     assert "paired by seed" in bench.report({"grpo_stage1": base, "seed": seed}, 0.5)
+
+
+def test_behaviour_table_reads_invalid_rates_and_training_metrics(bench, tmp_path):
+    rows = [{"episodes_consumed": 0, "success_rate": 0.0, "invalid_action_rate": 0.8},
+            {"episodes_consumed": 8, "success_rate": 0.5, "invalid_action_rate": 0.2}]
+    s = bench.summarize_method({0: rows}, 0.5)
+    assert s["invalid_start"][0] == pytest.approx(0.8) and s["invalid_final"][0] == pytest.approx(0.2)
+    (tmp_path / "metrics.jsonl").write_text(
+        '{"skill_parse_rate": 1.0, "opd/gate": 0.4, "opd/tokens": 10}\n{"skill_parse_rate": 0.5, "opd/gate": 0.6, "opd/tokens": 5}\n')
+    s["train"] = bench.training_stats([str(tmp_path)])
+    assert s["train"] == {"skill_parse_rate": pytest.approx(0.75), "gate": pytest.approx(0.5)}
+    text = bench.report({"seed": s}, 0.5)
+    assert "0.800 ± 0.000 -> 0.200 ± 0.000" in text and "0.750" in text and "0.500" in text
