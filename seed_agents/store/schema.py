@@ -1,0 +1,168 @@
+"""The trace store's tables and the migrations that build them.
+
+One schema serves SQLite and PostgreSQL (SQLAlchemy Core types only). The ``Table``
+objects below describe the *current* schema; ``MIGRATIONS`` is the ordered history that
+takes any older database there, one transaction for the whole run, so a crash mid-upgrade
+leaves the database at its old version, never in between.
+
+Rule for the next schema change: before editing a ``Table`` below, freeze migration 1
+(copy today's definitions into it), then append migration N that alters existing tables.
+Opening a database whose version is newer than ``len(MIGRATIONS)`` is refused: this code
+would misread tables it does not know.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection, Dialect, Engine
+
+from seed_agents.store.records import StoreError
+
+Migration = Callable[[Connection], None]
+
+# Any 64-bit constant: every writer that opens a PostgreSQL store takes this advisory lock
+# while migrating, so two processes opening a fresh database do not both create tables.
+_PG_MIGRATION_LOCK = 0x5EED_A6E7
+
+
+class JsonText(sa.TypeDecorator[Any]):
+    """JSON kept as plain text, written and read by Python's ``json``.
+
+    Used for the token payload of a call (ids, logprobs, messages): it is never queried in
+    SQL, the text round-trips floats exactly, ``-inf`` logprobs survive (PostgreSQL's
+    ``json`` rejects ``-Infinity``), and the server does not parse large arrays per insert.
+    """
+
+    impl = sa.Text
+    cache_ok = True
+
+    def process_bind_param(self, value: Any, dialect: Dialect) -> str | None:
+        return None if value is None else json.dumps(value, separators=(",", ":"))
+
+    def process_result_value(self, value: str | None, dialect: Dialect) -> Any:
+        return None if value is None else json.loads(value)
+
+
+ID = sa.String(128)  # session, call and update ids: uuid hex or a client's header value
+metadata = sa.MetaData()
+
+schema_version = sa.Table(
+    "schema_version", metadata,
+    sa.Column("version", sa.Integer, nullable=False),
+    sa.Column("migrated_at", sa.Double, nullable=False),
+)
+
+updates = sa.Table(
+    "updates", metadata,
+    sa.Column("update_id", ID, primary_key=True),
+    sa.Column("created_at", sa.Double, nullable=False),
+    sa.Column("metadata", sa.JSON, nullable=False),
+)
+
+sessions = sa.Table(
+    "sessions", metadata,
+    sa.Column("session_id", ID, primary_key=True),
+    sa.Column("task_key", sa.String(256), nullable=True, index=True),
+    sa.Column("created_at", sa.Double, nullable=False, index=True),
+    sa.Column("ended_at", sa.Double, nullable=True),
+    sa.Column("metadata", sa.JSON, nullable=False),
+    sa.Column("flagged_reason", sa.Text, nullable=True),
+    sa.Column("consumed_by", ID, sa.ForeignKey("updates.update_id"), nullable=True, index=True),
+    sa.Column("consumed_at", sa.Double, nullable=True),
+)
+
+calls = sa.Table(
+    "calls", metadata,
+    sa.Column("call_id", ID, primary_key=True),
+    sa.Column("session_id", ID, sa.ForeignKey("sessions.session_id"), nullable=False),
+    sa.Column("seq", sa.Integer, nullable=False),
+    sa.Column("prompt_ids", JsonText, nullable=False),
+    sa.Column("completion_ids", JsonText, nullable=False),
+    sa.Column("logprobs", JsonText, nullable=False),
+    sa.Column("messages", JsonText, nullable=False),
+    sa.Column("tools", JsonText, nullable=True),
+    sa.Column("text", sa.Text, nullable=False),
+    sa.Column("policy_version", sa.Integer, nullable=False),
+    sa.Column("purpose", sa.String(16), nullable=False),
+    sa.Column("finish_reason", sa.String(16), nullable=False),
+    sa.Column("latency_s", sa.Double, nullable=False),
+    sa.Column("started_at", sa.Double, nullable=False),
+    sa.Column("sampling", JsonText, nullable=True),
+    sa.Column("scope", JsonText, nullable=False),
+    sa.UniqueConstraint("session_id", "seq", name="uq_calls_session_seq"),
+)
+
+rewards = sa.Table(
+    "rewards", metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("session_id", ID, sa.ForeignKey("sessions.session_id"), nullable=False, index=True),
+    sa.Column("value", sa.Double, nullable=False),
+    sa.Column("source", sa.String(64), nullable=False),
+    sa.Column("turn", sa.Integer, nullable=True),
+    sa.Column("comment", sa.Text, nullable=True),
+    sa.Column("created_at", sa.Double, nullable=False),
+)
+
+skills = sa.Table(
+    "skills", metadata,
+    sa.Column("session_id", ID, sa.ForeignKey("sessions.session_id"), primary_key=True),
+    sa.Column("skill", sa.JSON, nullable=False),
+)
+
+model_versions = sa.Table(
+    "model_versions", metadata,
+    sa.Column("name", sa.String(128), primary_key=True),
+    sa.Column("version", sa.Integer, primary_key=True),
+    sa.Column("path", sa.Text, nullable=False),
+    sa.Column("created_at", sa.Double, nullable=False),
+    sa.Column("updated_at", sa.Double, nullable=False),
+    sa.Column("status", sa.String(32), nullable=False),
+    sa.Column("metadata", sa.JSON, nullable=False),
+)
+
+DATA_TABLES = [updates, sessions, calls, rewards, skills, model_versions]
+
+
+def _v1_initial(conn: Connection) -> None:
+    """Version 1: every table of the data plane and the continual loop."""
+    metadata.create_all(conn, tables=DATA_TABLES)
+
+
+MIGRATIONS: list[Migration] = [_v1_initial]
+
+
+def stored_version(conn: Connection) -> int:
+    """The database's schema version; 0 for a database this code never opened."""
+    if not sa.inspect(conn).has_table(schema_version.name):
+        return 0
+    return int(conn.execute(sa.select(sa.func.max(schema_version.c.version))).scalar() or 0)
+
+
+def migrate(engine: Engine, migrations: Sequence[Migration] = MIGRATIONS) -> int:
+    """Bring the database to ``len(migrations)`` in one transaction; return that version.
+
+    ``migrations`` is a parameter so tests can play a future upgrade on today's data.
+    """
+    target = len(migrations)
+    with engine.begin() as conn:
+        if conn.dialect.name == "postgresql":
+            conn.execute(sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": _PG_MIGRATION_LOCK})
+        current = stored_version(conn)
+        if current > target:
+            raise StoreError(
+                f"the store's schema is version {current}, newer than this code understands "
+                f"({target}): upgrade seed-agents, or point --store at another database"
+            )
+        if current == target:
+            return current
+        schema_version.create(conn, checkfirst=True)
+        for migration in migrations[current:]:
+            migration(conn)
+        conn.execute(sa.delete(schema_version))
+        conn.execute(sa.insert(schema_version).values(version=target, migrated_at=time.time()))
+    return target

@@ -1,0 +1,436 @@
+"""The trace-store suite every database backend must pass.
+
+Subclass ``StoreSuite`` in a test module and provide one fixture, ``store_url``: the URL
+of an empty store (a fresh SQLite file, a fresh PostgreSQL database). The same tests
+then hold on both backends: exact round-trips, idempotent retries, reward precedence,
+exactly-once claims under racing threads, migrations, and a writer killed with SIGKILL.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from seed_agents.capture import capture, read_jsonl, record_call
+from seed_agents.store import RewardPolicy, StoreError, StoreSink, TraceStore, export_trajectories
+from seed_agents.store import schema
+from seed_agents.store._engine import create_engine, parse_url
+from seed_agents.types import FaultKind, LLMCall, SamplingParams, Skill, StopReason, Trajectory
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def make_call(i: int, **overrides: object) -> LLMCall:
+    """A call whose every field differs from the defaults, so a dropped column shows."""
+    fields: dict[str, object] = dict(
+        call_id=f"call-{i:05d}",
+        messages=[{"role": "system", "content": "You play a game."},
+                  {"role": "user", "content": f"turn {i}: go north? ünïcode ✓"},
+                  {"role": "assistant", "content": "", "tool_calls": [
+                      {"id": "tc1", "type": "function", "function": {"name": "move", "arguments": '{"dir": "n"}'}}]}],
+        tools=[{"type": "function", "function": {"name": "move", "description": "Move.",
+                                                 "parameters": {"type": "object", "properties": {"dir": {"type": "string"}}}}}],
+        prompt_ids=[1, 50_000 + i, 151_643, 0, i],
+        completion_ids=[7, 8, 9, 2],
+        logprobs=[-0.1, -1e-300, -1 / 3 - i, -12.345678901234567],
+        text=f"go north {i}",
+        policy_version=3,
+        purpose="analyzer",
+        finish_reason="length",
+        latency_s=0.125 + i,
+        started_at=1_700_000_000.123456 + i,
+        sampling=SamplingParams(max_tokens=7, temperature=0.7, top_p=0.9, seed=5, stop_token_ids=(2, 3)),
+        scope={"run": "r1", "task_id": "t", "sample_index": 2},
+    )
+    fields.update(overrides)
+    return LLMCall.model_validate(fields)
+
+
+def small_call(call_id: str) -> LLMCall:
+    return LLMCall(call_id=call_id, messages=[{"role": "user", "content": call_id}], prompt_ids=[1, 2],
+                   completion_ids=[3], logprobs=[-0.5])
+
+
+def finished_session(store: TraceStore, sid: str, *, reward: float | None = 1.0, end: bool = True,
+                     calls: int = 1, task_key: str | None = "task-a") -> str:
+    store.create_session(sid, task_key=task_key)
+    for j in range(calls):
+        store.add_call(sid, small_call(f"{sid}-c{j}"))
+    if reward is not None:
+        store.add_reward(sid, reward, source="user")
+    if end:
+        store.end_session(sid)
+    return sid
+
+
+def run_threads(n: int, target, *args: object) -> None:
+    """Start ``n`` threads on ``target(index, barrier, *args)`` and re-raise their first error."""
+    barrier = threading.Barrier(n)
+    errors: list[BaseException] = []
+
+    def body(i: int) -> None:
+        try:
+            target(i, barrier, *args)
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=body, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors, errors
+
+
+# The writer killed by test_kill_9_loses_no_finished_call: deterministic calls, so every
+# stored row can be checked field by field against what was meant to be written.
+WRITER = textwrap.dedent("""
+    import itertools, sys
+    from seed_agents.store import TraceStore
+    from seed_agents.types import LLMCall
+
+    def call(i):
+        n = 1 + (i * 37) % 400
+        return LLMCall(call_id=f"k{i:06d}", messages=[{"role": "user", "content": "x" * n}],
+                       prompt_ids=list(range(n)), completion_ids=list(range(i, i + 64)),
+                       logprobs=[-(j + 1) / 7 for j in range(64)], text=str(i) * 8)
+
+    if __name__ == "__main__":
+        store = TraceStore.open(sys.argv[1])
+        stop = int(sys.argv[2])
+        for i in (itertools.count() if stop < 0 else range(stop)):
+            store.add_call(f"s{i % 3}", call(i))
+            if i == 10:
+                print("ready", flush=True)
+""")
+
+
+class StoreSuite:
+    """Backend-agnostic store tests; subclasses supply the ``store_url`` fixture."""
+
+    @pytest.fixture
+    def store(self, store_url: str) -> Iterator[TraceStore]:
+        with TraceStore.open(store_url) as store:
+            yield store
+
+    # ------------------------------------------------------------------ calls
+
+    def test_call_round_trips_exactly(self, store: TraceStore) -> None:
+        call = make_call(1)
+        assert store.add_call("s", call) == 0
+        (back,) = store.calls("s")
+        assert back == call
+        assert back.logprobs == call.logprobs and [repr(x) for x in back.logprobs] == [repr(x) for x in call.logprobs]
+        assert back.sampling == call.sampling and back.tools == call.tools and back.messages == call.messages
+
+    def test_seq_follows_arrival_and_add_call_is_idempotent(self, store: TraceStore) -> None:
+        for i in range(5):
+            assert store.add_call("s", make_call(i)) == i
+        assert store.add_call("s", make_call(2)) == 2  # a retried insert
+        assert [c.call_id for c in store.calls("s")] == [f"call-{i:05d}" for i in range(5)]
+        record = store.get_session("s")
+        assert record is not None and record.num_calls == 5
+        with pytest.raises(StoreError, match="already stored in session 's'"):
+            store.add_call("other", make_call(2))
+        assert store.calls("unknown") == []
+
+    def test_create_session_is_idempotent(self, store: TraceStore) -> None:
+        assert store.create_session("s", metadata={"user": "a"}) == "s"
+        assert store.create_session("s", task_key="k", metadata={"user": "b"}) == "s"
+        record = store.get_session("s")
+        assert record is not None
+        assert record.metadata == {"user": "a"} and record.task_key == "k"  # only a missing key is filled
+        assert len(store.create_session()) > 0
+        assert store.get_session("missing") is None
+        with pytest.raises(StoreError, match="session id"):
+            store.create_session("x" * 200)
+
+    def test_end_and_flag_keep_the_first_value(self, store: TraceStore) -> None:
+        store.create_session("s")
+        store.end_session("s")
+        store.flag_session("s", "secret seen")
+        first = store.get_session("s")
+        store.end_session("s")
+        store.flag_session("s", "another reason")
+        again = store.get_session("s")
+        assert first is not None and again is not None
+        assert again.ended_at == first.ended_at and again.flagged_reason == "secret seen"
+        for op in (lambda: store.end_session("nope"), lambda: store.flag_session("nope", "r"),
+                   lambda: store.add_skill("nope", Skill(success=True, skill="s", valid=True))):
+            with pytest.raises(StoreError, match="unknown session 'nope'"):
+                op()
+
+    # ---------------------------------------------------------------- rewards
+
+    def test_rewards_and_precedence(self, store: TraceStore) -> None:
+        store.create_session("s")
+        assert store.session_reward("s") is None
+        store.add_reward("s", 0.2, source="judge")
+        store.add_reward("s", 0.0, source="user", turn=1, comment="wrong tool")
+        store.add_reward("s", 1.0, source="user")
+        assert store.session_reward("s") == 0.0  # user outranks judge; first of its values
+        assert store.session_reward("s", RewardPolicy(combine="mean")) == 0.5
+        assert store.session_reward("s", RewardPolicy(combine="last")) == 1.0
+        assert store.session_reward("s", RewardPolicy(precedence=["judge"])) == 0.2
+        store.add_reward("s", 1.0, source="verifier")
+        assert store.session_reward("s") == 1.0
+        rewards = store.rewards("s")
+        assert [(r.source, r.value, r.turn, r.comment) for r in rewards] == [
+            ("judge", 0.2, None, None), ("user", 0.0, 1, "wrong tool"), ("user", 1.0, None, None),
+            ("verifier", 1.0, None, None)]
+        assert rewards[0].reward_id < rewards[-1].reward_id
+        with pytest.raises(StoreError, match="unknown session"):
+            store.add_reward("nope", 1.0, source="user")
+        for bad in (float("nan"), float("inf")):
+            with pytest.raises(StoreError, match="finite"):
+                store.add_reward("s", bad, source="user")
+
+    def test_unlisted_sources_rank_after_listed_in_arrival_order(self, store: TraceStore) -> None:
+        store.create_session("s")
+        store.add_reward("s", 0.3, source="env")
+        store.add_reward("s", 0.7, source="heuristic")
+        assert store.session_reward("s") == 0.3
+        store.add_reward("s", 0.9, source="judge")
+        assert store.session_reward("s") == 0.9
+        assert store.session_reward("s", RewardPolicy(precedence=["verifier"], ignore_unlisted=True)) is None
+
+    # ------------------------------------------------------- selecting sessions
+
+    def test_trainable_sessions_filters(self, store: TraceStore) -> None:
+        finished_session(store, "ok")
+        finished_session(store, "open", end=False)
+        finished_session(store, "unrewarded", reward=None)
+        finished_session(store, "no-calls", calls=0)
+        finished_session(store, "flagged")
+        store.flag_session("flagged", "secret seen")
+        finished_session(store, "consumed")
+        assert store.claim_sessions(["consumed"], "u0") == ["consumed"]
+        finished_session(store, "other-task", task_key="task-b")
+        assert [s.session_id for s in store.trainable_sessions()] == ["ok", "other-task"]
+        assert [s.session_id for s in store.trainable_sessions(limit=1)] == ["ok"]
+        only_verifier = RewardPolicy(precedence=["verifier"], ignore_unlisted=True)
+        assert store.trainable_sessions(only_verifier) == []
+        ids = lambda **kw: {s.session_id for s in store.sessions(**kw)}  # noqa: E731
+        assert ids(ended=False) == {"open"}
+        assert ids(rewarded=False) == {"unrewarded"}
+        assert ids(flagged=True) == {"flagged"}
+        assert ids(consumed=True) == {"consumed"}
+        assert ids(task_key="task-b") == {"other-task"}
+        assert len(store.sessions()) == 7 and len(store.sessions(limit=3)) == 3
+        consumed = store.get_session("consumed")
+        assert consumed is not None and consumed.consumed_by == "u0"
+
+    def test_claim_is_exactly_once_under_racing_threads(self, store: TraceStore) -> None:
+        ids = [finished_session(store, f"s{i:02d}") for i in range(50)]
+        store.flag_session("s07", "secret seen")
+        claimed: dict[str, list[str]] = {}
+
+        def claimer(i: int, barrier: threading.Barrier) -> None:
+            mine = ids[:]
+            random.Random(i).shuffle(mine)
+            barrier.wait()
+            got = []
+            for k in range(0, len(mine), 5):
+                got += store.claim_sessions(mine[k:k + 5], f"update-{i}")
+            claimed[f"update-{i}"] = got
+
+        run_threads(8, claimer)
+        everything = [sid for got in claimed.values() for sid in got]
+        assert sorted(everything) == sorted(set(ids) - {"s07"})  # each once; flagged never
+        for update_id, got in claimed.items():
+            assert all(store.get_session(sid).consumed_by == update_id for sid in got)  # type: ignore[union-attr]
+        assert store.claim_sessions(ids, "late") == []
+
+    def test_concurrent_writers_lose_and_duplicate_nothing(self, store: TraceStore) -> None:
+        def writer(i: int, barrier: threading.Barrier) -> None:
+            barrier.wait()
+            for j in range(15):
+                call = small_call(f"w{i}-{j}")
+                store.add_call(f"shared-{j % 3}", call, task_key="k")
+                store.add_call(f"shared-{j % 3}", call)  # a client retry
+                store.add_call(f"own-{i}", small_call(f"o{i}-{j}"))
+                if j % 5 == 0:
+                    store.add_reward(f"own-{i}", 1.0, source="user")
+
+        run_threads(6, writer)
+        total = 0
+        for sid in [f"shared-{k}" for k in range(3)] + [f"own-{i}" for i in range(6)]:
+            got = store.calls(sid)
+            total += len(got)
+            assert len({c.call_id for c in got}) == len(got)
+        assert total == 6 * 15 * 2
+        assert sum(len(store.rewards(f"own-{i}")) for i in range(6)) == 6 * 3
+        assert {len(store.calls(f"shared-{k}")) for k in range(3)} == {30}
+
+    # ------------------------------------------------------------ trajectories
+
+    def test_to_trajectory(self, store: TraceStore) -> None:
+        store.create_session("s", task_key="task-a", metadata={"user": "u1"})
+        calls = [make_call(i) for i in range(3)]
+        for c in calls:
+            store.add_call("s", c)
+        skill = Skill(trajectory_id="s", task_id="task-a", success=True, skill="check the map first", valid=True)
+        store.add_skill("s", skill)
+        store.add_reward("s", 1.0, source="verifier")
+        store.end_session("s")
+        traj = store.to_trajectory("s")
+        assert (traj.trajectory_id, traj.task_id, traj.group_id) == ("s", "task-a", "store-task-a")
+        assert traj.calls == calls and traj.reward == 1.0 and traj.success and traj.skill == skill
+        assert traj.metadata["session_id"] == "s" and traj.metadata["user"] == "u1" and traj.metadata["rewarded"]
+        store.create_session("bare")
+        bare = store.to_trajectory("bare")
+        assert (bare.task_id, bare.group_id, bare.reward, bare.success) == ("bare", "store-bare", 0.0, False)
+        assert not bare.metadata["rewarded"]
+        with pytest.raises(StoreError, match="unknown session"):
+            store.to_trajectory("nope")
+
+    def test_store_sink_records_a_capture_scope(self, store: TraceStore) -> None:
+        sink = StoreSink(store)
+        a, b = small_call("a"), small_call("b")
+        with capture(sink=sink, trajectory_id="ep1", task_id="task-a", run="r"):
+            record_call(a)
+            with capture(purpose="analyzer", step=2):
+                record_call(b)
+        with capture(sink=sink):
+            record_call(small_call("unlabelled"))
+        stored = store.calls("ep1")
+        assert [c.call_id for c in stored] == ["a", "b"] and stored == [a, b]
+        assert stored[1].scope == {"trajectory_id": "ep1", "task_id": "task-a", "run": "r", "step": 2}
+        assert store.get_session("ep1").task_key == "task-a"  # type: ignore[union-attr]
+        assert [c.call_id for c in store.calls(sink.default_session_id)] == ["unlabelled"]
+
+        skill = Skill(trajectory_id="ep1", task_id="task-a", success=True, skill="open the door first", valid=True)
+        traj = Trajectory(trajectory_id="ep1", task_id="task-a", group_id="g-task-a", calls=[a, b], reward=1.0,
+                          success=True, skill=skill)
+        sink.write("trajectory", traj)
+        sink.write("trajectory", traj)  # a re-sent episode adds nothing
+        sink.write("something-else", traj)
+        assert store.calls("ep1") == [a, b]
+        assert [(r.source, r.value) for r in store.rewards("ep1")] == [("env", 1.0)]
+        back = store.to_trajectory("ep1")
+        assert back.skill == skill and back.reward == 1.0 and back.metadata["episode"]["group_id"] == "g-task-a"
+        assert [s.session_id for s in store.trainable_sessions(RewardPolicy(precedence=["env"]))] == ["ep1"]
+
+        faulted = Trajectory(task_id="task-a", group_id="g", reward=0.0, stop_reason=StopReason.ERROR,
+                             fault=FaultKind.BACKEND, error="server down")
+        sink.write("trajectory", faulted)
+        assert store.get_session(faulted.trajectory_id).flagged_reason == "fault: backend"  # type: ignore[union-attr]
+        back = store.to_trajectory(faulted.trajectory_id)
+        assert (back.fault, back.stop_reason, back.error, back.trainable) == (
+            FaultKind.BACKEND, StopReason.ERROR, "server down", False)
+        sink.close()
+        with pytest.raises(ValueError, match="closed"):
+            sink.write("call", small_call("late"))
+
+    def test_export_round_trips_through_read_jsonl(self, store: TraceStore, tmp_path: Path) -> None:
+        finished_session(store, "ok")
+        finished_session(store, "open", end=False)
+        store.add_skill("ok", Skill(success=True, skill="always look first", valid=True))
+        out = tmp_path / "export" / "trajectories.jsonl"
+        assert export_trajectories(store, out) == 2
+        back = read_jsonl(out, Trajectory)
+        assert back == [store.to_trajectory("ok"), store.to_trajectory("open")]
+        assert export_trajectories(store, out, only_trainable=True) == 1
+        assert [t.trajectory_id for t in read_jsonl(out, Trajectory)] == ["ok"]
+        assert not list(tmp_path.glob("export/*.partial"))
+
+    # ---------------------------------------------------------- model versions
+
+    def test_model_versions(self, store: TraceStore) -> None:
+        v1 = store.add_model_version("policy", "/ckpt/1", metadata={"update": "u1"})
+        v2 = store.add_model_version("policy", "/ckpt/2")
+        assert (v1.version, v2.version, v2.status) == (1, 2, "candidate")
+        with pytest.raises(StoreError, match="already exists"):
+            store.add_model_version("policy", "/ckpt/x", version=2)
+        promoted = store.set_version_status("policy", 1, "promoted", metadata={"canary": 0.8})
+        assert promoted.status == "promoted" and promoted.metadata == {"update": "u1", "canary": 0.8}
+        assert promoted.updated_at >= promoted.created_at
+        assert [v.version for v in store.model_versions("policy", status="promoted")] == [1]
+        assert [v.version for v in store.model_versions()] == [1, 2]
+        with pytest.raises(StoreError, match="unknown model version"):
+            store.set_version_status("policy", 9, "rejected")
+
+    # ---------------------------------------------------------------- migrations
+
+    def test_older_database_is_migrated_and_keeps_its_data(self, store: TraceStore, store_url: str) -> None:
+        store.add_call("s", make_call(0))
+        engine = create_engine(parse_url(store_url))
+        try:
+            def v2_add_column(conn: Connection) -> None:
+                conn.execute(sa.text("ALTER TABLE sessions ADD COLUMN note TEXT"))
+                conn.execute(sa.text("UPDATE sessions SET note = 'migrated'"))
+
+            def broken(conn: Connection) -> None:
+                conn.execute(sa.text("ALTER TABLE sessions ADD COLUMN half TEXT"))
+                raise RuntimeError("migration bug")
+
+            current = len(schema.MIGRATIONS)
+            with pytest.raises(RuntimeError, match="migration bug"):
+                schema.migrate(engine, [*schema.MIGRATIONS, v2_add_column, broken])
+            with engine.connect() as conn:  # one transaction: nothing of it stayed
+                assert schema.stored_version(conn) == current
+                assert "note" not in {c["name"] for c in sa.inspect(conn).get_columns("sessions")}
+            assert schema.migrate(engine, [*schema.MIGRATIONS, v2_add_column]) == current + 1
+            with engine.connect() as conn:
+                assert conn.execute(sa.text("SELECT note FROM sessions")).scalar() == "migrated"
+        finally:
+            engine.dispose()
+        assert store.calls("s") == [make_call(0)]
+        with pytest.raises(StoreError, match=f"version {current + 1}, newer than this code"):
+            TraceStore.open(store_url)
+
+    def test_fresh_database_gets_the_current_version(self, store: TraceStore, store_url: str) -> None:
+        engine = create_engine(parse_url(store_url))
+        try:
+            with engine.connect() as conn:
+                assert schema.stored_version(conn) == len(schema.MIGRATIONS)
+            assert schema.migrate(engine) == len(schema.MIGRATIONS)  # reopening changes nothing
+        finally:
+            engine.dispose()
+
+    # ------------------------------------------------------------- crash safety
+
+    def test_kill_9_loses_no_finished_call(self, store_url: str, tmp_path: Path) -> None:
+        """A writer killed mid-stream leaves only whole calls, and a rerun duplicates none."""
+        script = tmp_path / "writer.py"
+        script.write_text(WRITER)
+        env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+        proc = subprocess.Popen([sys.executable, str(script), store_url, "-1"], stdout=subprocess.PIPE, text=True,
+                                env=env)
+        try:
+            assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+            time.sleep(random.uniform(0.2, 0.4))
+        finally:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(30)
+        assert proc.returncode == -signal.SIGKILL
+        sys.path.insert(0, str(tmp_path))
+        try:
+            import writer  # the script's own call(i): what each stored row must equal
+        finally:
+            sys.path.remove(str(tmp_path))
+            sys.modules.pop("writer", None)
+        with TraceStore.open(store_url) as store:
+            stored = {sid: store.calls(sid) for sid in ("s0", "s1", "s2")}  # every row validates as LLMCall
+            n = sum(len(v) for v in stored.values())
+            assert n > 10
+            for sid, got in stored.items():
+                indices = [int(c.call_id[1:]) for c in got]
+                assert indices == list(range(int(sid[1]), n, 3))  # a prefix of the stream: no gap, no duplicate
+                for i, c in zip(indices, got, strict=True):
+                    assert c.model_dump(exclude={"started_at"}) == writer.call(i).model_dump(exclude={"started_at"})
+            rerun = subprocess.run([sys.executable, str(script), store_url, str(n)], env=env, timeout=60)
+            assert rerun.returncode == 0
+            assert sum(len(store.calls(sid)) for sid in stored) == n
