@@ -3,7 +3,11 @@
 Each episode runs in its own asyncio task under its own ``capture()`` scope, with its own
 env instance. Failures are data, not crashes: an env, tool or backend exception becomes a
 trajectory with ``stop_reason=error`` and the calls made so far; a hung episode becomes
-``stop_reason=timeout``. Each trajectory is written to the sink the moment it finishes.
+``stop_reason=timeout``. Each is typed as an infrastructure fault (``Trajectory.fault``)
+so trainers never learn from it; ``check_fault_budget`` stops a run whose faults exceed
+its budget. Once the backend is unreachable the runner stops starting episodes (a circuit
+breaker): the rest are recorded as skipped instead of each retrying a dead server.
+Each trajectory is written to the sink the moment it finishes.
 """
 
 from __future__ import annotations
@@ -14,12 +18,15 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
+from langgraph.errors import GraphRecursionError
 from pydantic import BaseModel, Field
 
 from seed_agents.aio import DaemonThreadExecutor
+from seed_agents.backends.base import BackendError, BackendUnavailable
 from seed_agents.capture import Sink, capture
 from seed_agents.envs import TextEnv
-from seed_agents.types import StopReason, Task, Trajectory
+from seed_agents.faults import crash_point
+from seed_agents.types import FaultKind, StopReason, Task, Trajectory
 
 RewardFn = Callable[[Task, dict[str, Any]], float]
 
@@ -34,6 +41,34 @@ class RunnerConfig(BaseModel):
     episode_timeout_s: float = Field(600.0, gt=0, description="Wall-clock limit per episode.")
     recursion_limit: int = Field(1000, ge=10, description="LangGraph super-step limit per episode.")
     progress: bool = Field(True, description="Show a progress bar.")
+    max_fault_fraction: float = Field(0.5, ge=0.0, le=1.0, description="Stop the run when more than this fraction of a batch's episodes (an iteration's, or an eval's) ended in an infrastructure fault (env/tool crash, timeout, backend down, reward error). Faulted episodes are never trained on either way.")
+
+
+class FaultBudgetExceeded(RuntimeError):
+    """Too many episodes of one batch ended in infrastructure faults: the run stops
+    (non-zero exit, last checkpoint intact) rather than learn from what is left."""
+
+
+def fault_counts(trajs: list[Trajectory]) -> dict[str, int]:
+    """Faulted episodes by kind (every kind present, zeros included)."""
+    counts = {kind.value: 0 for kind in FaultKind}
+    for t in trajs:
+        if t.fault is not None:
+            counts[t.fault.value] += 1
+    return counts
+
+
+def check_fault_budget(trajs: list[Trajectory], max_fraction: float, what: str = "episodes") -> None:
+    """Raise ``FaultBudgetExceeded`` when more than ``max_fraction`` of ``trajs`` faulted;
+    the message names the kinds and the first error (a dead server's URL is in it)."""
+    faulted = [t for t in trajs if t.fault is not None]
+    if not trajs or len(faulted) <= max_fraction * len(trajs):
+        return
+    kinds = ", ".join(f"{k} {n}" for k, n in fault_counts(trajs).items() if n)
+    first = next((t.error for t in faulted if t.error and t.fault != FaultKind.SKIPPED), faulted[0].error or "")
+    raise FaultBudgetExceeded(
+        f"{len(faulted)} of {len(trajs)} {what} ended in infrastructure faults ({kinds}), over the budget "
+        f"of {max_fraction:.0%} (runner.max_fault_fraction); first: {first.splitlines()[0] if first else '?'}")
 
 
 def default_reward(task: Task, state: dict[str, Any]) -> float:
@@ -69,6 +104,7 @@ class EpisodeRunner:
         self.labels = labels or {}
         self.make_input = make_input
         self._executor_loop: asyncio.AbstractEventLoop | None = None
+        self._backend_down: str | None = None  # set by the first unreachable-backend fault
 
     async def run(self, tasks: list[Task], group_prefix: str = "g") -> list[Trajectory]:
         """All episodes, ordered by (task, sample) whatever order they finished in."""
@@ -81,6 +117,7 @@ class EpisodeRunner:
             loop.set_default_executor(DaemonThreadExecutor())
             self._executor_loop = loop
         sem = asyncio.Semaphore(self.config.concurrency)
+        self._backend_down: str | None = None
         specs = [(t, f"{group_prefix}-{t.task_id}", i) for t in tasks for i in range(self.config.group_size)]
         bar = _progress(len(specs), self.config.progress)
 
@@ -99,8 +136,13 @@ class EpisodeRunner:
         traj = Trajectory(task_id=task.task_id, group_id=group_id, sample_index=sample_index, split=task.split)
         t0 = time.perf_counter()
         env: TextEnv | None = None
+        if self._backend_down is not None:  # the breaker is open: do not start
+            traj.stop_reason, traj.fault = StopReason.ERROR, FaultKind.SKIPPED
+            traj.error = f"not started: {self._backend_down}"
+            return self._finish(traj, t0)
         with capture(**self.labels, task_id=task.task_id, group_id=group_id,
                      sample_index=sample_index, trajectory_id=traj.trajectory_id) as cap:
+            state: dict[str, Any] | None = None
             try:
                 async with asyncio.timeout(self.config.episode_timeout_s):
                     configurable: dict[str, Any] = {}
@@ -111,27 +153,67 @@ class EpisodeRunner:
                         self.make_input(task),
                         config={"configurable": configurable, "recursion_limit": self.config.recursion_limit},
                     )
-                reward = float(self.reward_fn(task, state))
-                traj.reward = reward
-                traj.success = bool(self.success_fn(task, state, reward))
-                traj.steps = int(state.get("steps", len(cap.calls)))
-                traj.invalid_actions = int(state.get("invalid_actions", 0))
-                traj.stop_reason = StopReason(state.get("stop_reason", StopReason.DONE))
-                traj.metadata = dict(state.get("metadata", {}))
-                traj.skill = state.get("skill")
             except TimeoutError:
-                traj.stop_reason = StopReason.TIMEOUT
+                traj.stop_reason, traj.fault = StopReason.TIMEOUT, FaultKind.TIMEOUT
                 traj.error = f"episode exceeded {self.config.episode_timeout_s:g}s"
+            except GraphRecursionError as e:  # the agent looped: an outcome of the policy
+                traj.stop_reason = StopReason.MAX_TURNS
+                traj.error = f"{type(e).__name__}: {e}"
             except Exception as e:  # noqa: BLE001 - any failure is recorded, never fatal
                 traj.stop_reason = StopReason.ERROR
+                traj.fault = FaultKind.BACKEND if _is_backend_error(e) else FaultKind.ENV
                 traj.error = f"{type(e).__name__}: {e}\n{_short_tb(e)}"
+                if _is_unreachable(e):
+                    self._backend_down = f"backend unavailable ({e})"
+            if state is not None:
+                self._score(task, state, traj, steps_default=len(cap.calls))
             traj.calls = list(cap.calls)
         if env is not None:
             await _close_quietly(env)
+        return self._finish(traj, t0)
+
+    def _score(self, task: Task, state: dict[str, Any], traj: Trajectory, steps_default: int) -> None:
+        """Reward and outcome from the final state; a raising reward is a fault, not a 0."""
+        try:
+            reward = float(self.reward_fn(task, state))
+            if reward != reward or reward in (float("inf"), float("-inf")):
+                raise ValueError(f"reward is {reward}")
+            traj.reward = reward
+            traj.success = bool(self.success_fn(task, state, reward))
+        except Exception as e:  # noqa: BLE001 - a broken reward says nothing about the policy
+            traj.stop_reason, traj.fault, traj.reward, traj.success = StopReason.ERROR, FaultKind.REWARD, 0.0, False
+            traj.error = f"reward function raised {type(e).__name__}: {e}\n{_short_tb(e)}"
+            return
+        traj.steps = int(state.get("steps", steps_default))
+        traj.invalid_actions = int(state.get("invalid_actions", 0))
+        traj.stop_reason = StopReason(state.get("stop_reason", StopReason.DONE))
+        traj.metadata = dict(state.get("metadata", {}))
+        traj.skill = state.get("skill")
+
+    def _finish(self, traj: Trajectory, t0: float) -> Trajectory:
         traj.wall_s = time.perf_counter() - t0
         if self.sink is not None:
             self.sink.write("trajectory", traj)
+        crash_point("rollout")
         return traj
+
+
+def _causes(e: BaseException) -> list[BaseException]:
+    """``e`` and its causes/contexts (LangGraph and tools re-raise inside wrappers)."""
+    chain: list[BaseException] = []
+    cur: BaseException | None = e
+    while cur is not None and cur not in chain and len(chain) < 16:
+        chain.append(cur)
+        cur = cur.__cause__ or cur.__context__
+    return chain
+
+
+def _is_backend_error(e: BaseException) -> bool:
+    return any(isinstance(c, BackendError) for c in _causes(e))
+
+
+def _is_unreachable(e: BaseException) -> bool:
+    return any(isinstance(c, BackendUnavailable) for c in _causes(e))
 
 
 async def _close_quietly(env: TextEnv, timeout_s: float = 10.0) -> None:

@@ -160,3 +160,44 @@ def random_play(make_env: Callable[[], Any], seed: int, n_steps: int, barrier: A
         trace.append(obs.model_dump())
     env.close()
     return trace
+
+
+def build_faulty_agent(chat_model: Any) -> Any:
+    """A one-turn agent graph that fails the way infrastructure does, per task.
+
+    ``task.data["fault"]`` picks what happens after the one LLM call: ``"env"`` raises
+    out of the graph (a crashing tool), ``"hang"`` never returns (a hung tool; the
+    runner's timeout ends it), anything else finishes with reward 1.0 when the reply has
+    an even number of characters, else 0.0 (so groups have a spread). Use it with
+    ``faulty_reward``, which raises for ``"reward"``, to test that faults never train.
+    """
+    from langgraph.graph import END, START, StateGraph
+    from typing_extensions import TypedDict
+
+    class State(TypedDict, total=False):
+        task: Any  # a seed_agents.types.Task
+        reward: float
+        steps: int
+
+    async def act(state: State) -> State:
+        task = state["task"]
+        reply = await chat_model.ainvoke([("user", f"Describe task {task.task_id} in one word.")])
+        fault = task.data.get("fault")
+        if fault == "env":
+            raise RuntimeError(f"tool crashed on {task.task_id}")
+        if fault == "hang":
+            await asyncio.sleep(3600)
+        return {"reward": 1.0 if len(str(reply.content)) % 2 == 0 else 0.0, "steps": 1}
+
+    graph = StateGraph(State)
+    graph.add_node("act", act)
+    graph.add_edge(START, "act")
+    graph.add_edge("act", END)
+    return graph.compile()
+
+
+def faulty_reward(task: Any, state: dict[str, Any]) -> float:
+    """The reward of ``build_faulty_agent``; raises for tasks whose fault is ``"reward"``."""
+    if task.data.get("fault") == "reward":
+        raise ConnectionError("reward service unreachable")
+    return float(state.get("reward", 0.0))

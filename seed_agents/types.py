@@ -36,6 +36,23 @@ class StopReason(str, Enum):
     ERROR = "error"  # the env, a tool or the backend raised; see Trajectory.error
 
 
+class FaultKind(str, Enum):
+    """An infrastructure fault: why an episode says nothing about the policy.
+
+    A faulted episode is recorded (its calls, its error) and counted, but never trained
+    on and never part of a group's advantage statistics: an env crash, a hung tool, a
+    dead server or a raising reward function is not evidence that the policy acted badly.
+    The policy's own failures (a lost game, running out of turns, an invalid action, an
+    unparsable answer the graph handles) are outcomes, not faults.
+    """
+
+    ENV = "env"  # an env, tool or graph exception escaped the agent graph
+    TIMEOUT = "timeout"  # the per-episode wall-clock limit was hit
+    BACKEND = "backend"  # the model server failed or could not be reached
+    REWARD = "reward"  # the reward or success function raised
+    SKIPPED = "skipped"  # never started: the run stopped scheduling (e.g. backend down)
+
+
 class SamplingParams(BaseModel):
     """What a backend needs to sample one completion."""
 
@@ -142,8 +159,27 @@ class Trajectory(BaseModel):
     stop_reason: StopReason = StopReason.DONE
     metadata: dict[str, Any] = Field(default_factory=dict, description="Env metadata (game type, score, ...).")
     error: str | None = None
+    fault: FaultKind | None = Field(None, description="Set when an infrastructure fault ended the episode: never trained on.")
     wall_s: float = 0.0
     skill: Skill | None = Field(None, description="The hindsight skill written about this episode, if any.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _legacy_fault(cls, data: Any) -> Any:
+        """Records written before faults were typed: an errored or timed-out episode was
+        always an infrastructure fault (policy failures end with ``done``/``max_turns``)."""
+        if isinstance(data, dict) and "fault" not in data:
+            reason = data.get("stop_reason")
+            if reason in (StopReason.TIMEOUT, StopReason.TIMEOUT.value):
+                data = {**data, "fault": FaultKind.TIMEOUT}
+            elif reason in (StopReason.ERROR, StopReason.ERROR.value):
+                data = {**data, "fault": FaultKind.ENV}
+        return data
+
+    @property
+    def trainable(self) -> bool:
+        """False for faulted episodes: their outcome says nothing about the policy."""
+        return self.fault is None
 
     @property
     def policy_calls(self) -> list[LLMCall]:

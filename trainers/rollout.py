@@ -9,6 +9,13 @@ policy writes its own skills: SEED), ``"external"`` (another chat model writes t
 OPID-style), ``"frozen"`` (a fixed analyzer backend that is never synced),
 ``"rule_based"`` (the offline TextWorld analyzer: skills with content the policy did not
 write, to measure the distillation term apart from the policy's skill writing).
+
+Faults are not failures: an episode that ended in an infrastructure fault (env crash,
+timeout, dead backend, raising reward) is recorded in trajectories.jsonl and counted in
+the metrics (``faults/<kind>``) but makes no rows, so it is neither trained on nor part of
+its group's advantage statistics; a group left with fewer than two trainable episodes has
+no relative signal and is dropped whole. More faults than ``runner.max_fault_fraction``
+of the batch stop the run before the optimizer step (``FaultBudgetExceeded``).
 """
 
 from __future__ import annotations
@@ -21,7 +28,7 @@ from typing import Any, Literal
 from seed_agents.aio import run_sync
 from seed_agents.capture import JsonlSink, capture
 from seed_agents.rows import trajectory_to_rows
-from seed_agents.runner import EpisodeRunner
+from seed_agents.runner import EpisodeRunner, check_fault_budget, fault_counts
 from seed_agents.skills import SkillInjector, SystemBlockInjector, teacher_prompt_ids
 from seed_agents.types import Row, Task, Trajectory
 from trainers.seed_trainer import RolloutBatch
@@ -57,13 +64,14 @@ class GraphRollout:
             with JsonlSink(self.out_dir / "trajectories.jsonl") as sink:
                 for t in trajs:
                     sink.write("trajectory", t)
+        check_fault_budget(trajs, self.runner.config.max_fault_fraction, what=f"episodes of iteration {iteration}")
         return self.build(trajs, iteration)
 
     def build(self, trajs: list[Trajectory], iteration: int = 0) -> RolloutBatch:
         rows: list[Row] = []
         teacher: list[list[int] | None] = []
         calls_by_id = {c.call_id: c for t in trajs for c in t.calls}
-        for t in trajs:
+        for t in trainable_episodes(trajs):
             skill = t.skill if (self.skills != "none" and t.skill is not None and t.skill.valid) else None
             for row in trajectory_to_rows(t, merge=self.merge_rows):
                 rows.append(row)
@@ -78,12 +86,22 @@ class GraphRollout:
         return RolloutBatch(trajectories=trajs, rows=rows, teacher_prompt_ids=teacher, metrics=self.metrics(trajs))
 
     def metrics(self, trajs: list[Trajectory]) -> dict[str, float]:
+        """Outcome metrics over the episodes that measured the policy (faults excluded),
+        plus the fault counts by kind and how many episodes and groups were trained."""
+        faults = fault_counts(trajs)
+        trained = trainable_episodes(trajs)
+        all_trajs, trajs = trajs, [t for t in trajs if t.fault is None]
         n = len(trajs) or 1
         skills = [t.skill for t in trajs if t.skill is not None]
         return {
             "success_rate": sum(t.success for t in trajs) / n,
-            "episodes": float(len(trajs)),
-            "episode_errors": float(sum(t.error is not None for t in trajs)),
+            "episodes": float(len(all_trajs)),
+            "episodes_trained": float(len(trained)),
+            "groups_trained": float(len({t.group_id for t in trained})),
+            "groups_dropped": float(len({t.group_id for t in all_trajs}) - len({t.group_id for t in trained})),
+            "faults": float(sum(faults.values())),
+            **{f"faults/{kind}": float(n_kind) for kind, n_kind in faults.items()},
+            "episode_errors": float(sum(t.error is not None for t in all_trajs)),
             "mean_steps": fmean(t.steps for t in trajs) if trajs else 0.0,
             "invalid_action_rate": sum(t.invalid_actions for t in trajs) / max(1, sum(t.steps for t in trajs)),
             "skill_parse_rate": (sum(s.valid for s in skills) / len(trajs)) if trajs and self.skills != "none" else 0.0,
@@ -98,3 +116,13 @@ class GraphRollout:
             for t in trajs:
                 if t.skill is not None:
                     f.write(json.dumps({"iteration": iteration, "reward": t.reward, **t.skill.model_dump()}) + "\n")
+
+
+def trainable_episodes(trajs: list[Trajectory]) -> list[Trajectory]:
+    """The episodes that may be trained on: no infrastructure fault, in a group that
+    still has at least two such episodes (a lone episode has no group-relative signal)."""
+    clean = [t for t in trajs if t.fault is None]
+    per_group: dict[str, int] = {}
+    for t in clean:
+        per_group[t.group_id] = per_group.get(t.group_id, 0) + 1
+    return [t for t in clean if per_group[t.group_id] >= 2]

@@ -13,6 +13,9 @@ Where it departs from stock GRPO, and why:
   the episode's hindsight skill injected into the prompt.
 - Log-probs are scored at temperature 1 (``temperature=1.0`` is forced for scoring):
   backends return raw log-softmax, and both sides of every ratio must agree.
+- The task order of each epoch is a function of (seed, epoch) (``EpochSeededSampler``):
+  TRL's sampler draws every epoch from one running generator, so a run resumed at an
+  epoch boundary would replay the tasks in another order than the uninterrupted run.
 Everything else (accelerate/DeepSpeed/FSDP, PEFT, checkpoints, ``report_to``, the
 reference model) is TRL's.
 """
@@ -25,6 +28,7 @@ from typing import Any, Literal, Protocol
 
 import torch
 from trl import GRPOConfig, GRPOTrainer
+from trl.trainer.utils import RepeatSampler
 
 from seed_agents.distill import SEEDCoefficients, group_advantages, seed_objective
 from seed_agents.types import Row, Task, Trajectory
@@ -58,6 +62,21 @@ class SEEDConfig(GRPOConfig):
                              f"num_generations ({self.num_generations}): a group must not be split across ranks")
         if self.opd_coef < 0 or self.opd_beta <= 0:
             raise ValueError("opd_coef must be >= 0 and opd_beta > 0")
+
+
+class EpochSeededSampler(RepeatSampler):
+    """TRL's ``RepeatSampler`` whose shuffle is re-seeded from (seed, epoch) at every
+    ``set_epoch`` (the Trainer calls it before each epoch, resumed or not), so the order
+    of an epoch never depends on how many epochs this process has already iterated."""
+
+    def set_epoch(self, epoch: int) -> None:
+        if self.shuffle:
+            self.generator.manual_seed(((self.seed or 0) * 1_000_003 + epoch) % 2**63)
+
+
+class NoTrainableRows(RuntimeError):
+    """An iteration produced nothing to train on; the step is not taken (an optimizer
+    step on an empty batch would still move the weights through Adam's momentum)."""
 
 
 @dataclass
@@ -120,6 +139,14 @@ class SEEDTrainer(GRPOTrainer):
                                      kl=args.beta, beta=args.opd_beta)
         self.last_batch: RolloutBatch | None = None
 
+    def _get_train_sampler(self, dataset: Any = None) -> EpochSeededSampler:
+        dataset = self.train_dataset if dataset is None else dataset
+        return EpochSeededSampler(
+            data_source=dataset, mini_repeat_count=self.num_generations,
+            batch_size=self.args.generation_batch_size // self.num_generations,
+            repeat_count=self.num_iterations * self.args.steps_per_generation,
+            shuffle=self.shuffle_dataset, seed=self.args.seed)
+
     # -- rollouts -> tensors ---------------------------------------------------------
     def _generate_and_score_completions(self, generation_batch: list[dict[str, Any]]) -> dict[str, Any]:
         tasks = list({t.task_id: t for t in (Task.model_validate_json(x["prompt"]) for x in generation_batch)}.values())
@@ -136,7 +163,8 @@ class SEEDTrainer(GRPOTrainer):
         m = self._metrics[mode]
         for k, v in batch.metrics.items():
             m[k].append(v)
-        m["reward"].append(sum(t.reward for t in batch.trajectories) / len(batch.trajectories))
+        measured = [t.reward for t in batch.trajectories if t.fault is None]  # faults carry no reward
+        m["reward"].append(sum(measured) / len(measured) if measured else 0.0)
         m["time/rollout_s"].append(t_rollout)
         m["time/score_s"].append(t_score)
         m["rows"].append(float(len(batch.rows)))
@@ -146,7 +174,11 @@ class SEEDTrainer(GRPOTrainer):
         """Rows -> the loss inputs: advantages, padded tensors, teacher and reference
         log-probs. No rollouts: benchmarks and tests can re-score a fixed batch."""
         if not batch.rows:
-            raise RuntimeError("no trainable rows this iteration: every episode failed before its first LLM call")
+            faulted = sum(t.fault is not None for t in batch.trajectories)
+            raise NoTrainableRows(
+                f"no trainable rows this iteration: of {len(batch.trajectories)} episodes, {faulted} ended in "
+                f"infrastructure faults and no group kept two clean episodes with LLM calls; "
+                f"see trajectories.jsonl, fix the cause and rerun with --resume")
         reward_of = {t.trajectory_id: t.reward for t in batch.trajectories}
         rewards = [reward_of[r.trajectory_id] for r in batch.rows]
         adv = group_advantages(rewards, [r.group_id for r in batch.rows], norm=self.args.advantage_norm)

@@ -41,6 +41,11 @@ class VLLMBackend:
 
     ``model`` is the served model name (or LoRA adapter name) put in every request;
     weight sync may change it together with ``policy_version``.
+
+    Circuit breaker: once a request has exhausted its retries without reaching the server,
+    every request for the next ``breaker_cooldown_s`` fails at once with the same
+    ``BackendUnavailable`` (naming the URL) instead of retrying a dead server again; the
+    first request after the cool-down tries for real, and a success closes the breaker.
     """
 
     def __init__(
@@ -53,6 +58,7 @@ class VLLMBackend:
         max_retries: int = 3,
         backoff_s: float = 0.5,
         policy_version: int = 0,
+        breaker_cooldown_s: float = 30.0,
     ) -> None:
         if max_concurrency < 1:
             raise ValueError("max_concurrency must be >= 1")
@@ -63,6 +69,9 @@ class VLLMBackend:
         self.timeout_s = timeout_s
         self.max_retries = max_retries
         self.backoff_s = backoff_s
+        self.breaker_cooldown_s = breaker_cooldown_s
+        self._open_until = 0.0  # monotonic time until which the breaker is open
+        self._open_error = ""
         self._timeout = httpx.Timeout(timeout_s, connect=min(timeout_s, 10.0))
         self._client: httpx.Client | None = None
         self._client_lock = threading.Lock()
@@ -188,7 +197,19 @@ class VLLMBackend:
                 self._loop_state[loop] = state
             return state
 
+    def _check_breaker(self) -> None:
+        remaining = self._open_until - time.monotonic()
+        if remaining > 0:
+            raise BackendUnavailable(f"{self._open_error} [not retried for {remaining:.0f} s more: circuit open]")
+
+    def _trip(self, error: BackendError) -> BackendError:
+        if isinstance(error, BackendUnavailable):
+            self._open_error = str(error)
+            self._open_until = time.monotonic() + self.breaker_cooldown_s
+        return error
+
     def _post(self, path: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        self._check_breaker()
         client = self._sync_client()
         last_error: BaseException | None = None
         with self._sync_slots:
@@ -203,10 +224,12 @@ class VLLMBackend:
                 if response.status_code >= 500:
                     last_error = _ServerError(response)
                     continue
+                self._open_until = 0.0
                 return self._handle(response)
-        raise self._give_up(path, last_error)
+        raise self._trip(self._give_up(path, last_error))
 
     async def _apost(self, path: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        self._check_breaker()
         client, slots = self._async_state()
         last_error: BaseException | None = None
         async with slots:
@@ -221,8 +244,9 @@ class VLLMBackend:
                 if response.status_code >= 500:
                     last_error = _ServerError(response)
                     continue
+                self._open_until = 0.0
                 return self._handle(response)
-        raise self._give_up(path, last_error)
+        raise self._trip(self._give_up(path, last_error))
 
     def _backoff(self, attempt: int) -> float:
         return self.backoff_s * 2 ** (attempt - 1)

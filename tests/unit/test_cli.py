@@ -6,7 +6,7 @@ import pytest
 
 from seed_agents.cli import main
 from seed_agents.metrics import summarize
-from seed_agents.types import LLMCall, StopReason, Trajectory
+from seed_agents.types import FaultKind, LLMCall, StopReason, Trajectory
 
 
 def run_cli(capsys, *argv):
@@ -57,15 +57,18 @@ def test_unreachable_vllm_server_is_a_clear_error(capsys, tmp_path, tiny_model_d
     assert code == 2 and f"127.0.0.1:{port}" in out.err and "seed-agents serve" in out.err
 
 
-def test_summary_counts_failures_as_failures():
+def test_summary_counts_policy_failures_as_failures_and_faults_apart():
     call = LLMCall(messages=[], prompt_ids=[1], completion_ids=[2, 3], logprobs=[-1.0, -1.0])
     trajs = [
         Trajectory(task_id="a", group_id="g", success=True, reward=1.0, steps=2, calls=[call, call]),
         Trajectory(task_id="a", group_id="g", steps=4, invalid_actions=2, stop_reason=StopReason.MAX_TURNS),
         Trajectory(task_id="b", group_id="h", stop_reason=StopReason.ERROR, error="boom"),
     ]
+    assert trajs[2].fault == FaultKind.ENV  # an error record is typed as a fault, also when read back
     s = summarize(trajs, wall_s=2.0)
-    assert s["episodes"] == 3 and s["success_rate"] == pytest.approx(1 / 3)
-    assert s["mean_steps"] == 2.0 and s["invalid_action_rate"] == pytest.approx(2 / 6)
+    # the policy's failure (max turns) counts; the crashed episode says nothing about the policy
+    assert s["episodes"] == 3 and s["episodes_measured"] == 2 and s["success_rate"] == pytest.approx(1 / 2)
+    assert s["faults"] == 1 and s["faults_by_kind"] == {"env": 1}
+    assert s["mean_steps"] == 3.0 and s["invalid_action_rate"] == pytest.approx(2 / 6)
     assert s["errors"] == 1 and s["stop_reasons"] == {"done": 1, "max_turns": 1, "error": 1}
     assert s["completion_tokens"] == 4 and s["tokens_per_s"] == 2.0 and s["llm_calls"] == 2

@@ -1,0 +1,227 @@
+"""Faults never become training signal.
+
+A graph whose tool raises or hangs, a reward that raises, and a model server that is not
+there (or dies mid-run): every such episode is recorded and counted by kind, but makes no
+training row and takes no part in a group's advantage statistics; past the fault budget
+the run stops with a non-zero exit instead of training on what is left.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from pathlib import Path
+
+import pytest
+
+from seed_agents.backends.vllm import VLLMBackend
+from seed_agents.chat_model import SeedChatModel
+from seed_agents.distill import group_advantages
+from seed_agents.runner import EpisodeRunner, FaultBudgetExceeded, RunnerConfig, check_fault_budget
+from seed_agents.serve import free_port
+from seed_agents.testing import FakeBackend, build_faulty_agent, faulty_reward
+from seed_agents.types import FaultKind, SamplingParams, StopReason, Task, Trajectory
+
+
+def tasks_with(*faults: str | None) -> list[Task]:
+    return [Task(task_id=f"t{i}-{f or 'ok'}", data={"fault": f} if f else {}) for i, f in enumerate(faults)]
+
+
+def faulty_runner(llm, *, group_size=2, concurrency=8, timeout_s=2.0) -> EpisodeRunner:
+    cfg = RunnerConfig(group_size=group_size, concurrency=concurrency, episode_timeout_s=timeout_s, progress=False)
+    return EpisodeRunner(build_faulty_agent(llm), cfg, reward_fn=faulty_reward,
+                         make_input=lambda task: {"task": task})
+
+
+def fake_llm(tokenizer, replies=("ab", "abc")) -> SeedChatModel:
+    return SeedChatModel(backend=FakeBackend(tokenizer, list(replies)), tokenizer=tokenizer,
+                         sampling=SamplingParams(max_tokens=8))
+
+
+def test_each_fault_is_typed_and_keeps_its_calls(tokenizer):
+    runner = faulty_runner(fake_llm(tokenizer), group_size=1, timeout_s=0.5)
+    trajs = asyncio.run(runner.run(tasks_with(None, "env", "hang", "reward")))
+    ok, env, hang, reward = trajs
+    assert ok.fault is None and ok.trainable and ok.stop_reason == StopReason.DONE
+    assert env.fault == FaultKind.ENV and "tool crashed" in env.error
+    assert hang.fault == FaultKind.TIMEOUT and hang.stop_reason == StopReason.TIMEOUT
+    assert reward.fault == FaultKind.REWARD and "reward service unreachable" in reward.error
+    assert reward.reward == 0.0 and not reward.success
+    # every faulted episode still holds the LLM call it made before the fault: nothing lost
+    assert all(len(t.calls) == 1 for t in trajs)
+    # a record read back keeps its fault
+    assert Trajectory.model_validate_json(env.model_dump_json()).fault == FaultKind.ENV
+
+
+def test_a_looping_agent_is_an_outcome_not_a_fault(tokenizer):
+    from langgraph.graph import END, START, StateGraph
+    from typing_extensions import TypedDict
+
+    class State(TypedDict, total=False):
+        task: object
+        n: int
+
+    graph = StateGraph(State)
+    graph.add_node("loop", lambda s: {"n": s.get("n", 0) + 1})
+    graph.add_edge(START, "loop")
+    graph.add_conditional_edges("loop", lambda s: "loop", ["loop", END])
+    cfg = RunnerConfig(group_size=1, progress=False, recursion_limit=10)
+    (traj,) = asyncio.run(EpisodeRunner(graph.compile(), cfg).run(tasks_with(None)))
+    assert traj.stop_reason == StopReason.MAX_TURNS and traj.fault is None and traj.trainable
+
+
+def test_rows_and_advantages_come_from_clean_episodes_only(tokenizer):
+    from trainers.rollout import GraphRollout
+
+    llm = fake_llm(tokenizer)
+    runner = faulty_runner(llm, group_size=2, timeout_s=0.5)
+    rollout = GraphRollout(runner, llm, skills="none", merge_rows=False)
+    trajs = asyncio.run(runner.run(tasks_with(None, "env", "hang", "reward")))
+    # a group with one clean and one faulted episode: the clean one alone has no group signal
+    lone = trajs[2].model_copy(update={"fault": None, "stop_reason": StopReason.DONE, "error": None,
+                                       "trajectory_id": "lone"})
+    batch = rollout.build([*trajs, lone])
+    clean = {t.trajectory_id for t in trajs[:2]}
+    assert {r.trajectory_id for r in batch.rows} == clean
+    # the advantages are the clean group's own: the faulted episodes' zero rewards are not in them
+    rewards = {t.trajectory_id: t.reward for t in trajs}
+    adv = group_advantages([rewards[r.trajectory_id] for r in batch.rows], [r.group_id for r in batch.rows])
+    assert len(adv) == 2
+    m = batch.metrics
+    assert m["faults/env"] == 2 and m["faults/timeout"] == 2 and m["faults/reward"] == 2 and m["faults"] == 6
+    assert m["episodes"] == 9 and m["episodes_trained"] == 2
+    assert m["groups_trained"] == 1 and m["groups_dropped"] == 3
+    assert m["success_rate"] == pytest.approx(sum(t.success for t in trajs[:2] + [lone]) / 3)
+
+
+def test_fault_budget():
+    ok = [Trajectory(task_id="a", group_id="g") for _ in range(2)]
+    bad = [Trajectory(task_id="a", group_id="g", stop_reason=StopReason.ERROR, fault=FaultKind.ENV, error="E: boom")
+           for _ in range(3)]
+    check_fault_budget(ok + bad[:2], 0.5)  # half is within the budget
+    with pytest.raises(FaultBudgetExceeded, match=r"3 of 5 .*env 3.*E: boom"):
+        check_fault_budget(ok + bad, 0.5)
+    check_fault_budget(ok + bad, 1.0)
+
+
+def test_a_dead_server_trips_the_breaker_and_the_rest_is_skipped(tokenizer):
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens here
+    backend = VLLMBackend(url, "m", max_retries=1, backoff_s=0.01)
+    llm = SeedChatModel(backend=backend, tokenizer=tokenizer, sampling=SamplingParams(max_tokens=4))
+    trajs = asyncio.run(faulty_runner(llm, group_size=1, concurrency=1).run(tasks_with(*[None] * 5)))
+    assert trajs[0].fault == FaultKind.BACKEND and url in trajs[0].error
+    assert [t.fault for t in trajs[1:]] == [FaultKind.SKIPPED] * 4
+    assert all(not t.calls for t in trajs)
+    with pytest.raises(FaultBudgetExceeded, match=url):
+        check_fault_budget(trajs, 0.5)
+    # the breaker: a second request fails at once, without retrying the dead server
+    with pytest.raises(Exception, match="circuit open"):
+        backend.generate([1, 2], SamplingParams(max_tokens=2))
+
+
+class _DyingServer:
+    """A stand-in vLLM server that answers ``n_ok`` completions, then goes away."""
+
+    def __init__(self, tokenizer, n_ok: int) -> None:
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        owner = self
+        self.served = 0
+        ids = tokenizer("ab", add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):  # noqa: ANN002
+                pass
+
+            def do_POST(self):  # noqa: N802
+                self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                owner.served += 1
+                if owner.served > n_ok:  # die: stop accepting, drop this connection
+                    threading.Thread(target=owner.server.shutdown, daemon=True).start()
+                    self.connection.close()
+                    return
+                body = json.dumps({"choices": [{"token_ids": ids, "finish_reason": "stop",
+                                                "logprobs": {"token_logprobs": [-0.5] * len(ids)}}]}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", free_port()), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.server_close()
+
+
+def test_a_server_that_dies_mid_eval_stops_it_with_the_url_and_nonzero_exit(tokenizer, tiny_model_dir, tmp_path,
+                                                                                 capsys, monkeypatch):
+    """`seed-agents eval` against a server that dies after 2 answers: the episodes after it
+    are skipped (not retried one by one), the exit code is non-zero and the URL is named."""
+    from seed_agents.cli import main
+
+    server = _DyingServer(tokenizer, n_ok=2)
+    monkeypatch.setattr(VLLMBackend, "health", lambda self, timeout_s=5.0: True)
+    try:
+        code = main(["eval", "--backend", "vllm", "--base-url", server.url, "--model", "m",
+                     "--tokenizer", tiny_model_dir, "--episodes", "8", "--concurrency", "1",
+                     "--max-turns", "2", "--out", str(tmp_path / "run")])
+    finally:
+        server.close()
+    err = capsys.readouterr().err
+    assert code != 0 and server.url.split("//")[1] in err and "Traceback" not in err
+    trajs = [json.loads(x) for x in (tmp_path / "run" / "trajectories.jsonl").read_text().splitlines()]
+    assert len(trajs) == 8  # every episode is recorded, none lost
+    faults = [t["fault"] for t in trajs]
+    assert faults.count("skipped") >= 5 and faults.count("backend") == 1
+    assert server.served <= 4  # the dead server was not retried episode after episode
+
+
+# -- through `seed-agents train` ----------------------------------------------------
+
+def write_tasks(path: Path, faults: list[str | None]) -> Path:
+    path.write_text("".join(t.model_dump_json() + "\n" for t in tasks_with(*faults)))
+    return path
+
+
+def train_yaml(tmp_path: Path, tiny_model_dir: str, faults: list[str | None], **over) -> Path:
+    cfg = {
+        "num_tasks": len(faults), "tasks_per_iteration": len(faults), "iterations": 1,
+        "out": str(tmp_path / "run"),
+        "graph": {"build": "seed_agents.testing:build_faulty_agent", "tasks": str(write_tasks(tmp_path / "t.jsonl", faults)),
+                  "reward": "seed_agents.testing:faulty_reward"},
+        "backend": {"kind": "local", "model": tiny_model_dir},
+        "sampling": {"max_tokens": 6, "temperature": 1.0},
+        "runner": {"group_size": 2, "progress": False, "episode_timeout_s": 3.0},
+        "skills": {"source": "none"}, "stage1": {"run": "off"},
+        "trainer": {"learning_rate": 1e-3, "kl_coef": 0.0},
+        **over,
+    }
+    path = tmp_path / "train.yaml"
+    path.write_text(json.dumps(cfg))
+    return path
+
+
+def test_train_skips_faulted_episodes_and_counts_them(tmp_path, tiny_model_dir):
+    from seed_agents.cli import main
+
+    assert main(["train", "--config", str(train_yaml(tmp_path, tiny_model_dir, [None, "env"]))]) == 0
+    (metrics,) = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert metrics["faults/env"] == 2 and metrics["episodes_trained"] == 2 and metrics["groups_dropped"] == 1
+    assert metrics["rows"] == 2  # one row per clean episode; the crashed ones made none
+    trajs = [json.loads(x) for x in (tmp_path / "run" / "trajectories.jsonl").read_text().splitlines()]
+    assert sorted(str(t["fault"]) for t in trajs) == ["None", "None", "env", "env"]  # recorded, not trained
+
+
+def test_a_raising_reward_stops_training_before_any_update(tmp_path, tiny_model_dir, capsys):
+    from seed_agents.cli import main
+
+    code = main(["train", "--config", str(train_yaml(tmp_path, tiny_model_dir, ["reward", "reward"]))])
+    err = capsys.readouterr().err
+    assert code != 0 and "reward" in err and "Traceback" not in err
+    out = tmp_path / "run"
+    assert not (out / "metrics.jsonl").exists() and not list((out / "checkpoints").glob("checkpoint-*"))
+    assert len((out / "trajectories.jsonl").read_text().splitlines()) == 4  # recorded all the same
