@@ -7,19 +7,67 @@ quantity vLLM returns, so both backends feed the trainer identical numbers.
 
 The trainer may share the model object (``LocalBackend(model=trainer_model)``): weights
 updated in place are live for the next request; ``policy_version`` is bumped by the sync.
+
+Abandoned requests stop costing compute: when every request of a batch has been
+cancelled (its episode timed out), generation stops at the next token. At interpreter
+exit every in-flight generation is stopped and waited for, because a torch forward still
+running on a daemon thread while the interpreter tears down aborts the process
+("terminate called without an active exception", exit status 134).
 """
 
 from __future__ import annotations
 
 import asyncio
+import atexit
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from seed_agents.types import Completion, SamplingParams
+
+
+class _InFlight:
+    """Counts generate calls running in this process; at exit, stops and awaits them."""
+
+    def __init__(self) -> None:
+        self.shutting_down = threading.Event()
+        self._idle = threading.Condition()
+        self._running = 0
+
+    def __enter__(self) -> _InFlight:
+        with self._idle:
+            self._running += 1
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        with self._idle:
+            self._running -= 1
+            self._idle.notify_all()
+
+    def stop_all(self, timeout_s: float = 30.0) -> None:
+        self.shutting_down.set()
+        with self._idle:
+            self._idle.wait_for(lambda: self._running == 0, timeout=timeout_s)
+
+
+_IN_FLIGHT = _InFlight()
+atexit.register(_IN_FLIGHT.stop_all)
+
+
+def _stopping_criteria(should_stop: Callable[[], bool]) -> Any:
+    """A transformers stopping criterion that ends the whole batch when ``should_stop()``."""
+    from transformers import StoppingCriteria, StoppingCriteriaList
+
+    class _Stop(StoppingCriteria):
+        def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+            stop = should_stop() or _IN_FLIGHT.shutting_down.is_set()
+            return torch.full((input_ids.shape[0],), stop, dtype=torch.bool, device=input_ids.device)
+
+    return StoppingCriteriaList([_Stop()])
 
 
 @dataclass
@@ -108,8 +156,12 @@ class LocalBackend:
                 params = queue[0].params
                 batch = [r for r in queue if r.params == params][: self.max_batch_size]
                 self._queues[key] = [r for r in queue if not any(r is b for b in batch)]
+                def abandoned(batch: list[_Request] = batch) -> bool:
+                    return all(r.future.cancelled() for r in batch)
+
                 try:
-                    comps = await asyncio.to_thread(self._generate_batch, [r.prompt_ids for r in batch], params)
+                    comps = await asyncio.to_thread(self._generate_batch, [r.prompt_ids for r in batch], params,
+                                                    abandoned)
                 except BaseException as e:  # noqa: BLE001 - delivered to every waiter
                     for r in batch:
                         if not r.future.done():
@@ -127,7 +179,16 @@ class LocalBackend:
             if not self._queues.get(key):
                 self._queues.pop(key, None)
 
-    def _generate_batch(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
+    def _generate_batch(self, prompts: list[list[int]], params: SamplingParams,
+                        should_stop: Callable[[], bool] = lambda: False) -> list[Completion]:
+        """Every torch op of a batch runs inside ``_IN_FLIGHT``, so exit waits for all of it."""
+        if _IN_FLIGHT.shutting_down.is_set():
+            raise RuntimeError("the process is exiting: no new generation")
+        with _IN_FLIGHT:
+            return self._generate_tracked(prompts, params, should_stop)
+
+    def _generate_tracked(self, prompts: list[list[int]], params: SamplingParams,
+                          should_stop: Callable[[], bool]) -> list[Completion]:
         from transformers import GenerationConfig
 
         if any(len(p) == 0 for p in prompts):
@@ -153,7 +214,8 @@ class LocalBackend:
         with self._lock, torch.no_grad():
             if params.seed is not None:
                 torch.manual_seed(params.seed)
-            out = self.model.generate(input_ids=input_ids, attention_mask=attention, generation_config=cfg)
+            out = self.model.generate(input_ids=input_ids, attention_mask=attention, generation_config=cfg,
+                                      stopping_criteria=_stopping_criteria(should_stop))
         new = out.sequences[:, width:]
         logps = torch.stack(out.logits, dim=1).float().log_softmax(-1)  # [B, T, V]
         tok_logps = logps.gather(-1, new.unsqueeze(-1)).squeeze(-1)

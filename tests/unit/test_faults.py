@@ -225,3 +225,40 @@ def test_a_raising_reward_stops_training_before_any_update(tmp_path, tiny_model_
     out = tmp_path / "run"
     assert not (out / "metrics.jsonl").exists() and not list((out / "checkpoints").glob("checkpoint-*"))
     assert len((out / "trajectories.jsonl").read_text().splitlines()) == 4  # recorded all the same
+
+
+EXIT_AFTER_TIMEOUT = """
+import asyncio, sys, time
+from seed_agents.backends.local import LocalBackend
+from seed_agents.chat_model import SeedChatModel
+from seed_agents.runner import EpisodeRunner, RunnerConfig
+from seed_agents.testing import build_faulty_agent, faulty_reward
+from seed_agents.types import SamplingParams, Task
+
+backend = LocalBackend(sys.argv[1])
+llm = SeedChatModel(backend=backend, tokenizer=backend.tokenizer, sampling=SamplingParams(max_tokens=4000))
+runner = EpisodeRunner(build_faulty_agent(llm), RunnerConfig(group_size=2, episode_timeout_s=0.5, progress=False),
+                       reward_fn=faulty_reward)
+t0 = time.perf_counter()
+trajs = asyncio.run(runner.run([Task(task_id="t")]))
+assert [t.fault.value for t in trajs] == ["timeout", "timeout"], trajs
+print("episodes done", round(time.perf_counter() - t0, 2), flush=True)
+"""
+
+
+def test_timed_out_local_generation_is_cancelled_and_the_process_exits_cleanly(tiny_model_dir, tmp_path):
+    """Exit status 134 ("terminate called without an active exception") came from a torch
+    forward still running on an abandoned thread at exit; 4000 tokens take ~10 s here."""
+    import subprocess
+    import sys
+    import time
+
+    script = tmp_path / "exit_after_timeout.py"
+    script.write_text(EXIT_AFTER_TIMEOUT)
+    for _ in range(2):  # the abort was intermittent
+        t0 = time.perf_counter()
+        proc = subprocess.run([sys.executable, str(script), tiny_model_dir], capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert "episodes done" in proc.stdout and "terminate called" not in proc.stderr
+        # the abandoned generation stopped at once: no waiting for 4000 tokens at exit
+        assert time.perf_counter() - t0 < 30
