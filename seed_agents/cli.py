@@ -1,17 +1,24 @@
 """``seed-agents``: the composition root, the one place that wires backends, env suites,
-graphs and (later) trainers together. Everything here is thin; the pieces are importable."""
+graphs and (later) trainers together. Everything here is thin; the pieces are importable.
+
+Errors a user can fix (a bad config, split, model, path, env, server or sync) end the
+command with one line on stderr that names the problem and the fix, and exit status 2;
+``seed-agents --debug ...`` shows the traceback instead. Every command checks all of its
+input before it writes into ``--out`` (``seed_agents.preflight``). Model names are
+resolved offline unless ``--online`` (or ``SEED_AGENTS_ONLINE=1``) allows downloads.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 from seed_agents.aio import run_sync
-from seed_agents.config import ConfigError, EvalConfig, TrainConfig, load_config, with_suite_defaults
+from seed_agents.config import EvalConfig, TrainConfig, load_config, with_suite_defaults
 
 
 # CLI flag -> EvalConfig field. Flags left unset keep the config's defaults.
@@ -35,55 +42,60 @@ def agent_fields_given(cfg: EvalConfig | TrainConfig) -> set[str]:
     return set(cfg.agent.model_fields_set) if "agent" in cfg.model_fields_set else set()
 
 
+EVAL_FILES = ("config.json", "trajectories.jsonl", "calls.jsonl", "summary.json")
+"""What `eval` writes into --out: what --overwrite replaces (nothing else there is touched)."""
+
+
 def cmd_eval(args: argparse.Namespace) -> int:
     import torch
 
-    from seed_agents.backends import BackendUnavailable, make_backend
+    from seed_agents.backends import make_backend
     from seed_agents.capture import JsonlSink, capture
     from seed_agents.chat_model import SeedChatModel
-    from seed_agents.envs import load_env_suite
     from seed_agents.metrics import format_table, summarize
-    from seed_agents.runner import EpisodeRunner
+    from seed_agents.preflight import check_backend, check_out, load_suite, replace_run, suite_tasks
+    from seed_agents.runner import EpisodeRunner, check_fault_budget
 
+    # -- checks: nothing in --out is written or moved until all of them pass --------------
     cfg = build_eval_config(args)
     out = Path(cfg.out)
-    if (out / "trajectories.jsonl").exists() and not args.overwrite:
-        raise ConfigError(f"{out} already holds a run (trajectories.jsonl); choose another --out or pass --overwrite")
-    out.mkdir(parents=True, exist_ok=True)
-    for name in ("trajectories.jsonl", "calls.jsonl"):
-        (out / name).unlink(missing_ok=True)
-    (out / "config.json").write_text(cfg.model_dump_json(indent=2))
-    torch.manual_seed(cfg.seed)
-
-    suite = load_env_suite(cfg.env, seed=cfg.seed, **cfg.env_options)
+    check_out(out, holds_run=(out / "trajectories.jsonl").exists(), overwrite=args.overwrite,
+              what="a run (trajectories.jsonl)")
+    suite = load_suite(cfg.env, seed=cfg.seed, options=cfg.env_options)
     if cfg.split is None:  # each benchmark names its held-out split its own way
         cfg = cfg.model_copy(update={"split": getattr(suite, "eval_split", "eval_seen")})
-        (out / "config.json").write_text(cfg.model_dump_json(indent=2))
-    tasks = suite.tasks(cfg.split, cfg.num_tasks)
+    tasks = suite_tasks(suite, cfg.env, cfg.split, cfg.num_tasks)
+    check_backend(cfg.backend)
+    torch.manual_seed(cfg.seed)
     if hasattr(suite, "prepare"):
         print(f"preparing {len(tasks)} {cfg.env} tasks ({cfg.split}) ...", flush=True)
         suite.prepare(tasks)
     print(f"loading {cfg.backend.kind} backend for {cfg.backend.model} ...", flush=True)
     backend, tokenizer = make_backend(cfg.backend)
-    if hasattr(backend, "health") and not backend.health():
-        raise BackendUnavailable(f"no vLLM server answers at {cfg.backend.base_url}; start one with `seed-agents serve --model {cfg.backend.model}`")
-    llm = SeedChatModel(backend=backend, tokenizer=tokenizer, sampling=cfg.sampling, model_name=cfg.backend.model)
-    agent = with_suite_defaults(cfg.agent, getattr(suite, "agent_defaults", None), agent_fields_given(cfg))
-    graph = suite.build_graph(llm, **agent.model_dump())
+    try:
+        llm = SeedChatModel(backend=backend, tokenizer=tokenizer, sampling=cfg.sampling, model_name=cfg.backend.model)
+        agent = with_suite_defaults(cfg.agent, getattr(suite, "agent_defaults", None), agent_fields_given(cfg))
+        graph = suite.build_graph(llm, **agent.model_dump())
 
-    with JsonlSink(out / "trajectories.jsonl") as traj_sink, JsonlSink(out / "calls.jsonl") as call_sink:
-        runner = EpisodeRunner(graph, cfg.runner, make_env=suite.make_env, sink=traj_sink)
-        t0 = time.perf_counter()
-        with capture(sink=call_sink, run=out.name, split=cfg.split):
-            trajs = run_sync(runner.run(tasks))
-        wall = time.perf_counter() - t0
-    backend.close()
-    summary = summarize(trajs, wall)
-    if hasattr(suite, "extra_metrics"):  # a benchmark's own headline figure (WebShop: score)
-        summary.update(suite.extra_metrics(summary))
-    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+        # -- the run: --overwrite's old files are deleted only once it has finished -------
+        with replace_run(out, EVAL_FILES):
+            (out / "config.json").write_text(cfg.model_dump_json(indent=2))
+            with JsonlSink(out / "trajectories.jsonl") as traj_sink, JsonlSink(out / "calls.jsonl") as call_sink:
+                runner = EpisodeRunner(graph, cfg.runner, make_env=suite.make_env, sink=traj_sink)
+                t0 = time.perf_counter()
+                with capture(sink=call_sink, run=out.name, split=cfg.split):
+                    trajs = run_sync(runner.run(tasks))
+                wall = time.perf_counter() - t0
+            summary = summarize(trajs, wall)
+            if hasattr(suite, "extra_metrics"):  # a benchmark's own headline figure (WebShop: score)
+                summary.update(suite.extra_metrics(summary))
+            (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    finally:
+        backend.close()
     print(format_table(summary))
     print(f"wrote {out / 'trajectories.jsonl'}, {out / 'calls.jsonl'}, {out / 'summary.json'}")
+    # The run is kept either way (every episode is recorded); too many faults fail the command.
+    check_fault_budget(trajs, cfg.runner.max_fault_fraction, what="eval episodes")
     return 0
 
 
@@ -93,9 +105,11 @@ _TRAIN_FLAGS = {"out": "out", "iterations": "iterations", "seed": "seed", "backe
 
 def cmd_train(args: argparse.Namespace) -> int:
     from seed_agents.cli_train import run_train
+    from seed_agents.preflight import remove_if_unused
 
     cfg = load_config(TrainConfig, args.config, {f: getattr(args, k, None) for k, f in _TRAIN_FLAGS.items()})
-    summary = run_train(cfg, resume=args.resume)
+    with remove_if_unused(Path(cfg.out)):  # a run that failed before its first record leaves no folder behind
+        summary = run_train(cfg, resume=args.resume)
     print(f"done: {summary['iterations']} iterations, policy v{summary['policy_version']}; run dir {cfg.out}")
     return 0
 
@@ -122,9 +136,19 @@ def cmd_serve(args: argparse.Namespace) -> int:
         server.stop()
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, with a usage error on one line (its default prints the usage block too)."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message}; see {self.prog} --help\n")
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="seed-agents", description=__doc__)
-    sub = p.add_subparsers(dest="command", required=True)
+    p = _Parser(prog="seed-agents", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--debug", action="store_true", help="Show the full traceback of an error (before the command).")
+    p.add_argument("--online", action="store_true",
+                   help="Allow downloading hub models (default: offline; same as SEED_AGENTS_ONLINE=1).")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     e = sub.add_parser("eval", help="Play an environment with a model; write trajectories and a summary.")
     e.add_argument("--config", help="YAML file with EvalConfig fields; flags override it.")
@@ -145,7 +169,9 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("--episode-timeout", dest="episode_timeout", type=float)
     e.add_argument("--seed", type=int)
     e.add_argument("--out", help="Output directory (default runs/eval).")
-    e.add_argument("--overwrite", action="store_true", help="Replace an existing run in --out.")
+    e.add_argument("--overwrite", action="store_true",
+                   help="Replace the run in --out: its files move to <out>.old-<time>/, deleted when this run "
+                        "finishes and moved back if it fails.")
     e.set_defaults(func=cmd_eval)
 
     t = sub.add_parser("train", help="Train with SEED (or an ablation) from a YAML config.")
@@ -170,7 +196,7 @@ def _parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_serve)
 
     k = sub.add_parser("skills", help="Stage 1: collect hindsight skills, SFT the analyzer, check skill usefulness.")
-    ksub = k.add_subparsers(dest="skills_command", required=True)
+    ksub = k.add_subparsers(dest="skills_command", required=True, metavar="SUBCOMMAND")
     from seed_agents.stage1 import collect, sft, usefulness
 
     for module in (collect, sft, usefulness):
@@ -178,16 +204,60 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
-    from seed_agents.backends import BackendError
-    from seed_agents.envs import UnknownEnvError
+# Errors a user can fix, by (module, class): one line on stderr, no traceback. Looked up only
+# in modules already imported (an error cannot come from a module that was never loaded), so
+# the CLI does not import the trainer stack to recognise its errors.
+_USER_ERRORS = (
+    ("seed_agents.config", "UserError"),
+    ("seed_agents.envs", "UnknownEnvError"),
+    ("seed_agents.backends.base", "BackendError"),
+    ("seed_agents.models", "ModelNotAvailable"),
+    ("seed_agents.runner", "FaultBudgetExceeded"),
+    ("seed_agents.serve", "VLLMServerError"),
+    ("trainers.weight_sync", "WeightSyncError"),
+    ("trainers.seed_trainer", "NoTrainableRows"),
+    ("tools.textworld", "TwMakeError"),
+)
 
-    args = _parser().parse_args(argv)
+
+def _user_error_types() -> tuple[type[BaseException], ...]:
+    types: list[type[BaseException]] = [FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError]
+    for module, name in _USER_ERRORS:
+        cls = getattr(sys.modules.get(module), name, None)
+        if isinstance(cls, type) and issubclass(cls, BaseException):
+            types.append(cls)
+    return tuple(types)
+
+
+def error_line(e: BaseException) -> str:
+    """The message of ``e`` as one line, with anything shaped like a credential masked."""
+    from seed_agents.redact import redact
+
+    return redact(" ".join(str(e).split()) or type(e).__name__)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)  # a usage error: one line, then SystemExit(2), as argparse does
+    from seed_agents.models import ONLINE_ENV, online
+
+    if args.online:
+        os.environ[ONLINE_ENV] = "1"
+    if not online():  # transformers and huggingface_hub never reach for the network
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    nested = [v for k, v in vars(args).items() if k.endswith("_command") and isinstance(v, str)]  # skills collect, ...
+    command = " ".join(["seed-agents", args.command, *nested])
     try:
         return args.func(args)
-    except (ConfigError, UnknownEnvError, BackendError, FileNotFoundError) as e:
-        print(f"seed-agents {args.command}: error: {e}", file=sys.stderr)
-        return 2
+    except KeyboardInterrupt:
+        if args.debug:
+            raise
+        print(f"{command}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:
+        if args.debug or not isinstance(e, _user_error_types()):
+            raise  # a bug: the traceback is what a report needs
+        print(f"{command}: error: {error_line(e)}", file=sys.stderr)
+        return int(getattr(e, "exit_code", 2))
 
 
 if __name__ == "__main__":

@@ -22,6 +22,8 @@ from transformers import TrainerCallback
 
 from seed_agents.aio import run_sync
 from seed_agents.config import ConfigError, TrainConfig
+from seed_agents.faults import crash_point
+from seed_agents.runner import check_fault_budget
 
 TRACE_FILES = ("metrics.jsonl", "trajectories.jsonl", "skills.jsonl", "eval.jsonl", "eval_trajectories.jsonl")
 
@@ -51,21 +53,23 @@ def truncate_traces(out: Path, keep_before: int) -> None:
 
 
 def read_tasks(path: Path) -> list[Any]:
+    from seed_agents.config import first_error
     from seed_agents.types import Task
 
     try:
         lines = Path(path).read_text(encoding="utf-8").splitlines()
     except OSError as e:
-        raise ConfigError(f"cannot read tasks file {path}: {e}") from None
+        raise ConfigError(f"cannot read tasks file {path}: {e.strerror or e}; check the tasks path in the config") from None
     tasks = []
     for i, line in enumerate(lines, 1):
         if line.strip():
             try:
                 tasks.append(Task.model_validate_json(line))
             except ValueError as e:
-                raise ConfigError(f"{path}:{i}: not a Task record: {e}") from None
+                raise ConfigError(f"{path}:{i}: not a Task record ({first_error(e)}); write one JSON object per "
+                                  f"line: {{\"task_id\": ..., \"data\": {{...}}}}") from None
     if not tasks:
-        raise ConfigError(f"{path} holds no tasks")
+        raise ConfigError(f"{path} holds no tasks; write one Task record per line")
     return tasks
 
 
@@ -77,9 +81,29 @@ def initial_weights(b: Any) -> str:
     return b.model if b.kind == "local" else (b.tokenizer or b.model)
 
 
+COMPLETE_MARKER = "seed_agents_complete"
+
+
 def last_checkpoint(out: Path) -> tuple[str | None, int]:
-    ckpts = sorted((out / "checkpoints").glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[-1]))
-    return (str(ckpts[-1]), int(ckpts[-1].name.split("-")[-1])) if ckpts else (None, 0)
+    """The newest *complete* checkpoint and its step. A checkpoint counts once our
+    callback has marked it after TRL finished writing it (``on_save``), so a run killed
+    mid-save resumes from the one before instead of failing on a half-written folder."""
+    complete = []
+    for path in (out / "checkpoints").glob("checkpoint-*"):
+        step = path.name.split("-")[-1]
+        if step.isdigit() and (path / COMPLETE_MARKER).is_file():
+            complete.append((int(step), path))
+    if not complete:
+        return None, 0
+    step, path = max(complete)
+    return str(path), step
+
+
+def mark_checkpoint_complete(checkpoint_dir: Path) -> None:
+    """Written last, atomically: its presence means every file before it is on disk."""
+    tmp = checkpoint_dir / (COMPLETE_MARKER + ".tmp")
+    tmp.write_text("ok\n", encoding="utf-8")
+    tmp.replace(checkpoint_dir / COMPLETE_MARKER)
 
 
 def plot_learning_curve(out: Path) -> Path | None:
@@ -128,9 +152,9 @@ def run_train(cfg: TrainConfig, resume: bool = False) -> dict[str, Any]:
     from seed_agents.chat_model import SeedChatModel
     from seed_agents.cli import agent_fields_given
     from seed_agents.config import with_suite_defaults
-    from seed_agents.envs import load_env_suite
-    from seed_agents.models import resolve_model
     from seed_agents.imports import load_object
+    from seed_agents.models import resolve_model
+    from seed_agents.preflight import check_backend, check_out, load_suite, suite_tasks
     from seed_agents.runner import EpisodeRunner, default_reward
     from seed_agents.stage1.auto import stage1_model
     from seed_agents.skills import SystemBlockInjector, TaskLineInjector
@@ -138,36 +162,56 @@ def run_train(cfg: TrainConfig, resume: bool = False) -> dict[str, Any]:
     from trainers.seed_trainer import SEEDConfig, SEEDTrainer
     from trainers.weight_sync import FullWeightSync, InProcessSync, LoRASync
 
+    # -- checks: nothing in the run dir is written until the config, the env and its tasks,
+    # the model and the server are known to be good --------------------------------------
     out = Path(cfg.out)
     checkpoint, done_steps = last_checkpoint(out)
+    # config.json is written first: a run killed before its first trace still holds it
+    holds_run = any((out / name).exists() for name in (*TRACE_FILES, "config.json"))
     if resume:
-        if checkpoint is None:
-            raise ConfigError(f"--resume: no checkpoint under {out / 'checkpoints'}")
-        truncate_traces(out, done_steps)
-    elif (out / "metrics.jsonl").exists():
+        if checkpoint is None and not holds_run:
+            raise ConfigError(f"--resume: no run under {out}; start a new run without --resume")
+        # killed before its first complete checkpoint: restart at step 0 (traces dropped)
+    elif holds_run or any((out / "checkpoints").glob("checkpoint-*")):
         raise ConfigError(f"{out} already holds a run; pass --resume to continue it or choose another --out")
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(cfg.model_dump_json(indent=2))
-    torch.manual_seed(cfg.seed)
+    check_out(out, holds_run=False, overwrite=None, what="a run")
 
-    # -- tasks and environment (an env suite, or any graph with its tasks and reward) ---
+    # tasks and environment (an env suite, or any graph with its tasks and reward)
     suite, build_graph, reward_fn, make_input = None, None, default_reward, (lambda task: {"task": task})
     if cfg.graph is not None:
         try:
             build_graph, reward_fn = load_object(cfg.graph.build), load_object(cfg.graph.reward)
         except ValueError as e:
-            raise ConfigError(f"graph: {e}") from None
+            raise ConfigError(f"graph: {e}; fix graph.build / graph.reward ('pkg.module:name')") from None
         tasks = read_tasks(cfg.graph.tasks)[: cfg.num_tasks]
         if len(tasks) < cfg.tasks_per_iteration:
-            raise ConfigError(f"{cfg.graph.tasks} has {len(tasks)} tasks; tasks_per_iteration is {cfg.tasks_per_iteration}")
+            raise ConfigError(f"{cfg.graph.tasks} has {len(tasks)} tasks; tasks_per_iteration is "
+                              f"{cfg.tasks_per_iteration}: add tasks or lower tasks_per_iteration")
         if cfg.graph.input == "messages":
             make_input = lambda task: {"task": task, "messages": [("user", task.data["question"])]}  # noqa: E731
     else:
-        suite = load_env_suite(cfg.env, seed=cfg.seed, **cfg.env_options)
-        tasks = suite.tasks(cfg.split, cfg.num_tasks)
-        if hasattr(suite, "prepare"):
-            print(f"preparing {len(tasks)} {cfg.env} tasks ({cfg.split}) ...", flush=True)
-            suite.prepare(tasks)
+        suite = load_suite(cfg.env, seed=cfg.seed, options=cfg.env_options)
+        tasks = suite_tasks(suite, cfg.env, cfg.split, cfg.num_tasks)
+    eval_tasks = None  # the periodic held-out eval's (below), checked now rather than after an update
+    if cfg.eval is not None:
+        e = cfg.eval
+        eval_tasks = (read_tasks(e.tasks)[: e.num_tasks] if e.tasks is not None
+                      else suite_tasks(suite, cfg.env, e.split, e.num_tasks))
+    check_backend(cfg.backend, weights=initial_weights(cfg.backend))
+    if cfg.skills.source in ("external", "frozen") and cfg.skills.analyzer is not None:
+        check_backend(cfg.skills.analyzer, flag="skills.analyzer.model")
+    if suite is not None and hasattr(suite, "prepare"):
+        print(f"preparing {len(tasks)} {cfg.env} tasks ({cfg.split}) ...", flush=True)
+        suite.prepare(tasks)
+
+    # -- the run dir: written from here on ------------------------------------------------
+    if resume:
+        if checkpoint is None:
+            print(f"--resume: {out} has no complete checkpoint yet; restarting it from step 0", flush=True)
+        truncate_traces(out, done_steps)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(cfg.model_dump_json(indent=2))
+    torch.manual_seed(cfg.seed)
 
     # -- policy: the trainer's model, and the backend that samples from it ------------
     # Stage 1 (skill SFT) first where it applies; the run then starts from that model.
@@ -240,7 +284,6 @@ def run_train(cfg: TrainConfig, resume: bool = False) -> dict[str, Any]:
     evaluate = None
     if cfg.eval is not None:  # held-out, greedy, without the hindsight node
         e = cfg.eval
-        eval_tasks = read_tasks(e.tasks)[: e.num_tasks] if e.tasks is not None else suite.tasks(e.split, e.num_tasks)
         if suite is not None and hasattr(suite, "prepare"):
             suite.prepare(eval_tasks)
         eval_llm = SeedChatModel(backend=backend, tokenizer=tokenizer, model_name=b.model,
@@ -254,7 +297,8 @@ def run_train(cfg: TrainConfig, resume: bool = False) -> dict[str, Any]:
             run_periodic_eval(eval_runner, eval_tasks, updates, updates * episodes_per_update, out)
 
     trainer.add_callback(_SyncAndLog(sync, backend, out, evaluate=evaluate, every=cfg.eval.every if cfg.eval else 0,
-                                     at_start=bool(cfg.eval and cfg.eval.at_start), last=cfg.iterations))
+                                     at_start=bool(cfg.eval and cfg.eval.at_start), last=cfg.iterations,
+                                     resync=resume))
     t0 = time.perf_counter()
     trainer.train(resume_from_checkpoint=checkpoint if resume else None)
     png = plot_learning_curve(out)
@@ -282,9 +326,10 @@ def run_periodic_eval(runner: Any, tasks: list[Any], updates: int, episodes: int
         for t in trajs:
             t.metadata["iteration"] = updates - 1
             sink.write("trajectory", t)
+    check_fault_budget(trajs, runner.config.max_fault_fraction, what=f"held-out episodes after {updates} updates")
     row = {"iteration": updates - 1, "updates": updates, "episodes_consumed": episodes,
-           **{k: s[k] for k in ("episodes", "success_rate", "mean_reward", "mean_steps", "invalid_action_rate",
-                                "errors", "success_by_type", "wall_s")}}
+           **{k: s[k] for k in ("episodes", "episodes_measured", "faults", "success_rate", "mean_reward", "mean_steps",
+                                "invalid_action_rate", "errors", "success_by_type", "wall_s")}}
     with (out / "eval.jsonl").open("a", encoding="utf-8") as f:
         f.write(json.dumps(row) + "\n")
     print(f"eval after {updates:>3} updates ({episodes} training episodes): success {s['success_rate']:.2f}  "
@@ -301,8 +346,8 @@ class _SyncAndLog(TrainerCallback):
     """
 
     def __init__(self, sync: Any, backend: Any, out: Path, *, evaluate: Any = None, every: int = 0,
-                 at_start: bool = False, last: int = 0) -> None:
-        self.sync, self.backend, self.out = sync, backend, out
+                 at_start: bool = False, last: int = 0, resync: bool = False) -> None:
+        self.sync, self.backend, self.out, self.resync = sync, backend, out, resync
         self.sync_s = 0.0
         self.evaluate, self.every, self.at_start, self.last = evaluate, every, at_start, last
 
@@ -317,6 +362,7 @@ class _SyncAndLog(TrainerCallback):
     def _sync(self, state: Any, model: Any) -> None:
         from trainers.weight_sync import InProcessSync
 
+        crash_point("sync")
         if isinstance(self.sync, InProcessSync) or state.is_world_process_zero:
             self.sync.sync(model)  # raises on failure: the run stops on the old version, never mixes
         _barrier()
@@ -324,18 +370,29 @@ class _SyncAndLog(TrainerCallback):
             self.sync.follow()
 
     def on_train_begin(self, args, state, control, model=None, **kw):  # noqa: ANN001
-        # policy_version == optimizer steps applied; a resumed run first serves its checkpoint.
-        if state.global_step > 0:
+        # policy_version == optimizer steps applied; a resumed run first serves its checkpoint
+        # (a run resumed at step 0 its initial weights: a sync may have landed before the kill).
+        if state.global_step > 0 or self.resync:
             self.backend.policy_version = state.global_step - 1
             self._sync(state, model)
-        else:
+        if state.global_step == 0:
             self._maybe_evaluate(state)
+
+    def on_pre_optimizer_step(self, args, state, control, **kw):  # noqa: ANN001
+        crash_point("update")
 
     def on_step_end(self, args, state, control, model=None, **kw):  # noqa: ANN001
         t0 = time.perf_counter()
         self._sync(state, model)
         self.sync_s = time.perf_counter() - t0
         self._maybe_evaluate(state)
+
+    def on_save(self, args, state, control, **kw):  # noqa: ANN001
+        if state.is_world_process_zero:
+            path = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+            if path.is_dir():
+                crash_point("checkpoint")
+                mark_checkpoint_complete(path)
 
     def on_log(self, args, state, control, logs=None, **kw):  # noqa: ANN001
         if not logs or "success_rate" not in logs or not state.is_world_process_zero:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from seed_agents.runner import RunnerConfig
 from seed_agents.types import SamplingParams
@@ -26,6 +26,20 @@ class BackendConfig(BaseModel):
     max_retries: int = Field(3, ge=0, le=20, description="Retries on connection errors, timeouts and 5xx.")
     max_batch_size: int = Field(8, ge=1, le=1024, description="Local backend: requests batched into one generate call.")
     reload_method: Literal["seed_reload_weights", "reload_weights"] = Field("seed_reload_weights", description="vLLM full sync RPC: seed_reload_weights needs our worker extension (`seed-agents serve` loads it; exact for tied embeddings); reload_weights for a plain `vllm serve`.")
+
+    @field_validator("base_url")
+    @classmethod
+    def _http_url(cls, url: str) -> str:
+        from urllib.parse import urlsplit
+
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError("must be an http(s) URL such as http://127.0.0.1:8000")
+        try:
+            parts.port  # noqa: B018 - raises on a port that is not a number
+        except ValueError:
+            raise ValueError("has a port that is not a number (e.g. http://127.0.0.1:8000)") from None
+        return url
 
 
 class AgentConfig(BaseModel):
@@ -66,16 +80,65 @@ class EvalConfig(BaseModel):
         return self.episodes // self.runner.group_size
 
 
-class ConfigError(ValueError):
+class UserError(Exception):
+    """A problem the user can fix (input, paths, a server to start). The CLI prints its
+    message as one line, naming the problem and the fix, and exits with ``exit_code``;
+    a traceback only with ``seed-agents --debug``. Subclass it (with the builtin base the
+    callers expect) for errors that should read this way."""
+
+    exit_code = 2
+
+
+class ConfigError(UserError, ValueError):
     """One clear message for a bad config, whatever its source (CLI flag or YAML)."""
 
 
-def validation_message(err: ValidationError, source: str = "config") -> str:
+def validation_message(err: ValidationError, source: str = "config", model: type[BaseModel] | None = None) -> str:
+    """Every problem of ``err`` on one line: ``field: message (got value)``, with a
+    "did you mean" for a misspelt key when ``model`` says which keys exist."""
     parts = []
     for e in err.errors():
-        loc = ".".join(str(x) for x in e["loc"]) or "(root)"
-        parts.append(f"  {loc}: {e['msg']}" + (f" (got {e['input']!r})" if "input" in e and not isinstance(e["input"], dict) else ""))
-    return f"invalid {source}:\n" + "\n".join(parts)
+        loc = tuple(str(x) for x in e["loc"])
+        msg = e["msg"].removeprefix("Value error, ")
+        got = e.get("input")
+        part = f"{'.'.join(loc)}: {msg}" if loc else msg
+        if e["type"] == "extra_forbidden":
+            close = _close_keys(model, loc)
+            part += f" (did you mean {' or '.join(repr(k) for k in close)}?)" if close else ""
+        elif got is not None and not isinstance(got, dict | list):
+            part += f" (got {got!r})"
+        parts.append(part)
+    fix = "fix the flag" if source == "arguments" else "fix the file or the flag that overrides it"
+    return f"invalid {source}: " + "; ".join(" ".join(p.split()) for p in parts) + f"; {fix} (see --help)"
+
+
+def first_error(err: Exception) -> str:
+    """A short one-line reason for a record that did not parse (pydantic's own text spans
+    several lines and ends with a URL)."""
+    if isinstance(err, ValidationError) and err.errors():
+        e = err.errors()[0]
+        loc = ".".join(str(x) for x in e["loc"])
+        more = f" (+{err.error_count() - 1} more)" if err.error_count() > 1 else ""
+        return f"{loc + ': ' if loc else ''}{e['msg']}{more}"
+    return " ".join(str(err).split())
+
+
+def _close_keys(model: type[BaseModel] | None, loc: tuple[str, ...]) -> list[str]:
+    """Field names of the (nested) model at ``loc[:-1]`` that look like ``loc[-1]``."""
+    import difflib
+    import typing
+
+    for name in loc[:-1]:
+        if model is None:
+            return []
+        field = model.model_fields.get(name)
+        if field is None:
+            return []
+        candidates = [field.annotation, *typing.get_args(field.annotation)]
+        model = next((c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None)
+    if model is None or not loc:
+        return []
+    return difflib.get_close_matches(loc[-1], list(model.model_fields), n=2, cutoff=0.6)
 
 
 class SkillConfig(BaseModel):
@@ -220,19 +283,28 @@ def load_config(model: type[BaseModel], path: str | Path | None, overrides: dict
     if path:
         try:
             raw = yaml.safe_load(Path(path).read_text()) or {}
-        except (OSError, yaml.YAMLError) as e:
-            raise ConfigError(f"cannot read {path}: {e}") from None
+        except OSError as e:
+            raise ConfigError(f"cannot read config {path}: {e.strerror or e}; check the --config path") from None
+        except yaml.YAMLError as e:
+            mark = getattr(e, "problem_mark", None)
+            where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+            problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+            raise ConfigError(f"{path} is not valid YAML{where}: {problem}; fix the file") from None
         if not isinstance(raw, dict):
-            raise ConfigError(f"{path}: expected a mapping at the top level")
+            raise ConfigError(f"{path}: expected a mapping of config keys at the top level, got {type(raw).__name__}; "
+                              f"write `key: value` lines")
     for dotted, value in overrides.items():
         if value is None:
             continue
         d = raw
         *parents, leaf = dotted.split(".")
         for p in parents:
-            d = d.setdefault(p, {})
+            child = d.setdefault(p, {})
+            if not isinstance(child, dict):  # e.g. `runner: 3` in the YAML, then --group
+                raise ConfigError(f"{path}: {p} must be a mapping of its fields, got {child!r}; fix the file")
+            d = child
         d[leaf] = value
     try:
         return model.model_validate(raw)
     except ValidationError as e:
-        raise ConfigError(validation_message(e, str(path) if path else "arguments")) from None
+        raise ConfigError(validation_message(e, str(path) if path else "arguments", model)) from None

@@ -77,7 +77,8 @@ def load_env_suite(name: str, **options: Any) -> EnvSuite:
     for ep in entry_points(group=ENTRY_POINT_GROUP):
         if ep.name == name:
             return ep.load()(**options)
+    installed = ", ".join(available_envs()) or "none"
     raise UnknownEnvError(
-        f"no environment named {name!r}; installed: {available_envs() or 'none'} "
-        f"(register one under the entry-point group {ENTRY_POINT_GROUP!r})"
+        f"no environment named {name!r}; installed: {installed}; pass one of them with --env "
+        f"(or register yours under the entry-point group {ENTRY_POINT_GROUP!r})"
     )

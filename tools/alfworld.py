@@ -150,7 +150,10 @@ def manifest(games: list[Game], split: str, n: int) -> list[Task]:
     """The first ``n`` tasks of ``split`` (see the module docstring for the order)."""
     ordered = order_games(games, split)
     if not 0 <= n <= len(ordered):
-        raise ValueError(f"split {split!r} has {len(ordered)} ALFWorld games; asked for {n}")
+        from seed_agents.config import ConfigError  # a ValueError the CLI shows as one line
+
+        raise ConfigError(f"split {split!r} has {len(ordered)} ALFWorld games; asked for {n}; "
+                          f"ask for a number in [0, {len(ordered)}]")
     ids = [task_id(split, g.path) for g in ordered]
     if len(set(ids)) != len(ids):
         raise ValueError(f"two games of split {split!r} map to the same task id")
@@ -303,7 +306,10 @@ class AlfWorldSuite:
 
     def split_dir(self, split: str) -> Path:
         if split not in SPLITS:
-            raise ValueError(f"unknown split {split!r}; valid splits: {', '.join(SPLITS)}")
+            from seed_agents.config import ConfigError  # a ValueError the CLI shows as one line
+
+            raise ConfigError(f"unknown ALFWorld split {split!r}; valid splits: {', '.join(SPLITS)}; "
+                              f"choose one with --split (or split: in the config)")
         root = self.data_dir / DATA_SUBDIR
         if not root.is_dir():
             where = "does not exist" if not self.data_dir.exists() else f"has no {DATA_SUBDIR} folder"

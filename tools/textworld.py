@@ -74,10 +74,14 @@ _SPLIT_SEED_BASE = {"train": 100_000, "eval_seen": 200_000, "eval_unseen": 300_0
 def manifest(split: str, n: int) -> list[Task]:
     """The first ``n`` tasks of ``split``. Types are interleaved, so a small ``n`` still
     covers several of them; task ``k`` gets seed ``base + k``."""
+    from seed_agents.config import ConfigError  # a ValueError the CLI shows as one line
+
     if split not in _SPLIT_TYPES:
-        raise ValueError(f"unknown split {split!r}; valid splits: {', '.join(SPLITS)}")
+        raise ConfigError(f"unknown TextWorld split {split!r}; valid splits: {', '.join(SPLITS)}; "
+                          f"choose one with --split (or split: in the config)")
     if not 0 <= n <= MAX_TASKS_PER_SPLIT:
-        raise ValueError(f"n must be in [0, {MAX_TASKS_PER_SPLIT}], got {n}")
+        raise ConfigError(f"TextWorld split {split!r} has {MAX_TASKS_PER_SPLIT} tasks; asked for {n}; "
+                          f"ask for a number in [0, {MAX_TASKS_PER_SPLIT}]")
     types = _SPLIT_TYPES[split]
     tasks = []
     for k in range(n):

@@ -32,6 +32,8 @@ from typing import Any, Protocol
 
 import httpx
 
+from seed_agents.redact import redact
+
 
 class WeightSyncError(RuntimeError):
     pass
@@ -48,18 +50,29 @@ class WeightSync(Protocol):
 
 
 def _post(base_url: str, path: str, body: dict[str, Any], timeout_s: float) -> httpx.Response:
+    url = base_url.rstrip("/") + path
     try:
-        r = httpx.post(base_url.rstrip("/") + path, json=body, timeout=timeout_s)
+        r = httpx.post(url, json=body, timeout=timeout_s)
     except httpx.HTTPError as e:
-        raise WeightSyncError(f"{path} failed: {type(e).__name__}: {e}") from e
+        raise WeightSyncError(f"weight sync: POST {url} failed ({type(e).__name__}: {redact(str(e))}); is the vLLM "
+                              f"server still running there? Restart it, then rerun with --resume") from e
     if r.status_code >= 400:
         # A 404 is a missing *route* only when the body is the router's own {"detail": "Not Found"};
         # vLLM also answers 404 for e.g. "No adapter found for <path>", where the hint would mislead.
-        route_missing = r.status_code == 404 and '"detail":"Not Found"' in r.text.replace(" ", "")
-        hint = " (start vLLM with VLLM_SERVER_DEV_MODE=1)" if route_missing and "rpc" in path else ""
-        hint = hint or (" (start vLLM with --enable-lora and VLLM_ALLOW_RUNTIME_LORA_UPDATING=True)" if "lora" in path and (route_missing or r.status_code == 400) else "")
-        raise WeightSyncError(f"{path} -> HTTP {r.status_code}: {r.text[:500]}{hint}")
+        route_missing = r.status_code == 404 and _json(r) == {"detail": "Not Found"}
+        hint = "; start vLLM with VLLM_SERVER_DEV_MODE=1 (`seed-agents serve` does)" if route_missing and "rpc" in path else ""
+        if not hint and "lora" in path and (route_missing or r.status_code == 400):
+            hint = "; start vLLM with --enable-lora and VLLM_ALLOW_RUNTIME_LORA_UPDATING=True (`seed-agents serve` does)"
+        text = " ".join(redact(r.text, max_chars=500).split())  # one line, secrets out before the cut
+        raise WeightSyncError(f"weight sync: POST {url} -> HTTP {r.status_code}: {text}{hint}")
     return r
+
+
+def _json(r: httpx.Response) -> Any:
+    try:
+        return r.json()
+    except ValueError:
+        return None
 
 
 class _Versioned:

@@ -27,6 +27,7 @@ from typing import Any
 import httpx
 
 from seed_agents.backends.base import BackendError, BackendUnavailable
+from seed_agents.redact import redact
 from seed_agents.types import Completion, FinishReason, SamplingParams
 
 _FINISH_REASONS: dict[str, FinishReason] = {"stop": "stop", "length": "length"}
@@ -260,7 +261,8 @@ class VLLMBackend:
         try:
             return response.json()
         except ValueError as exc:
-            raise BackendError(f"vLLM server at {self.base_url} sent invalid JSON: {response.text[:200]!r}") from exc
+            raise BackendError(f"vLLM server at {self.base_url} sent invalid JSON: "
+                               f"{redact(response.text, max_chars=200)!r}") from exc
 
     def _give_up(self, path: str, error: BaseException | None) -> BackendError:
         tries = self.max_retries + 1
@@ -297,16 +299,16 @@ def _error_message(response: httpx.Response) -> str:
     try:
         data = response.json()
     except ValueError:
-        return response.text[:500] or response.reason_phrase
+        return redact(response.text, max_chars=500) or response.reason_phrase
     if isinstance(data, dict):
         err = data.get("error", data)
         if isinstance(err, dict) and "message" in err:
-            return str(err["message"])
+            return redact(str(err["message"]), max_chars=2000)
         if isinstance(err, str):
-            return err
+            return redact(err, max_chars=2000)
         if "detail" in data:
-            return str(data["detail"])
-    return str(data)[:500]
+            return redact(str(data["detail"]), max_chars=2000)
+    return redact(str(data), max_chars=500)
 
 
 def _parse_completion(data: dict[str, Any], policy_version: int, latency_s: float) -> Completion:
@@ -317,7 +319,7 @@ def _parse_completion(data: dict[str, Any], policy_version: int, latency_s: floa
     except (KeyError, IndexError, TypeError, ValueError) as exc:
         raise BackendError(
             f"unexpected completion response (is the server vLLM with return_token_ids support?): "
-            f"{str(data)[:300]}"
+            f"{redact(str(data), max_chars=300)}"
         ) from exc
     if len(token_ids) != len(logprobs):
         raise BackendError(f"server returned {len(token_ids)} token ids but {len(logprobs)} logprobs")

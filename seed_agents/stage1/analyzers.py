@@ -38,6 +38,7 @@ from langchain_core.messages import BaseMessage
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from seed_agents.config import BackendConfig
+from seed_agents.redact import redact
 from seed_agents.skills import CONTROL_MARKERS, parse_skill
 
 Step = tuple[str, str]
@@ -216,9 +217,9 @@ class OpenAIChatAnalyzer(_Paced):
             self._client_state = (loop, client)
         return self._client_state[1]
 
-    def _redact(self, text: str) -> str:
-        key = os.environ.get(self.api_key_env)
-        return text.replace(key, "***") if key else text
+    def _redact(self, text: str, max_chars: int | None = None) -> str:
+        """The key (and anything shaped like a credential) masked, *then* cut to ``max_chars``."""
+        return redact(text, [os.environ.get(self.api_key_env)], max_chars=max_chars)
 
     async def analyze(self, messages: list[BaseMessage], *, steps: Sequence[Step] = (), success: bool = False,
                       task_text: str = "") -> AnalyzerReply:
@@ -256,14 +257,15 @@ class OpenAIChatAnalyzer(_Paced):
             raise _Retryable(f"{type(e).__name__}: {e}") from None
         status = response.status_code
         if status in (408, 429) or status >= 500:
-            raise _Retryable(f"HTTP {status}: {_error_message(response)}", _retry_after(response))
+            raise _Retryable(f"HTTP {status}: {self._redact(_error_message(response), ERROR_CHARS)}", _retry_after(response))
         if status >= 400:
-            raise _Fatal(f"HTTP {status} (not retried): {_error_message(response)}")
+            raise _Fatal(f"HTTP {status} (not retried): {self._redact(_error_message(response), ERROR_CHARS)}")
         try:
             data = response.json()
             data["choices"][0]["message"]
         except (ValueError, KeyError, IndexError, TypeError):
-            raise _Fatal(f"unexpected response (not an OpenAI chat completion): {response.text[:300]!r}") from None
+            shown = repr(self._redact(response.text))[:ERROR_CHARS]  # redacted before the cut
+            raise _Fatal(f"unexpected response (not an OpenAI chat completion): {shown}") from None
         return data
 
     def _reply(self, data: dict[str, Any], attempts: int, latency_s: float) -> AnalyzerReply:
@@ -279,15 +281,20 @@ class OpenAIChatAnalyzer(_Paced):
             await state[1].aclose()  # a client of a finished loop died with it
 
 
+ERROR_CHARS = 300
+"""Server error text kept in an error message; cut only after redaction (``redact``)."""
+
+
 def _error_message(response: httpx.Response) -> str:
+    """The server's own error text, whole: the caller redacts, then truncates."""
     try:
         data = response.json()
     except ValueError:
-        return response.text[:300] or response.reason_phrase
+        return response.text or response.reason_phrase
     err = data.get("error", data) if isinstance(data, dict) else data
     if isinstance(err, dict) and "message" in err:
-        return str(err["message"])[:300]
-    return str(err)[:300]
+        return str(err["message"])
+    return str(err)
 
 
 def _retry_after(response: httpx.Response) -> float | None:
@@ -355,7 +362,7 @@ async def _invoke_paced(paced: _Paced, model: Any, messages: list[BaseMessage], 
             try:
                 reply = await model.ainvoke(messages)
             except Exception as e:  # noqa: BLE001 - provider errors are data here
-                last = f"{type(e).__name__}: {e}"
+                last = redact(f"{type(e).__name__}: {e}")  # a provider may quote its credentials
                 if isinstance(e, TypeError | NotImplementedError):  # a programming error: retrying cannot help
                     break
                 if attempt < max_retries:

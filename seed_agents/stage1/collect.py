@@ -31,10 +31,11 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from seed_agents.aio import run_sync
-from seed_agents.config import AgentConfig, BackendConfig, ConfigError, load_config
+from seed_agents.config import AgentConfig, BackendConfig, ConfigError, first_error, load_config
+from seed_agents.redact import redact
 from seed_agents.runner import RunnerConfig
 from seed_agents.stage1.analyzers import Analyzer, AnalyzerConfig, AnalyzerReply, PolicyAnalyzer, make_analyzer
-from seed_agents.types import LLMCall, SamplingParams, SkillExample, StopReason, Task, Trajectory
+from seed_agents.types import LLMCall, SamplingParams, SkillExample, Task, Trajectory
 
 
 class CollectConfig(BaseModel):
@@ -82,45 +83,58 @@ def run_collect(cfg: CollectConfig, *, suite: Any = None, llm: Any = None, analy
     ``suite`` (an ``EnvSuite``), ``llm`` (the policy's chat model) and ``analyzer`` replace
     what the config would build, for tests and for callers that already hold them.
     """
-    out = Path(cfg.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(cfg.model_dump_json(indent=2))
-    traj_path, ex_path = out / "trajectories.jsonl", out / "examples.jsonl"
-    for path in (traj_path, ex_path):
-        repair_tail(path)
-    done = {e.example_id: e for e in _read(ex_path, SkillExample)}
+    suite = _preflight(cfg, suite, llm, analyzer)
     t0 = time.perf_counter()
     owned: list[Any] = []  # backends built here, closed at the end
     try:
-        return _collect(cfg, suite, llm, analyzer, done, owned, t0)
+        return _collect(cfg, suite, llm, analyzer, owned, t0)
     finally:
         for backend in owned:
             backend.close()
 
 
-def _collect(cfg: CollectConfig, suite: Any, llm: Any, analyzer: Analyzer | None, done: dict[str, SkillExample],
-             owned: list[Any], t0: float) -> dict[str, Any]:
+def _preflight(cfg: CollectConfig, suite: Any, llm: Any, analyzer: Analyzer | None) -> Any:
+    """The checks that need no model loaded: ``out`` can be written and holds no other
+    episodes, the env and its split give the tasks, the model folders exist, the server
+    answers. Nothing is written. Returns the env suite (None with ``from_trajectories``)."""
+    from seed_agents.preflight import check_backend, check_out, load_suite, suite_tasks
+
+    out = Path(cfg.out)
+    check_out(out, holds_run=False, overwrite=None, what="a collect run")  # a re-run resumes: only writability
+    a = cfg.analyzer
+    if cfg.from_trajectories is not None:
+        src, traj_path = Path(cfg.from_trajectories), out / "trajectories.jsonl"
+        if not src.is_file():
+            raise ConfigError(f"--from-trajectories: no such file {src}; pass the trajectories.jsonl of an eval or "
+                              f"collect run")
+        if traj_path.exists() and not filecmp.cmp(src, traj_path, shallow=False):
+            raise ConfigError(f"{out} already holds other episodes (trajectories.jsonl); choose another --out")
+    else:
+        if suite is None:
+            suite = load_suite(cfg.env, seed=cfg.seed, options=cfg.env_options)
+        suite_tasks(suite, cfg.env, cfg.split, cfg.num_tasks)
+    policy_llm_needed = cfg.from_trajectories is None or (analyzer is None and a.kind == "policy"
+                                                          and a.backend is None and not a.model)
+    if llm is None and policy_llm_needed:
+        check_backend(cfg.backend)
+    if analyzer is None and a.kind == "policy" and (a.backend is not None or a.model):
+        check_backend(a.backend or BackendConfig(kind="local", model=a.model), flag="--analyzer-model")
+    return suite
+
+
+def _collect(cfg: CollectConfig, suite: Any, llm: Any, analyzer: Analyzer | None, owned: list[Any],
+             t0: float) -> dict[str, Any]:
     out = Path(cfg.out)
     traj_path, ex_path = out / "trajectories.jsonl", out / "examples.jsonl"
+    done = {e.example_id: e for e in _read(ex_path, SkillExample)}  # a half-written last line is skipped
 
     # -- episodes: reuse what is there, find what is missing -----------------------------
     missing: list[tuple[Task, int]] = []
     if cfg.from_trajectories is not None:
-        src = Path(cfg.from_trajectories)
-        if not src.is_file():
-            raise FileNotFoundError(f"--from-trajectories: no such file {src}")
-        if traj_path.exists() and not filecmp.cmp(src, traj_path, shallow=False):
-            raise ConfigError(f"{out} already holds other episodes (trajectories.jsonl); choose another --out")
-        if not traj_path.exists():
-            shutil.copyfile(src, traj_path)  # the out dir stays self-contained for `skills eval`
-        existing = latest_trajectories(_read(traj_path, Trajectory))
+        existing = latest_trajectories(_read(traj_path if traj_path.exists() else Path(cfg.from_trajectories), Trajectory))
     else:
         existing = latest_trajectories(_read(traj_path, Trajectory))
-        if suite is None:
-            from seed_agents.envs import load_env_suite
-
-            suite = load_env_suite(cfg.env, seed=cfg.seed, **cfg.env_options)
-        have = {(t.task_id, t.sample_index) for t in existing if t.stop_reason != StopReason.ERROR}
+        have = {(t.task_id, t.sample_index) for t in existing if t.fault is None}  # faults are re-played
         missing = [(task, i) for task in suite.tasks(cfg.split, cfg.num_tasks)
                    for i in range(cfg.runner.group_size) if (task.task_id, i) not in have]
 
@@ -140,6 +154,14 @@ def _collect(cfg: CollectConfig, suite: Any, llm: Any, analyzer: Analyzer | None
         raise ConfigError(f"{ex_path} holds examples written by {', '.join(others)}, not {analyzer.name}; choose "
                           f"another --out (with --from-trajectories {traj_path} to analyze the same episodes)")
 
+    # -- out: written from here on, every input being checked ------------------------------
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(cfg.model_dump_json(indent=2))
+    for path in (traj_path, ex_path):
+        repair_tail(path)
+    if cfg.from_trajectories is not None and not traj_path.exists():
+        shutil.copyfile(cfg.from_trajectories, traj_path)  # the out dir stays self-contained for `skills eval`
+
     # -- rollouts: only the missing (task, sample) slots ---------------------------------------
     new: list[Trajectory] = []
     t_roll = time.perf_counter()
@@ -151,9 +173,11 @@ def _collect(cfg: CollectConfig, suite: Any, llm: Any, analyzer: Analyzer | None
     rollout_s = time.perf_counter() - t_roll
 
     # -- analysis: every finished, not yet analyzed episode, concurrently ------------------
-    errored = [t for t in trajs if t.stop_reason == StopReason.ERROR]
-    no_calls = [t for t in trajs if t.stop_reason != StopReason.ERROR and not t.policy_calls]
-    todo = [t for t in trajs if t.stop_reason != StopReason.ERROR and t.policy_calls and t.trajectory_id not in done]
+    # an infrastructure fault (crash, timeout, raising reward) says nothing about the policy:
+    # no skill is written about it, so stage 1 never imitates a verdict on a broken episode
+    errored = [t for t in trajs if t.fault is not None]
+    no_calls = [t for t in trajs if t.fault is None and not t.policy_calls]
+    todo = [t for t in trajs if t.fault is None and t.policy_calls and t.trajectory_id not in done]
     t1 = time.perf_counter()
     written, failures, cost = run_sync(_analyze_all(cfg, analyzer, todo, ex_path))
     analysis_s = time.perf_counter() - t1
@@ -266,7 +290,7 @@ async def _analyze_all(cfg: CollectConfig, analyzer: Analyzer, todo: list[Trajec
         try:
             reply = await analyzer.analyze(messages, steps=steps, success=traj.success, task_text=text)
         except Exception as e:  # noqa: BLE001 - a broken analyzer fails this episode, not the run
-            reply = AnalyzerReply(error=f"{type(e).__name__}: {e}")
+            reply = AnalyzerReply(error=redact(f"{type(e).__name__}: {e}"))  # errors are written to summary.json
         cost += reply.cost_usd
         if bar is not None:
             bar.update(1)
@@ -329,7 +353,11 @@ def repair_tail(path: Path) -> None:
 def _read(path: Path, model: type[BaseModel]) -> list[Any]:
     from seed_agents.capture import read_jsonl
 
-    return read_jsonl(path, model) if path.exists() else []
+    try:
+        return read_jsonl(path, model) if path.exists() else []
+    except ValueError as e:
+        raise ConfigError(f"{path} is not a file of {model.__name__} records ({first_error(e)}); pass a file "
+                          f"written by seed-agents, or another --out") from None
 
 
 def _bar(total: int, desc: str, enabled: bool) -> Any:

@@ -29,7 +29,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from seed_agents.aio import run_sync
-from seed_agents.config import ConfigError, load_config
+from seed_agents.config import ConfigError, first_error, load_config
 from seed_agents.types import SkillExample
 
 
@@ -70,11 +70,13 @@ def read_examples(paths: list[Path]) -> tuple[list[SkillExample], dict[str, int]
     counts = Counter[str]()
     for path in paths:
         if not Path(path).is_file():
-            raise ConfigError(f"examples file {path} does not exist")
+            raise ConfigError(f"examples file {path} does not exist; pass the examples.jsonl written by "
+                              f"`seed-agents skills collect`")
         try:
             records = read_jsonl(path, SkillExample)
         except ValueError as e:
-            raise ConfigError(f"{path}: not a file of SkillExample records: {e}") from None
+            raise ConfigError(f"{path}: not a file of SkillExample records ({first_error(e)}); pass the "
+                              f"examples.jsonl written by `seed-agents skills collect`") from None
         for ex in records:
             counts["read"] += 1
             key = (ex.analyzer, ex.example_id)
@@ -177,6 +179,10 @@ def parse_rate(model: Any, tokenizer: Any, examples: list[SkillExample], *, max_
 # -- the run ----------------------------------------------------------------------------
 
 
+SFT_FILES = ("sft_summary.json", "model", "checkpoints")
+"""What `skills sft` writes into --out: what --overwrite replaces."""
+
+
 def run_sft(cfg: SFTRunConfig, *, overwrite: bool = False) -> dict[str, Any]:
     """Split, measure, train, measure again, save; return (and write) the summary."""
     import datasets
@@ -184,23 +190,25 @@ def run_sft(cfg: SFTRunConfig, *, overwrite: bool = False) -> dict[str, Any]:
     from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback
     from trl import SFTConfig, SFTTrainer
 
-    from seed_agents.models import resolve_model
+    from seed_agents.models import check_model_folder, resolve_model
+    from seed_agents.preflight import check_out, replace_run
 
+    # -- checks: nothing in --out is written or moved until the examples and the model are good
     t0 = time.perf_counter()
     examples, counts = read_examples(list(cfg.examples))
     out = Path(cfg.out)
-    if (out / "sft_summary.json").exists() and not overwrite:
-        raise ConfigError(f"{out} already holds an SFT run (sft_summary.json); choose another --out or pass --overwrite")
-    (out / "sft_summary.json").unlink(missing_ok=True)  # written last: it marks a finished run
-
+    check_out(out, holds_run=(out / "sft_summary.json").exists(), overwrite=overwrite, what="an SFT run (sft_summary.json)")
     path = resolve_model(cfg.model)
+    check_model_folder(path)
     tokenizer = AutoTokenizer.from_pretrained(path)
     if not tokenizer.chat_template:
-        raise ConfigError(f"model {cfg.model!r} has no chat template; the analyzer prompt cannot be rendered")
+        raise ConfigError(f"model {cfg.model!r} has no chat template, so the analyzer prompt cannot be rendered; "
+                          f"pass a chat (instruct) model")
     kept = [ex for ex in examples if _length(tokenizer, ex) <= cfg.max_length]
     counts["too_long"] = len(examples) - len(kept)
     if not kept:
-        raise ConfigError(f"all {len(examples)} valid examples are longer than max_length={cfg.max_length} tokens")
+        raise ConfigError(f"all {len(examples)} valid examples are longer than max_length={cfg.max_length} tokens; "
+                          f"raise --max-length")
     train, heldout, split = split_examples(kept, cfg.heldout_fraction, cfg.seed)
     if split["note"]:
         print(f"note: {split['note']}", flush=True)
@@ -211,69 +219,71 @@ def run_sft(cfg: SFTRunConfig, *, overwrite: bool = False) -> dict[str, Any]:
     print(f"held-out parse rate of {cfg.model} ({len(eval_subset)} prompts, greedy) ...", flush=True)
     before = parse_rate(model, tokenizer, eval_subset, max_tokens=cfg.eval_max_tokens, batch_size=cfg.eval_batch_size)
 
-    peft_config = None
-    if cfg.lora_r:
-        from peft import LoraConfig
+    # -- the run: --overwrite's old model and summary are deleted only once it has finished
+    with replace_run(out, SFT_FILES):  # sft_summary.json is written last: it marks a finished run
+        peft_config = None
+        if cfg.lora_r:
+            from peft import LoraConfig
 
-        peft_config = LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, target_modules="all-linear", task_type="CAUSAL_LM")
-    args = SFTConfig(
-        output_dir=str(out / "checkpoints"), num_train_epochs=cfg.epochs, learning_rate=cfg.learning_rate,
-        per_device_train_batch_size=cfg.batch_size, per_device_eval_batch_size=cfg.batch_size,
-        gradient_accumulation_steps=cfg.grad_accum, max_length=cfg.max_length, completion_only_loss=True,
-        eval_strategy="epoch", save_strategy="no", logging_steps=1, report_to=[], seed=cfg.seed,
-        activation_checkpointing=cfg.activation_checkpointing, use_cpu=not torch.cuda.is_available(), bf16=False,
-        disable_tqdm=True,
-    )
-    bars = datasets.is_progress_bar_enabled()
-    datasets.disable_progress_bars()  # TRL's map() steps would print eight bars per run
-    try:
-        trainer = SFTTrainer(model=model, args=args, processing_class=tokenizer, peft_config=peft_config,
-                             train_dataset=datasets.Dataset.from_list(to_dataset_rows(train)),
-                             eval_dataset=datasets.Dataset.from_list(to_dataset_rows(heldout)))
-        trainer.remove_callback(PrinterCallback)
-        trainer.add_callback(_epoch_printer())
-        loss_before = trainer.evaluate()["eval_loss"]
-        print(f"held-out loss {loss_before:.4f}; training on {len(train)} examples ({cfg.epochs:g} epochs) ...", flush=True)
-        train_out = trainer.train()
-        last = next((e for e in reversed(trainer.state.log_history) if "eval_loss" in e), None)
-        if last is not None and last["step"] == trainer.state.global_step:
-            loss_after = last["eval_loss"]  # the end-of-epoch evaluation already measured the final weights
-        else:
-            loss_after = trainer.evaluate()["eval_loss"]
-    finally:
-        if bars:
-            datasets.enable_progress_bars()
+            peft_config = LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, target_modules="all-linear", task_type="CAUSAL_LM")
+        args = SFTConfig(
+            output_dir=str(out / "checkpoints"), num_train_epochs=cfg.epochs, learning_rate=cfg.learning_rate,
+            per_device_train_batch_size=cfg.batch_size, per_device_eval_batch_size=cfg.batch_size,
+            gradient_accumulation_steps=cfg.grad_accum, max_length=cfg.max_length, completion_only_loss=True,
+            eval_strategy="epoch", save_strategy="no", logging_steps=1, report_to=[], seed=cfg.seed,
+            activation_checkpointing=cfg.activation_checkpointing, use_cpu=not torch.cuda.is_available(), bf16=False,
+            disable_tqdm=True,
+        )
+        bars = datasets.is_progress_bar_enabled()
+        datasets.disable_progress_bars()  # TRL's map() steps would print eight bars per run
+        try:
+            trainer = SFTTrainer(model=model, args=args, processing_class=tokenizer, peft_config=peft_config,
+                                 train_dataset=datasets.Dataset.from_list(to_dataset_rows(train)),
+                                 eval_dataset=datasets.Dataset.from_list(to_dataset_rows(heldout)))
+            trainer.remove_callback(PrinterCallback)
+            trainer.add_callback(_epoch_printer())
+            loss_before = trainer.evaluate()["eval_loss"]
+            print(f"held-out loss {loss_before:.4f}; training on {len(train)} examples ({cfg.epochs:g} epochs) ...", flush=True)
+            train_out = trainer.train()
+            last = next((e for e in reversed(trainer.state.log_history) if "eval_loss" in e), None)
+            if last is not None and last["step"] == trainer.state.global_step:
+                loss_after = last["eval_loss"]  # the end-of-epoch evaluation already measured the final weights
+            else:
+                loss_after = trainer.evaluate()["eval_loss"]
+        finally:
+            if bars:
+                datasets.enable_progress_bars()
 
-    # -- save a plain model folder: what `seed-agents train` loads as backend.model --------
-    final = trainer.model
-    if cfg.lora_r:
-        final = final.merge_and_unload()
-    model_dir = out / "model"
-    if model_dir.exists():
-        shutil.rmtree(model_dir)
-    final.save_pretrained(str(model_dir), safe_serialization=True)
-    tokenizer.save_pretrained(str(model_dir))
-    shutil.rmtree(out / "checkpoints", ignore_errors=True)
+        # -- save a plain model folder: what `seed-agents train` loads as backend.model --------
+        final = trainer.model
+        if cfg.lora_r:
+            final = final.merge_and_unload()
+        model_dir = out / "model"
+        if model_dir.exists():
+            shutil.rmtree(model_dir)
+        final.save_pretrained(str(model_dir), safe_serialization=True)
+        tokenizer.save_pretrained(str(model_dir))
+        shutil.rmtree(out / "checkpoints", ignore_errors=True)
 
-    print("held-out parse rate of the trained model ...", flush=True)
-    after = parse_rate(final, tokenizer, eval_subset, max_tokens=cfg.eval_max_tokens, batch_size=cfg.eval_batch_size)
-    summary = {
-        "model": cfg.model, "model_dir": str(model_dir), "lora_r": cfg.lora_r, "examples": counts,
-        "split": {**split, "n_train": len(train), "n_heldout": len(heldout)},
-        "heldout_task_ids": split["heldout_task_ids"],
-        "heldout_loss": {"before": loss_before, "after": loss_after},
-        "parse_rate": {"before": before["parse_rate"], "after": after["parse_rate"], "n": after["n"]},
-        "generations": {"before": before, "after": after},
-        "train_loss": train_out.training_loss,
-        "heldout_loss_curve": [{"step": 0, "epoch": 0.0, "loss": loss_before}] + [
-            {"step": e["step"], "epoch": e.get("epoch", 0.0), "loss": e["eval_loss"]}
-            for e in trainer.state.log_history if "eval_loss" in e],
-        "wall_s": time.perf_counter() - t0,
-        "config": json.loads(cfg.model_dump_json()),
-    }
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "sft_summary.json").write_text(json.dumps(summary, indent=2))
-    return summary
+        print("held-out parse rate of the trained model ...", flush=True)
+        after = parse_rate(final, tokenizer, eval_subset, max_tokens=cfg.eval_max_tokens, batch_size=cfg.eval_batch_size)
+        summary = {
+            "model": cfg.model, "model_dir": str(model_dir), "lora_r": cfg.lora_r, "examples": counts,
+            "split": {**split, "n_train": len(train), "n_heldout": len(heldout)},
+            "heldout_task_ids": split["heldout_task_ids"],
+            "heldout_loss": {"before": loss_before, "after": loss_after},
+            "parse_rate": {"before": before["parse_rate"], "after": after["parse_rate"], "n": after["n"]},
+            "generations": {"before": before, "after": after},
+            "train_loss": train_out.training_loss,
+            "heldout_loss_curve": [{"step": 0, "epoch": 0.0, "loss": loss_before}] + [
+                {"step": e["step"], "epoch": e.get("epoch", 0.0), "loss": e["eval_loss"]}
+                for e in trainer.state.log_history if "eval_loss" in e],
+            "wall_s": time.perf_counter() - t0,
+            "config": json.loads(cfg.model_dump_json()),
+        }
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "sft_summary.json").write_text(json.dumps(summary, indent=2))
+        return summary
 
 
 def _epoch_printer() -> Any:
@@ -336,5 +346,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-length", dest="max_length", type=int)
     p.add_argument("--eval-max-tokens", dest="eval_max_tokens", type=int)
     p.add_argument("--seed", type=int)
-    p.add_argument("--overwrite", action="store_true", help="Replace an existing run in --out.")
+    p.add_argument("--overwrite", action="store_true",
+                   help="Replace the run in --out: its model and summary move to <out>.old-<time>/, deleted when "
+                        "this run finishes and moved back if it fails.")
     p.set_defaults(func=cmd_sft)

@@ -40,7 +40,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from seed_agents.aio import run_sync
-from seed_agents.config import AgentConfig, ConfigError, load_config
+from seed_agents.config import AgentConfig, ConfigError, first_error, load_config
 from seed_agents.types import LLMCall, SamplingParams, SkillExample, Task, Trajectory
 
 
@@ -272,7 +272,8 @@ def read_task_filter(path: Path) -> set[str]:
     try:
         data = json.loads(Path(path).read_text())
     except (OSError, ValueError) as e:
-        raise ConfigError(f"cannot read task ids from {path}: {e}") from None
+        raise ConfigError(f"cannot read task ids from {path}: {e}; pass a JSON list of task ids or the "
+                          f"sft_summary.json of `skills sft`") from None
     if isinstance(data, dict):
         data = data.get("heldout_task_ids", data.get("task_ids"))
     if not isinstance(data, list) or not all(isinstance(x, str) for x in data):
@@ -290,11 +291,12 @@ def load_inputs(cfg: UsefulnessConfig) -> tuple[dict[str, Trajectory], dict[str,
         raise ConfigError("no examples files: pass at least one examples.jsonl (--examples)")
     for path in [cfg.trajectories, *cfg.examples]:
         if not Path(path).is_file():
-            raise ConfigError(f"{path} does not exist")
+            raise ConfigError(f"{path} does not exist; pass the files a collect run wrote")
     try:
         all_trajs = read_jsonl(cfg.trajectories, Trajectory)
     except ValueError as e:
-        raise ConfigError(f"{cfg.trajectories}: not a file of Trajectory records: {e}") from None
+        raise ConfigError(f"{cfg.trajectories}: not a file of Trajectory records ({first_error(e)}); pass the "
+                          f"trajectories.jsonl of a collect run") from None
     keep = read_task_filter(cfg.tasks_from) if cfg.tasks_from else None
     trajs = {t.trajectory_id: t for t in all_trajs
              if (keep is None or t.task_id in keep) and (cfg.split is None or t.split == cfg.split)}
@@ -304,7 +306,8 @@ def load_inputs(cfg: UsefulnessConfig) -> tuple[dict[str, Trajectory], dict[str,
         try:
             records = read_jsonl(path, SkillExample)
         except ValueError as e:
-            raise ConfigError(f"{path}: not a file of SkillExample records: {e}") from None
+            raise ConfigError(f"{path}: not a file of SkillExample records ({first_error(e)}); pass the "
+                              f"examples.jsonl of a collect run") from None
         for ex in records:
             if (ex.analyzer, ex.example_id) not in seen:
                 seen.add((ex.analyzer, ex.example_id))
@@ -423,12 +426,17 @@ def run_usefulness(cfg: UsefulnessConfig) -> dict[str, Any]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from seed_agents.chat_model import SeedChatModel
-    from seed_agents.models import resolve_model
+    from seed_agents.models import check_model_folder, resolve_model
+    from seed_agents.preflight import check_out, load_suite
     from seed_agents.skills import SystemBlockInjector, TaskLineInjector
 
+    # -- checks: inputs, --out, the model and the re-run's env, before the slow scoring ------
     t0 = time.perf_counter()
     trajs, by_analyzer, counts = load_inputs(cfg)
+    check_out(Path(cfg.out), holds_run=False, overwrite=None, what="a skills eval")
     path = resolve_model(cfg.model)
+    check_model_folder(path)
+    suite = load_suite(cfg.rerun.env, seed=cfg.seed, options=cfg.rerun.env_options) if cfg.rerun.enabled else None
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     injector = TaskLineInjector() if cfg.injector == "task_line" else SystemBlockInjector()
@@ -439,9 +447,7 @@ def run_usefulness(cfg: UsefulnessConfig) -> dict[str, Any]:
     if cfg.rerun.enabled:
         from seed_agents.backends.local import LocalBackend
         from seed_agents.capture import JsonlSink
-        from seed_agents.envs import load_env_suite
 
-        suite = load_env_suite(cfg.rerun.env, seed=cfg.seed, **cfg.rerun.env_options)
         skills = {a: _skills_by_task(exs, trajs) for a, exs in by_analyzer.items()}
         splits = {t.task_id: t.split for t in trajs.values()}
         task_ids = sorted({t for by_task in skills.values() for t in by_task})[: cfg.rerun.max_tasks]

@@ -7,7 +7,8 @@ TRL wrote the folder, before it is marked complete) and mid-sync (before the new
 are pushed). Each run is a real `seed-agents train` process on a tiny random model, with
 the local backend at concurrency 1 (the local backend's batches otherwise depend on
 timing; see the README's reproducibility note). 3 tasks, 1 per iteration, 4 iterations:
-the resumed runs also cross an epoch boundary.
+the resumed runs also cross an epoch boundary. A kill before the first checkpoint leaves a
+run that ``--resume`` restarts from step 0.
 """
 
 from __future__ import annotations
@@ -26,8 +27,10 @@ from safetensors.torch import load_file  # noqa: E402
 
 from seed_agents.faults import CRASH_ENV  # noqa: E402
 
-# (crash point, the n-th time it is reached): each lands in iteration 1 or later
-KILLS = {"rollout": "rollout@3", "update": "update@2", "checkpoint": "checkpoint@2", "sync": "sync@2"}
+# (crash point, the n-th time it is reached): in iteration 1 or later, and once in the
+# first rollout, before any checkpoint exists (--resume then restarts at step 0)
+KILLS = {"rollout": "rollout@3", "update": "update@2", "checkpoint": "checkpoint@2", "sync": "sync@2",
+         "first-rollout": "rollout@1"}
 
 
 def train(config: Path, out: Path, *extra: str, crash: str | None = None) -> subprocess.CompletedProcess:

@@ -107,7 +107,7 @@ def test_fault_budget():
 
 def test_a_dead_server_trips_the_breaker_and_the_rest_is_skipped(tokenizer):
     url = f"http://127.0.0.1:{free_port()}"  # nothing listens here
-    backend = VLLMBackend(url, "m", max_retries=1, backoff_s=0.01)
+    backend = VLLMBackend(url, "m", max_retries=1, backoff_s=0.01, timeout_s=10)
     llm = SeedChatModel(backend=backend, tokenizer=tokenizer, sampling=SamplingParams(max_tokens=4))
     trajs = asyncio.run(faulty_runner(llm, group_size=1, concurrency=1).run(tasks_with(*[None] * 5)))
     assert trajs[0].fault == FaultKind.BACKEND and url in trajs[0].error
@@ -134,11 +134,16 @@ class _DyingServer:
             def log_message(self, *args):  # noqa: ANN002
                 pass
 
+            def do_GET(self):  # noqa: N802 - /health, while alive
+                self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
             def do_POST(self):  # noqa: N802
                 self.rfile.read(int(self.headers.get("Content-Length", 0)))
                 owner.served += 1
-                if owner.served > n_ok:  # die: stop accepting, drop this connection
-                    threading.Thread(target=owner.server.shutdown, daemon=True).start()
+                if owner.served > n_ok:  # die: drop this connection, then refuse every new one
+                    threading.Thread(target=owner.die, daemon=True).start()
                     self.connection.close()
                     return
                 body = json.dumps({"choices": [{"token_ids": ids, "finish_reason": "stop",
@@ -153,18 +158,21 @@ class _DyingServer:
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
+    def die(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()  # the port closes: connections are refused, as after a crash
+
     def close(self) -> None:
         self.server.server_close()
 
 
 def test_a_server_that_dies_mid_eval_stops_it_with_the_url_and_nonzero_exit(tokenizer, tiny_model_dir, tmp_path,
-                                                                                 capsys, monkeypatch):
+                                                                                 capsys):
     """`seed-agents eval` against a server that dies after 2 answers: the episodes after it
     are skipped (not retried one by one), the exit code is non-zero and the URL is named."""
     from seed_agents.cli import main
 
     server = _DyingServer(tokenizer, n_ok=2)
-    monkeypatch.setattr(VLLMBackend, "health", lambda self, timeout_s=5.0: True)
     try:
         code = main(["eval", "--backend", "vllm", "--base-url", server.url, "--model", "m",
                      "--tokenizer", tiny_model_dir, "--episodes", "8", "--concurrency", "1",

@@ -45,9 +45,23 @@ def test_tiny_model_is_deterministic_given_seed(tiny_model_dir: str, tmp_path: P
     assert not all(torch.equal(other[k], ref[k]) for k in ref)
 
 
-def test_existing_path_and_hub_ids_pass_through(tmp_path: Path) -> None:
+def test_existing_path_and_hub_ids_pass_through(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert resolve_model(str(tmp_path)) == str(tmp_path)
+    monkeypatch.setenv(models.ONLINE_ENV, "1")  # downloads allowed: the caller's from_pretrained fetches it
     assert resolve_model("HuggingFaceTB/SmolLM2-135M-Instruct") == "HuggingFaceTB/SmolLM2-135M-Instruct"
+
+
+def test_unknown_names_fail_at_once_offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(models.ONLINE_ENV, raising=False)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))  # an empty hub cache
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path / "hub"))
+    t0 = time.perf_counter()
+    with pytest.raises(ModelNotAvailable, match="SEED_AGENTS_ONLINE=1"):
+        resolve_model("HuggingFaceTB/SmolLM2-135M-Instruct")
+    with pytest.raises(ModelNotAvailable, match="does not exist"):
+        resolve_model(str(tmp_path / "nope"))
+    assert time.perf_counter() - t0 < 1.0  # no network attempt
 
 
 def _fake_converted(folder: Path) -> None:

@@ -58,14 +58,14 @@ def test_train_any_graph_writes_every_trace_and_resumes_without_duplicates(tmp_p
     assert versions == {0: {0}, 1: {1}}  # iteration k was sampled by the weights after k updates
 
 
-def test_existing_run_needs_resume_and_resume_needs_a_checkpoint(tmp_path, tiny_model_dir):
+def test_existing_run_needs_resume_and_resume_needs_a_run(tmp_path, tiny_model_dir):
     out = tmp_path / "run"
     out.mkdir()
-    (out / "metrics.jsonl").write_text("{}\n")
+    (out / "config.json").write_text("{}\n")  # a run killed before its first trace
     with pytest.raises(ConfigError, match="--resume"):
         run_train(calc_config(tmp_path, tiny_model_dir))
-    with pytest.raises(ConfigError, match="no checkpoint"):
-        run_train(calc_config(tmp_path, tiny_model_dir), resume=True)
+    with pytest.raises(ConfigError, match="no run under"):
+        run_train(calc_config(tmp_path, tiny_model_dir, out=str(tmp_path / "empty")), resume=True)
 
 
 def test_bad_train_configs_get_one_clear_error(tmp_path, capsys, tiny_model_dir):

@@ -130,7 +130,10 @@ class Catalog:
 
     def split_range(self, split: str) -> range:
         if split not in self.splits:
-            raise ValueError(f"unknown split {split!r}; valid splits: {', '.join(self.splits)}")
+            from seed_agents.config import ConfigError  # a ValueError the CLI shows as one line
+
+            raise ConfigError(f"unknown WebShop split {split!r} of the {self.source} catalog; valid splits: "
+                              f"{', '.join(self.splits)}; choose one with --split (or split: in the config)")
         start, end = self.splits[split]
         return range(min(start, len(self.goals)), len(self.goals) if end is None else min(end, len(self.goals)))
 

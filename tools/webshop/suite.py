@@ -81,8 +81,8 @@ class WebShopSuite:
         id ``webshop-{i}`` (``webshop-synthetic-{i}`` for the synthetic catalog)."""
         indices = self.catalog.split_range(split)
         if not 0 <= n <= len(indices):
-            raise ValueError(f"n must be in [0, {len(indices)}] for split {split!r} of the {self.catalog.source} "
-                             f"catalog, got {n}")
+            raise ConfigError(f"WebShop split {split!r} of the {self.catalog.source} catalog has {len(indices)} goals; "
+                              f"asked for {n}; ask for a number in [0, {len(indices)}]")
         prefix = "webshop-synthetic-" if self.catalog.source == "synthetic" else "webshop-"
         out = []
         for i in indices[:n]:
