@@ -84,6 +84,27 @@ def _hermes_fallback(messages: list[dict[str, Any]], tools: list[dict[str, Any]]
     return out
 
 
+def uses_native_tools(tokenizer: Any, tool_format: str = "auto") -> bool:
+    """Whether ``tokenizer``'s chat template renders tools itself ('auto' looks)."""
+    if tool_format != "auto":
+        return tool_format == "native"
+    return "tools" in (tokenizer.chat_template or "")
+
+
+def render_chat(tokenizer: Any, messages: Sequence[BaseMessage], tools: list[dict[str, Any]] | None = None,
+                tool_format: str = "auto") -> tuple[list[int], list[dict[str, Any]]]:
+    """(prompt token ids, rendered message dicts): the chat template applied client-side,
+    tools included. ``SeedChatModel`` and the capture gateway both render with this, so
+    an agent sees the same prompt ids through either."""
+    dicts = to_chat_dicts(messages)
+    if uses_native_tools(tokenizer, tool_format):
+        text = tokenizer.apply_chat_template(dicts, tools=tools or None, add_generation_prompt=True, tokenize=False)
+    else:
+        dicts = _hermes_fallback(dicts, tools)
+        text = tokenizer.apply_chat_template(dicts, add_generation_prompt=True, tokenize=False)
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"]), dicts
+
+
 class SeedChatModel(BaseChatModel):
     """A chat model over a token-level ``Backend``; every call is captured.
 
@@ -112,21 +133,11 @@ class SeedChatModel(BaseChatModel):
     def native_tools(self) -> bool:
         """True when the tokenizer's template renders tools itself; False when we add
         them Hermes-style (then recorded messages already contain them)."""
-        if self.tool_format != "auto":
-            return self.tool_format == "native"
-        template = self.tokenizer.chat_template or ""
-        return "tools" in template
+        return uses_native_tools(self.tokenizer, self.tool_format)
 
     def render(self, messages: Sequence[BaseMessage], tools: list[dict[str, Any]] | None = None) -> tuple[list[int], list[dict[str, Any]]]:
         """Return (prompt token ids, rendered message dicts) for ``messages``."""
-        dicts = to_chat_dicts(messages)
-        if self.native_tools():
-            text = self.tokenizer.apply_chat_template(dicts, tools=tools or None, add_generation_prompt=True, tokenize=False)
-        else:
-            dicts = _hermes_fallback(dicts, tools)
-            text = self.tokenizer.apply_chat_template(dicts, add_generation_prompt=True, tokenize=False)
-        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
-        return list(ids), dicts
+        return render_chat(self.tokenizer, messages, tools, self.tool_format)
 
     def _params(self, kwargs: dict[str, Any]) -> SamplingParams:
         overrides = {k: kwargs[k] for k in _SAMPLING_KEYS if kwargs.get(k) is not None}

@@ -201,6 +201,14 @@ def _parser() -> argparse.ArgumentParser:
 
     for module in (collect, sft, usefulness):
         module.add_parser(ksub)
+
+    # the deployed-agent data plane: the capture gateway, and what the store holds
+    from seed_agents import gateway
+    from seed_agents.store import export
+
+    gateway.add_parser(sub)
+    tr = sub.add_parser("traces", help="The trace store: export sessions as trajectories.")
+    export.add_parser(tr.add_subparsers(dest="traces_command", required=True, metavar="SUBCOMMAND"))
     return p
 
 

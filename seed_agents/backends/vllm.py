@@ -148,23 +148,7 @@ class VLLMBackend:
     # -- request bodies ---------------------------------------------------------------
 
     def _generate_body(self, prompt_ids: list[int], params: SamplingParams) -> dict[str, Any]:
-        if not prompt_ids:
-            raise ValueError("prompt_ids is empty")
-        body: dict[str, Any] = {
-            "model": self.model,
-            "prompt": list(prompt_ids),
-            "max_tokens": params.max_tokens,
-            "temperature": params.temperature,
-            "top_p": params.top_p,
-            "logprobs": 0,  # only the sampled token's logprob
-            "return_token_ids": True,
-            "skip_special_tokens": False,  # the text should show <|im_end|> etc. as sampled
-        }
-        if params.seed is not None:
-            body["seed"] = params.seed
-        if params.stop_token_ids:
-            body["stop_token_ids"] = list(params.stop_token_ids)
-        return body
+        return completion_body(self.model, prompt_ids, params)
 
     def _score_body(self, prompt_ids: list[int], completion_ids: list[int]) -> dict[str, Any]:
         if not prompt_ids:
@@ -278,6 +262,31 @@ class VLLMBackend:
                 f"HTTP {error.status_code}: {error.message}"
             )
         return BackendError(f"request to {self.base_url}{path} failed {tries} times: {type(error).__name__}: {error}")
+
+
+def completion_body(model: str, prompt_ids: list[int], params: SamplingParams, *, stream: bool = False) -> dict[str, Any]:
+    """The ``/v1/completions`` request for one sampled completion of ``prompt_ids``: token
+    ids in, token ids and each sampled token's raw logprob out (the backend and the
+    capture gateway both send exactly this)."""
+    if not prompt_ids:
+        raise ValueError("prompt_ids is empty")
+    body: dict[str, Any] = {
+        "model": model,
+        "prompt": list(prompt_ids),
+        "max_tokens": params.max_tokens,
+        "temperature": params.temperature,
+        "top_p": params.top_p,
+        "logprobs": 0,  # only the sampled token's logprob
+        "return_token_ids": True,
+        "skip_special_tokens": False,  # the text should show <|im_end|> etc. as sampled
+    }
+    if stream:
+        body["stream"] = True
+    if params.seed is not None:
+        body["seed"] = params.seed
+    if params.stop_token_ids:
+        body["stop_token_ids"] = list(params.stop_token_ids)
+    return body
 
 
 class _ServerError(Exception):

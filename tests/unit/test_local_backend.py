@@ -44,9 +44,9 @@ async def test_concurrent_requests_are_batched_and_match_single_requests(local_b
     calls = []
     original = local_backend._generate_batch
 
-    def spy(batch, p):
+    def spy(batch, p, *rest):
         calls.append(len(batch))
-        return original(batch, p)
+        return original(batch, p, *rest)
 
     local_backend._generate_batch = spy
     try:

@@ -1,0 +1,457 @@
+"""The capture gateway: an OpenAI-compatible server that records every call token-exactly.
+
+Put it between any OpenAI client and a vLLM server (a base-URL change is the whole
+integration). Per chat request it renders the chat template with the model's tokenizer
+(``SeedChatModel``'s code: tools included), sends the prompt ids to vLLM
+``/v1/completions``, answers in OpenAI format (tool calls parsed from the model's
+``<tool_call>`` blocks) and stores one ``LLMCall`` (prompt ids, completion ids, logprobs,
+messages, tools, policy version, latency, sampling) under the request's session.
+
+Sessions: the id comes from the ``X-Session-Id`` header or the path prefix
+``/s/{session_id}/v1/...``; without one a new id is made. Either way it is echoed in the
+``X-Session-Id`` response header. ``X-Task-Key`` sets the session's task key (sessions
+with the same key form one training group) when the session has none yet.
+
+Rewards: ``POST /v1/sessions/{id}/reward``, ``POST /v1/sessions/{id}/end`` (runs the
+configured verifiers), ``POST /v1/tasks/{task_key}/judge`` (the LLM judge). Which reward
+trains is the store's ``RewardPolicy``: by default the first reward of the most trusted
+source present, ``verifier`` > ``user`` > ``judge`` (other sources after those, in arrival
+order); configurable as ``RewardPolicy(precedence=..., combine=..., ignore_unlisted=...)``
+where the trainer reads the store.
+
+What gets stored, and when:
+- Non-streaming: after vLLM answered and before the reply is sent; a store failure turns
+  the reply into a 503 (OpenAI clients retry it), so a client never holds an answer
+  whose call is missing without being told.
+- Streaming: once, after the last content chunk and before ``data: [DONE]``. A client
+  that disconnects before that leaves NO stored call (nothing half-written, nothing
+  flagged "incomplete"); a store failure replaces ``[DONE]`` with an error event.
+- Errors answer OpenAI-style ``{"error": {"message", "type", "code"}}``: 400 bad JSON or
+  schema, 401/403 keys, 404 unknown model, 409 ended session, 413 oversize body,
+  502/503/504 upstream or store trouble. None of them stores anything.
+- Secrets: see ``recording`` (redacted, session flagged "secret", never trained).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import re
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AsyncExitStack, asynccontextmanager
+from typing import Any
+
+import anyio
+from fastapi import BackgroundTasks, Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from seed_agents.gateway.config import GatewayConfig
+from seed_agents.gateway.errors import GatewayError, bad_request, not_found
+from seed_agents.gateway.feedback import RewardIn, load_verifiers, run_verifiers
+from seed_agents.gateway.judge import LLMJudge
+from seed_agents.gateway.recording import Recorder, Turn
+from seed_agents.gateway.render import ChatRequest, Renderer, Reply, parse_reply, parse_request
+from seed_agents.gateway.security import KeyRing, RedactingFilter, Redactor, Role, presented_key
+from seed_agents.gateway.streaming import DeltaBuilder
+from seed_agents.gateway.upstream import Upstream
+from seed_agents.store import TraceStore
+from seed_agents.types import Completion, new_id
+
+log = logging.getLogger("seed_agents.gateway")
+
+_SESSION_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+_TASK_KEY_MAX = 256
+
+
+class PolicyIn(BaseModel):
+    """Body of ``PUT /v1/admin/policy``: what new requests are sent to and stamped with."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    upstream_model: str = Field(min_length=1, description="A name the upstream serves (e.g. a LoRA adapter).")
+    policy_version: int = Field(ge=0)
+
+
+class Gateway:
+    """Everything a request handler needs, built once per app."""
+
+    def __init__(self, cfg: GatewayConfig, store: TraceStore, upstream: Upstream, tokenizer: Any) -> None:
+        self.cfg = cfg
+        self.store = store
+        self.upstream = upstream
+        self.renderer = Renderer(tokenizer, cfg.tool_format)
+        self.keys = KeyRing.from_config(cfg.security)
+        self.redactor = Redactor.from_config(cfg.security, extra_literals=[*self.keys.values, *upstream.secret_values])
+        self.stats: Counter[str] = Counter()
+        self.recorder = Recorder(store, self.renderer, self.redactor, self.stats)
+        self.verifiers = load_verifiers(cfg.verifiers)
+        self.judge = LLMJudge(cfg.judge, redact=self.redactor.text) if cfg.judge else None
+        self._judge_locks: dict[str, asyncio.Lock] = {}
+
+    def judge_lock(self, task_key: str) -> asyncio.Lock:
+        """One judge run per task key at a time, so a group is never scored twice."""
+        return self._judge_locks.setdefault(task_key, asyncio.Lock())
+
+
+def build_app(config: GatewayConfig, store: TraceStore, upstream: Upstream, *, tokenizer: Any = None) -> FastAPI:
+    """The gateway app. ``tokenizer`` defaults to ``config.tokenizer or config.model``
+    (resolved with ``seed_agents.models``); the caller owns ``store`` and closes it."""
+    if tokenizer is None:
+        from seed_agents.models import load_tokenizer
+
+        tokenizer = load_tokenizer(config.tokenizer or config.model)
+    gw = Gateway(config, store, upstream, tokenizer)
+    _install_log_redaction(gw.redactor)
+    if gw.keys.open:
+        log.warning("no API keys configured: the gateway admits every request (fine on loopback only)")
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        yield
+        await upstream.aclose()
+
+    app = FastAPI(title="seed-agents capture gateway", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.gateway = gw
+    _add_error_handlers(app, gw)
+    _add_chat_routes(app, gw)
+    _add_feedback_routes(app, gw)
+    _add_admin_routes(app, gw)
+    return app
+
+
+def _install_log_redaction(redactor: Redactor) -> None:
+    """Every gateway log line (and uvicorn's error log) passes the redactor first."""
+    for name in ("seed_agents.gateway", "uvicorn.error"):
+        logger = logging.getLogger(name)
+        for f in [f for f in logger.filters if isinstance(f, RedactingFilter)]:
+            logger.removeFilter(f)
+        logger.addFilter(RedactingFilter(redactor))
+
+
+# -- plumbing ---------------------------------------------------------------------------
+
+
+def _require(gw: Gateway, role: Role) -> Callable[[Request], Awaitable[None]]:
+    async def check(request: Request) -> None:
+        gw.keys.check(presented_key(request.headers), role)
+
+    return check
+
+
+async def read_json(request: Request, limit: int) -> Any:
+    """The request body as JSON: 413 beyond ``limit`` bytes (checked while reading, so a
+    huge body is never held in memory), 400 when it is not JSON."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise GatewayError(413, f"request body exceeds {limit} bytes", type="invalid_request_error", code="request_too_large")
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise GatewayError(413, f"request body exceeds {limit} bytes", type="invalid_request_error", code="request_too_large")
+    try:
+        return json.loads(body)
+    except ValueError:
+        raise bad_request("the request body is not valid JSON", code="invalid_json") from None
+
+
+def _session_id(request: Request, path_session: str | None) -> str:
+    header = request.headers.get("x-session-id")
+    if path_session and header and header != path_session:
+        raise bad_request("X-Session-Id and the /s/{session_id} path prefix disagree", code="session_conflict")
+    sid = path_session or header
+    if sid is None:
+        return new_id()
+    if not _SESSION_ID.fullmatch(sid):
+        raise bad_request("a session id is 1-128 characters of A-Z a-z 0-9 . _ : -", code="invalid_session_id")
+    return sid
+
+
+def _task_key(request: Request) -> str | None:
+    key = request.headers.get("x-task-key")
+    if key is not None and not 0 < len(key) <= _TASK_KEY_MAX:
+        raise bad_request(f"X-Task-Key must be 1-{_TASK_KEY_MAX} characters", code="invalid_task_key")
+    return key
+
+
+def _add_error_handlers(app: FastAPI, gw: Gateway) -> None:
+    @app.exception_handler(GatewayError)
+    async def gateway_error(request: Request, exc: GatewayError) -> JSONResponse:
+        gw.stats[f"http_{exc.status}"] += 1
+        return exc.response()
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
+        loc = ".".join(str(x) for x in first.get("loc", ()))
+        return bad_request(f"invalid request: {loc}: {first.get('msg')}").response()
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+        return GatewayError(exc.status_code, str(exc.detail), type="invalid_request_error", code=code).response()
+
+    @app.exception_handler(Exception)
+    async def bug(request: Request, exc: Exception) -> JSONResponse:
+        """A gateway bug: still an OpenAI-shaped answer, and one redacted log line."""
+        gw.stats["http_500"] += 1
+        log.error("unexpected %s on %s: %s", type(exc).__name__, request.url.path, exc)
+        return GatewayError(500, "internal gateway error; see the gateway log", type="internal_error", code="internal_error").response()
+
+
+# -- chat -----------------------------------------------------------------------------------
+
+
+def _add_chat_routes(app: FastAPI, gw: Gateway) -> None:
+    client = [Depends(_require(gw, Role.CLIENT))]
+
+    @app.get("/health")
+    async def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/v1/models", dependencies=client)
+    @app.get("/s/{session_id}/v1/models", dependencies=client)
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [{"id": gw.cfg.model, "object": "model", "created": 0, "owned_by": "seed-agents"}]}
+
+    @app.post("/v1/chat/completions", dependencies=client)
+    async def chat(request: Request) -> Response:
+        return await _chat(gw, request, None)
+
+    @app.post("/s/{session_id}/v1/chat/completions", dependencies=client)
+    async def chat_in_session(request: Request, session_id: str) -> Response:
+        return await _chat(gw, request, session_id)
+
+
+async def _chat(gw: Gateway, request: Request, path_session: str | None) -> Response:
+    sid = _session_id(request, path_session)
+    headers = {"X-Session-Id": sid}
+    try:
+        data = await read_json(request, gw.cfg.security.max_request_bytes)
+        req = parse_request(data)
+        if req.model != gw.cfg.model:
+            raise not_found(f"model {req.model!r} does not exist here; this gateway serves {gw.cfg.model!r}", code="model_not_found")
+        params = gw.renderer.sampling(req, gw.cfg.default_max_tokens, gw.cfg.max_tokens_limit)
+        prompt_ids, rendered = gw.renderer.render(req.messages, req.tools)
+        task_key = _task_key(request)
+        await gw.recorder.open_session(sid)
+        # one snapshot: an admin switch mid-request must not mix model and version
+        model, version = gw.upstream.model, gw.upstream.policy_version
+        turn = Turn(session_id=sid, task_key=task_key, call_id=new_id(), messages=req.messages, tools=req.tools,
+                    prompt_ids=prompt_ids, rendered=rendered, params=params, model=model, policy_version=version,
+                    stream=req.stream)
+        if req.stream:
+            return await _open_stream(gw, request, req, turn, headers)
+        comp = await gw.upstream.complete(model, prompt_ids, params, version)
+        call, flagged = gw.recorder.build(turn, comp)
+        if await request.is_disconnected():  # nobody will act on this answer: keep it out of the session
+            gw.stats["dropped_disconnected"] += 1
+            return Response(status_code=499)
+        await gw.recorder.save(turn, call, flagged)
+    except GatewayError as e:
+        gw.stats[f"http_{e.status}"] += 1
+        if e.status >= 500:
+            log.warning("chat call in session %s failed: HTTP %d %s", sid, e.status, e.message)
+        return e.response(headers)
+    reply = parse_reply(gw.renderer.decode(comp.token_ids), bool(req.tools))  # the client sees the unredacted text
+    body = _completion_json(gw, turn.call_id, reply, comp, len(prompt_ids))
+    return JSONResponse(body, headers={**headers, "X-Call-Id": turn.call_id})
+
+
+def _completion_json(gw: Gateway, call_id: str, reply: Reply, comp: Completion, n_prompt: int) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": reply.content}
+    if reply.tool_calls:
+        message["tool_calls"] = reply.tool_calls
+    return {
+        "id": f"chatcmpl-{call_id}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": gw.cfg.model,
+        "system_fingerprint": f"policy-v{comp.policy_version}",
+        "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": reply.finish_override or comp.finish_reason}],
+        "usage": _usage(n_prompt, len(comp.token_ids)),
+    }
+
+
+def _usage(n_prompt: int, n_completion: int) -> dict[str, int]:
+    return {"prompt_tokens": n_prompt, "completion_tokens": n_completion, "total_tokens": n_prompt + n_completion}
+
+
+async def _open_stream(gw: Gateway, request: Request, req: ChatRequest, turn: Turn, headers: dict[str, str]) -> Response:
+    """Start the upstream stream first, so its errors are still proper HTTP errors."""
+    stack = AsyncExitStack()
+    try:
+        pieces = await gw.upstream.open_stream(turn.model, turn.prompt_ids, turn.params, stack)
+    except BaseException:
+        await stack.aclose()
+        raise
+    events = _stream_events(gw, request, req, turn, pieces, stack)
+    return StreamingResponse(events, media_type="text/event-stream", headers={**headers, "X-Call-Id": turn.call_id})
+
+
+def _sse(obj: dict[str, Any] | str) -> str:
+    return f"data: {obj if isinstance(obj, str) else json.dumps(obj, ensure_ascii=False)}\n\n"
+
+
+async def _stream_events(gw: Gateway, request: Request, req: ChatRequest, turn: Turn, pieces: AsyncIterator[Any], stack: AsyncExitStack) -> AsyncIterator[str]:
+    """Forward upstream pieces as ``chat.completion.chunk`` deltas; store once at the end."""
+    base = {"id": f"chatcmpl-{turn.call_id}", "object": "chat.completion.chunk", "created": int(time.time()),
+            "model": gw.cfg.model, "system_fingerprint": f"policy-v{turn.policy_version}"}
+
+    def chunk(delta: dict[str, Any], finish: str | None = None) -> str:
+        return _sse({**base, "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]})
+
+    builder = DeltaBuilder(gw.renderer.decode, has_tools=bool(req.tools))
+    logprobs: list[float] = []
+    finish = None
+    done = False
+    try:
+        yield chunk({"role": "assistant", "content": ""})
+        async for piece in pieces:
+            logprobs += piece.logprobs
+            finish = piece.finish_reason or finish
+            if delta := builder.feed(piece.token_ids):
+                yield chunk({"content": delta})
+        last, reply = builder.finish()
+        if last:
+            yield chunk({"content": last})
+        if reply.tool_calls:
+            yield chunk({"tool_calls": [{"index": i, **tc} for i, tc in enumerate(reply.tool_calls)]})
+        comp = Completion(token_ids=builder.token_ids, logprobs=logprobs, finish_reason=finish or "error", policy_version=turn.policy_version)
+        yield chunk({}, reply.finish_override or comp.finish_reason)
+        if req.include_usage:
+            yield _sse({**base, "choices": [], "usage": _usage(len(turn.prompt_ids), len(comp.token_ids))})
+        call, flagged = gw.recorder.build(turn, comp)
+        if await request.is_disconnected():
+            gw.stats["dropped_disconnected"] += 1
+            return
+        await gw.recorder.save(turn, call, flagged)
+        done = True
+        yield _sse("[DONE]")
+    except GatewayError as e:
+        gw.stats[f"http_{e.status}"] += 1
+        log.warning("stream in session %s failed: %s", turn.session_id, e.message)
+        yield _sse(e.body())
+    finally:
+        if not done:
+            gw.stats["streams_not_stored"] += 1
+        with anyio.CancelScope(shield=True):  # close upstream even when cancelled: vLLM stops generating
+            await stack.aclose()
+
+
+# -- feedback ---------------------------------------------------------------------------------
+
+
+def _add_feedback_routes(app: FastAPI, gw: Gateway) -> None:
+    feedback = [Depends(_require(gw, Role.FEEDBACK))]
+
+    @app.post("/v1/sessions/{session_id}/reward", dependencies=feedback)
+    async def reward(request: Request, session_id: str) -> dict[str, Any]:
+        try:
+            body = RewardIn.model_validate(await read_json(request, gw.cfg.security.max_request_bytes))
+        except ValidationError as e:
+            raise bad_request(f"invalid reward: {_first_error(e)}") from None
+        await _existing_session(gw, session_id)
+        comment = None if body.comment is None else gw.redactor.text(body.comment)
+        reward_id = await gw.recorder.run(
+            lambda: gw.store.add_reward(session_id, body.value, source=body.source, turn=body.turn, comment=comment))
+        gw.stats["rewards_stored"] += 1
+        return {"session_id": session_id, "reward_id": reward_id}
+
+    @app.post("/v1/sessions/{session_id}/end", dependencies=feedback)
+    async def end(session_id: str, background: BackgroundTasks) -> dict[str, Any]:
+        session = await _existing_session(gw, session_id)
+        if session.ended_at is not None:
+            return {"session_id": session_id, "ended": True, "already_ended": True, "verifiers": []}
+        await gw.recorder.run(gw.store.end_session, session_id)
+        outcomes = await gw.recorder.run(run_verifiers, gw.store, session_id, gw.verifiers)
+        gw.stats["sessions_ended"] += 1
+        gw.stats["verifier_errors"] += sum(o.error is not None for o in outcomes)
+        gw.stats["verifier_rewards"] += sum(o.reward_id is not None for o in outcomes)
+        if gw.judge is not None and gw.judge.cfg.auto_group_size and session.task_key:
+            background.add_task(_auto_judge, gw, session.task_key)
+        return {"session_id": session_id, "ended": True, "already_ended": False, "verifiers": [o.as_json() for o in outcomes]}
+
+    @app.post("/v1/tasks/{task_key}/judge", dependencies=feedback)
+    async def judge(task_key: str) -> dict[str, Any]:
+        if gw.judge is None:
+            raise not_found("no judge is configured on this gateway (config: judge)", code="no_judge")
+        return await _run_judge(gw, task_key)
+
+
+async def _existing_session(gw: Gateway, session_id: str) -> Any:
+    session = await gw.recorder.run(gw.store.get_session, session_id)
+    if session is None:
+        raise not_found(f"no session {session_id!r}", code="session_not_found")
+    return session
+
+
+async def _run_judge(gw: Gateway, task_key: str) -> dict[str, Any]:
+    assert gw.judge is not None
+    async with gw.judge_lock(task_key):
+        result = await gw.recorder.run(gw.judge.judge, gw.store, task_key)
+    gw.stats["judge_runs"] += 1
+    if result.error:
+        gw.stats["judge_failures"] += 1
+    return {"task_key": task_key, "sessions": result.session_ids, "scores": result.scores,
+            "stored": bool(result.reward_ids), "error": result.error}
+
+
+async def _auto_judge(gw: Gateway, task_key: str) -> None:
+    """After a session ends: judge its task key once enough sessions wait for it."""
+    assert gw.judge is not None and gw.judge.cfg.auto_group_size is not None
+    waiting = await gw.recorder.run(gw.judge.candidates, gw.store, task_key)
+    if len(waiting) >= gw.judge.cfg.auto_group_size:
+        try:
+            await _run_judge(gw, task_key)
+        except GatewayError as e:
+            log.warning("automatic judge run for task %s failed: %s", task_key, e.message)
+
+
+def _first_error(e: ValidationError) -> str:
+    first = e.errors()[0]
+    return f"{'.'.join(str(x) for x in first['loc']) or '(body)'}: {first['msg']}"
+
+
+# -- admin ------------------------------------------------------------------------------------
+
+
+def _add_admin_routes(app: FastAPI, gw: Gateway) -> None:
+    admin = [Depends(_require(gw, Role.ADMIN))]
+
+    @app.get("/v1/admin/sessions/{session_id}", dependencies=admin)
+    async def export_session(session_id: str) -> dict[str, Any]:
+        """One session as stored (already redacted): record, calls, rewards."""
+        session = await _existing_session(gw, session_id)
+        calls = await gw.recorder.run(gw.store.calls, session_id)
+        rewards = await gw.recorder.run(gw.store.rewards, session_id)
+        return {"session": session.model_dump(), "calls": [c.model_dump() for c in calls], "rewards": [r.model_dump() for r in rewards]}
+
+    @app.get("/v1/admin/policy", dependencies=admin)
+    async def get_policy() -> dict[str, Any]:
+        return {"upstream_model": gw.upstream.model, "policy_version": gw.upstream.policy_version}
+
+    @app.put("/v1/admin/policy", dependencies=admin)
+    async def put_policy(request: Request) -> dict[str, Any]:
+        """Switch what new requests are served by (in-flight ones keep their pair); the
+        model must be served upstream already, so a typo cannot take the gateway down."""
+        try:
+            body = PolicyIn.model_validate(await read_json(request, gw.cfg.security.max_request_bytes))
+        except ValidationError as e:
+            raise bad_request(f"invalid policy: {_first_error(e)}") from None
+        served = await gw.upstream.models()
+        if body.upstream_model not in served:
+            raise GatewayError(409, f"the upstream does not serve {body.upstream_model!r} (it serves {served})", type="invalid_request_error", code="model_not_served")
+        gw.upstream.model, gw.upstream.policy_version = body.upstream_model, body.policy_version
+        log.info("policy switched to %s (version %d)", body.upstream_model, body.policy_version)
+        return {"upstream_model": gw.upstream.model, "policy_version": gw.upstream.policy_version}
+
+    @app.get("/v1/admin/stats", dependencies=admin)
+    async def stats() -> dict[str, int]:
+        return dict(gw.stats)

@@ -1,0 +1,157 @@
+"""The gateway's configuration: one pydantic model per concern, composed.
+
+Secrets never live in these models as plain values: the upstream's key and the role keys
+are read from environment variables whose NAMES are configured here (role keys may also be
+given inline as ``SecretStr``, which prints as ``**********``), so a dumped or logged
+config cannot leak them.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+#: Common API-key shapes. Each is a Python regex; a match is replaced by ``[REDACTED]``.
+DEFAULT_SECRET_PATTERNS: tuple[str, ...] = (
+    r"sk-[A-Za-z0-9_-]{16,}",  # OpenAI / Anthropic style secret keys
+    r"(?i:bearer)\s+[A-Za-z0-9._~+/=-]{16,}",  # HTTP bearer tokens pasted into text
+    r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b",  # AWS access key ids
+    r"(?i:aws_secret_access_key)[\"']?\s*[:=]\s*[\"']?[A-Za-z0-9/+=]{40}",  # AWS secret keys
+    r"\bgh[pousr]_[A-Za-z0-9]{36,}\b",  # GitHub tokens
+    r"\bgithub_pat_[A-Za-z0-9_]{22,}\b",  # GitHub fine-grained tokens
+    r"\bxox[abprs]-[A-Za-z0-9-]{10,}",  # Slack tokens
+    r"\bAIza[0-9A-Za-z_-]{35}\b",  # Google API keys
+    r"\bhf_[A-Za-z0-9]{30,}\b",  # Hugging Face tokens
+    r"-----BEGIN [A-Z ]*PRIVATE KEY-----[\s\S]*?-----END [A-Z ]*PRIVATE KEY-----",  # PEM keys
+    r"\b[a-z][a-z0-9+.-]*://[^/\s:@]+:[^/\s@]+@",  # credentials in URLs (scheme://user:password@)
+)
+
+
+def check_env_name(name: str) -> str:
+    """An env var NAME (not a value): rejects strings that look like a pasted key."""
+    if not _ENV_NAME.fullmatch(name):
+        # never echo the input: it may be a pasted key
+        raise ValueError("not an environment variable name; give the NAME of the variable, not its value")
+    return name
+
+
+class SecurityConfig(BaseModel):
+    """Who may call what, what is scrubbed from stored text, and how big a request may be.
+
+    Roles: ``client`` may chat (``/v1/chat/completions``, ``/v1/models``); ``feedback`` may
+    post rewards, end sessions and run the judge; ``admin`` may do everything, including
+    export and policy-version switches. With no key configured for any role the gateway
+    is open (meant for loopback use) and says so once in the log. Once any key is set, a
+    role with no keys of its own is reachable with an admin key only.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    client_keys: list[SecretStr] = Field(default_factory=list, description="Inline client keys (prefer client_keys_env).")
+    feedback_keys: list[SecretStr] = Field(default_factory=list, description="Inline feedback keys (prefer feedback_keys_env).")
+    admin_keys: list[SecretStr] = Field(default_factory=list, description="Inline admin keys (prefer admin_keys_env).")
+    client_keys_env: str = Field("SEED_GATEWAY_CLIENT_KEYS", description="NAME of an env var holding comma-separated client keys.")
+    feedback_keys_env: str = Field("SEED_GATEWAY_FEEDBACK_KEYS", description="NAME of an env var holding comma-separated feedback keys.")
+    admin_keys_env: str = Field("SEED_GATEWAY_ADMIN_KEYS", description="NAME of an env var holding comma-separated admin keys.")
+    secret_patterns: list[str] = Field(default_factory=lambda: list(DEFAULT_SECRET_PATTERNS),
+                                       description="Regexes whose matches are replaced by [REDACTED] in every stored text and log line.")
+    extra_secret_patterns: list[str] = Field(default_factory=list, description="Regexes added to secret_patterns (keeps the defaults).")
+    redact_env: list[str] = Field(default_factory=list,
+                                  description="NAMES of env vars whose VALUES are redacted like secret patterns (values under 6 characters are skipped).")
+    max_request_bytes: int = Field(1 << 20, ge=1024, description="Largest request body accepted; larger ones get HTTP 413.")
+
+    @field_validator("client_keys_env", "feedback_keys_env", "admin_keys_env")
+    @classmethod
+    def _env_name(cls, v: str) -> str:
+        return check_env_name(v)
+
+    @field_validator("redact_env")
+    @classmethod
+    def _env_names(cls, v: list[str]) -> list[str]:
+        return [check_env_name(n) for n in v]
+
+    @field_validator("secret_patterns", "extra_secret_patterns")
+    @classmethod
+    def _compiles(cls, v: list[str]) -> list[str]:
+        for p in v:
+            try:
+                re.compile(p)
+            except re.error as e:
+                raise ValueError(f"secret pattern {p!r} is not a valid regex: {e}") from None
+        return v
+
+
+DEFAULT_INSTRUCTIONS = (
+    "You compare several attempts by an AI agent at the same task. Read every attempt, then "
+    "score each one from 0.0 (worst) to 1.0 (best) RELATIVE TO THE OTHERS: the best attempt "
+    "should score near 1.0, the worst near 0.0, equally good attempts the same. Judge whether "
+    "the agent achieved what the user asked, how correctly it used tools, and how efficiently. "
+    'Reply with JSON only: {"scores": {"A": <float>, "B": <float>, ...}, "reason": "<one sentence>"}'
+)
+
+
+class JudgeConfig(BaseModel):
+    """Where the judge model is and how much of each session it reads."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    base_url: str = Field(description="OpenAI-compatible endpoint, with or without /v1.")
+    model: str = Field(description="Judge model name sent in requests.")
+    api_key_env: str = Field("OPENAI_API_KEY", description="NAME of the env var holding the judge endpoint's key (unset: a dummy key, fine for a local server).")
+    temperature: float = Field(0.0, ge=0.0, le=2.0, description="Judge sampling temperature.")
+    max_retries: int = Field(3, ge=0, le=10, description="SDK retries on connection errors, 429 and 5xx.")
+    timeout_s: float = Field(120.0, gt=0, description="Per-request timeout.")
+    max_session_chars: int = Field(6000, ge=200, description="Transcript characters shown per session (head and tail kept).")
+    min_group_size: int = Field(2, ge=2, description="Fewer candidate sessions than this: nothing is judged.")
+    max_group_size: int = Field(16, ge=2, le=26, description="At most this many sessions per judge call (oldest first).")
+    auto_group_size: int | None = Field(None, ge=2, description="When set, ending a session judges its task key once this many ended, unjudged sessions share it.")
+    instructions: str = Field(DEFAULT_INSTRUCTIONS, description="The judge's system prompt; must ask for the JSON reply format above.")
+
+    @field_validator("api_key_env")
+    @classmethod
+    def _env_name(cls, v: str) -> str:
+        return check_env_name(v)
+
+
+class GatewayConfig(BaseModel):
+    """Everything ``seed-agents gateway`` needs besides the store and the upstream object.
+
+    ``model`` is the name clients put in requests and ``/v1/models`` lists; requests are
+    forwarded to ``upstream_model`` (default: the same name), which an admin may switch
+    at run time together with ``policy_version`` (e.g. to a newly promoted LoRA adapter).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    upstream: str = Field(description="Base URL of the vLLM server (with or without /v1).")
+    model: str = Field(min_length=1, description="Model name clients request; unknown names get HTTP 404.")
+    upstream_model: str | None = Field(None, description="Model name sent upstream (vLLM's served name or LoRA adapter); default: model.")
+    tokenizer: str | None = Field(None, description="Tokenizer folder/alias/hub id whose chat template renders prompts; default: model.")
+    upstream_api_key_env: str | None = Field(None, description="NAME of the env var holding the upstream's API key; sent upstream only.")
+    store: str = Field("sqlite:///runs/traces.db", description="Trace store URL (sqlite:///path or postgresql://...).")
+    host: str = Field("127.0.0.1", description="Interface to listen on; loopback by default.")
+    port: int = Field(8080, ge=0, le=65535, description="Port to listen on.")
+    policy_version: int = Field(0, ge=0, description="Version stamped on calls until an admin switches it.")
+    tool_format: Literal["auto", "native", "hermes"] = Field(
+        "auto", description="How tools reach the template: native (the template renders them), hermes (we do), auto (look at the template).")
+    default_max_tokens: int = Field(512, ge=1, le=32768, description="Completion budget when a request names none.")
+    max_tokens_limit: int = Field(4096, ge=1, le=32768, description="Largest max_tokens a request may ask for (HTTP 400 beyond).")
+    upstream_timeout_s: float = Field(300.0, gt=0, description="Per-request timeout towards the upstream (non-streaming: whole reply; streaming: between chunks).")
+    upstream_retries: int = Field(2, ge=0, le=10, description="Retries when the upstream cannot be reached or answers 502/503 before sending anything.")
+    upstream_max_connections: int = Field(256, ge=1, description="Connection pool size towards the upstream.")
+    verifiers: list[str] = Field(default_factory=list, description="'pkg.mod:fn' callables run on session end: fn(session, calls) -> float | None.")
+    judge: JudgeConfig | None = Field(None, description="LLM judge that scores ended sessions of one task key against each other.")
+    security: SecurityConfig = Field(default_factory=SecurityConfig)
+
+    @field_validator("upstream_api_key_env")
+    @classmethod
+    def _env_name(cls, v: str | None) -> str | None:
+        return None if v is None else check_env_name(v)
+
+    @property
+    def served_upstream_model(self) -> str:
+        return self.upstream_model or self.model
