@@ -99,7 +99,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
-_TRAIN_FLAGS = {"out": "out", "iterations": "iterations", "seed": "seed", "backend": "backend.kind",
+_TRAIN_FLAGS = {"out": "out", "iterations": "iterations", "seed": "seed", "from_store": "store.url", "backend": "backend.kind",
                 "model": "backend.model", "base_url": "backend.base_url"}
 
 
@@ -182,6 +182,8 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--backend", choices=["local", "vllm"])
     t.add_argument("--model")
     t.add_argument("--base-url", dest="base_url")
+    t.add_argument("--from-store", dest="from_store", metavar="URL",
+                   help="Train on the rewarded sessions recorded in this trace store (sqlite:///... or postgresql://...) instead of playing episodes.")
     t.add_argument("--resume", action="store_true", help="Continue from the last checkpoint in --out.")
     t.set_defaults(func=cmd_train)
 

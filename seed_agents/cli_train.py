@@ -73,6 +73,48 @@ def read_tasks(path: Path) -> list[Any]:
     return tasks
 
 
+def store_policy(cfg: TrainConfig) -> Any:
+    from seed_agents.store import RewardPolicy
+
+    assert cfg.store is not None
+    return RewardPolicy(precedence=cfg.store.precedence, combine=cfg.store.combine)
+
+
+def store_run_id(out: Path) -> str:
+    """A stable id for this run dir: its updates claim sessions under ``<id>-it<k>``, so a
+    resumed run finds the sessions its interrupted iteration had already claimed."""
+    import hashlib
+
+    return "train-" + hashlib.sha1(str(out.resolve()).encode()).hexdigest()[:12]
+
+
+STORE_TASKS = "store_tasks.jsonl"
+"""The task keys a --from-store run trains on, fixed at its start: on --resume the store has
+fewer unconsumed sessions (this run claimed some), yet the data order must not change."""
+
+
+def open_store_tasks(cfg: TrainConfig, out: Path, resume: bool) -> tuple[Any, list[Any]]:
+    """The store and its trainable task keys; enough of them for every iteration, since
+    each session trains once (a task key's sessions are all claimed by one update)."""
+    from seed_agents.store import StoreError, TraceStore
+    from trainers.store_rollout import store_tasks
+
+    assert cfg.store is not None
+    try:
+        store = TraceStore.open(cfg.store.url)
+        if resume and (out / STORE_TASKS).exists():
+            return store, read_tasks(out / STORE_TASKS)
+        tasks = store_tasks(store, store_policy(cfg), min_sessions=2)
+    except StoreError as e:
+        raise ConfigError(f"--from-store: {e}") from None
+    need = cfg.iterations * cfg.tasks_per_iteration
+    if len(tasks) < need:
+        raise ConfigError(f"--from-store: the store has {len(tasks)} task keys with at least 2 trainable sessions; "
+                          f"{cfg.iterations} iterations x {cfg.tasks_per_iteration} tasks need {need}: "
+                          f"lower iterations or tasks_per_iteration, or record more traffic")
+    return store, tasks
+
+
 def initial_weights(b: Any) -> str:
     """The weights a run starts from: ``backend.weights``; else, in-process, the model
     itself; else (a server) the local copy named by ``tokenizer``, then the served name."""
@@ -178,20 +220,25 @@ def run_train(cfg: TrainConfig, resume: bool = False) -> dict[str, Any]:
 
     # tasks and environment (an env suite, or any graph with its tasks and reward)
     suite, build_graph, reward_fn, make_input = None, None, default_reward, (lambda task: {"task": task})
+    store = None
+    if cfg.store is not None:  # recorded sessions: a task is a task key, its group the sessions
+        store, tasks = open_store_tasks(cfg, out, resume)
     if cfg.graph is not None:
         try:
             build_graph, reward_fn = load_object(cfg.graph.build), load_object(cfg.graph.reward)
         except ValueError as e:
             raise ConfigError(f"graph: {e}; fix graph.build / graph.reward ('pkg.module:name')") from None
-        tasks = read_tasks(cfg.graph.tasks)[: cfg.num_tasks]
+        if store is None:
+            tasks = read_tasks(cfg.graph.tasks)[: cfg.num_tasks]
         if len(tasks) < cfg.tasks_per_iteration:
             raise ConfigError(f"{cfg.graph.tasks} has {len(tasks)} tasks; tasks_per_iteration is "
                               f"{cfg.tasks_per_iteration}: add tasks or lower tasks_per_iteration")
         if cfg.graph.input == "messages":
             make_input = lambda task: {"task": task, "messages": [("user", task.data["question"])]}  # noqa: E731
-    else:
+    elif store is None or cfg.eval is not None:  # stored sessions need no env, unless to evaluate
         suite = load_suite(cfg.env, seed=cfg.seed, options=cfg.env_options)
-        tasks = suite_tasks(suite, cfg.env, cfg.split, cfg.num_tasks)
+        if store is None:
+            tasks = suite_tasks(suite, cfg.env, cfg.split, cfg.num_tasks)
     eval_tasks = None  # the periodic held-out eval's (below), checked now rather than after an update
     if cfg.eval is not None:
         e = cfg.eval
@@ -200,7 +247,7 @@ def run_train(cfg: TrainConfig, resume: bool = False) -> dict[str, Any]:
     check_backend(cfg.backend, weights=initial_weights(cfg.backend))
     if cfg.skills.source in ("external", "frozen") and cfg.skills.analyzer is not None:
         check_backend(cfg.skills.analyzer, flag="skills.analyzer.model")
-    if suite is not None and hasattr(suite, "prepare"):
+    if suite is not None and store is None and hasattr(suite, "prepare"):
         print(f"preparing {len(tasks)} {cfg.env} tasks ({cfg.split}) ...", flush=True)
         suite.prepare(tasks)
 
@@ -211,6 +258,8 @@ def run_train(cfg: TrainConfig, resume: bool = False) -> dict[str, Any]:
         truncate_traces(out, done_steps)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(cfg.model_dump_json(indent=2))
+    if store is not None and not (out / STORE_TASKS).exists():
+        (out / STORE_TASKS).write_text("".join(t.model_dump_json() + "\n" for t in tasks), encoding="utf-8")
     torch.manual_seed(cfg.seed)
 
     # -- policy: the trainer's model, and the backend that samples from it ------------
@@ -242,9 +291,9 @@ def run_train(cfg: TrainConfig, resume: bool = False) -> dict[str, Any]:
     def make_graph(chat_model: Any) -> Any:
         return build_graph(chat_model) if build_graph is not None else suite.build_graph(chat_model, **agent.model_dump())
 
-    graph = make_graph(llm)
     s = cfg.skills
-    if s.source != "none":
+    graph = make_graph(llm) if store is None else None
+    if store is not None or s.source != "none":
         analyzer: Any = llm
         if s.source == "rule_based":
             from seed_agents.stage1.analyzers import RuleBasedTextWorldAnalyzer
@@ -257,14 +306,24 @@ def run_train(cfg: TrainConfig, resume: bool = False) -> dict[str, Any]:
                 a_backend = LocalBackend(weights, max_batch_size=b.max_batch_size)
                 a_tok = a_backend.tokenizer
             analyzer = SeedChatModel(backend=a_backend, tokenizer=a_tok, model_name="analyzer")
+    if graph is not None and s.source != "none":
         # graph agents are judged by their reward; the analyzer needs the outcome before it
         success_fn = (lambda state: reward_fn(state["task"], state) >= 1.0) if cfg.graph is not None else None
         graph = with_hindsight(graph, analyzer, success_fn=success_fn, max_tokens=s.max_tokens,
                                min_words=s.min_words, max_words=s.max_words)
-    runner = EpisodeRunner(graph, cfg.runner, make_env=suite.make_env if suite is not None else None,
-                           reward_fn=reward_fn, make_input=make_input)
     injector = TaskLineInjector() if s.injector == "task_line" else SystemBlockInjector()
-    rollout = GraphRollout(runner, llm, skills=s.source, injector=injector, merge_rows=cfg.trainer.merge_rows, out_dir=out)
+    rollout: Any
+    if store is not None:
+        from trainers.store_rollout import StoreRollout
+
+        rollout = StoreRollout(store, llm, run_id=store_run_id(out), policy=store_policy(cfg), skills=s.source,
+                               analyzer=analyzer, injector=injector, merge_rows=cfg.trainer.merge_rows,
+                               skill_max_tokens=s.max_tokens, min_words=s.min_words, max_words=s.max_words, out_dir=out)
+    else:
+        runner = EpisodeRunner(graph, cfg.runner, make_env=suite.make_env if suite is not None else None,
+                               reward_fn=reward_fn, make_input=make_input)
+        rollout = GraphRollout(runner, llm, skills=s.source, injector=injector, merge_rows=cfg.trainer.merge_rows,
+                               out_dir=out)
 
     # -- the trainer -------------------------------------------------------------------
     G, t = cfg.runner.group_size, cfg.trainer

@@ -206,6 +206,19 @@ class Stage1Config(BaseModel):
     cache_dir: Path | None = Field(None, description="Where stage-1 models are cached (default: $SEED_AGENTS_CACHE/stage1).")
 
 
+class StoreSourceConfig(BaseModel):
+    """Train on a deployed agent's recorded sessions (``train --from-store URL``) instead of
+    playing episodes: each task key with at least two rewarded, unconsumed, unflagged
+    sessions is a task, and its sessions are the GRPO group. Every session is claimed by
+    exactly one update (``trainers.store_rollout``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    url: str = Field(description="Trace store URL: sqlite:///path/traces.db or postgresql://user@host/db.")
+    precedence: list[str] = Field(default_factory=lambda: ["verifier", "user", "judge"], description="Reward sources, most trusted first: the first source a session has sets its reward.")
+    combine: Literal["first", "mean", "last"] = Field("first", description="How several rewards of the chosen source merge.")
+
+
 class PeriodicEvalConfig(BaseModel):
     """Held-out evaluation during training: greedy episodes on tasks never trained on,
     before the first update and every ``every`` updates (and after the last one)."""
@@ -244,6 +257,7 @@ class TrainConfig(BaseModel):
     sync: Literal["auto", "full", "lora"] = Field("auto", description="vLLM weight sync; auto: lora when trainer.lora_r is set, else full.")
     env_options: dict[str, Any] = Field(default_factory=dict, description="Extra keyword arguments for the env suite.")
     graph: GraphConfig | None = Field(None, description="Train this graph on these tasks instead of the env suite.")
+    store: StoreSourceConfig | None = Field(None, description="Train on recorded sessions from a trace store instead of playing episodes (`--from-store URL`).")
     stage1: Stage1Config = Field(default_factory=Stage1Config)
     eval: PeriodicEvalConfig | None = Field(None, description="Held-out evaluation during training (eval.jsonl); off when absent.")
 
@@ -255,6 +269,8 @@ class TrainConfig(BaseModel):
             raise ValueError("runner.group_size must be >= 2: group-relative advantages need a group")
         if self.sync == "lora" and self.trainer.lora_r is None:
             raise ValueError("sync: lora needs trainer.lora_r")
+        if self.store is not None and self.skills.source not in ("self", "external", "frozen", "none"):
+            raise ValueError(f"skills.source {self.skills.source!r} cannot run on stored sessions; use self, external, frozen or none")
         if self.skills.source == "rule_based" and (self.graph is not None or self.env != "textworld"):
             raise ValueError("skills.source: rule_based is the offline TextWorld analyzer (env: textworld); "
                              "elsewhere use self, external or frozen")

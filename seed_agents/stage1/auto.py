@@ -30,6 +30,8 @@ def applies(cfg: TrainConfig) -> tuple[bool, str]:
         return False, "stage1.run is off"
     if cfg.skills.source != "self":
         return False, f"skills.source is {cfg.skills.source!r} (stage 1 trains the policy's own analyzer)"
+    if cfg.store is not None:
+        return False, "training on stored sessions starts from the weights that served them (backend.weights)"
     if cfg.graph is not None or cfg.env != "textworld":
         return False, ("the offline analyzer is TextWorld's; for other envs or graphs build a stage-1 model with "
                        "`seed-agents skills collect --analyzer openai ...` and `skills sft`, then set backend.weights")
