@@ -10,7 +10,6 @@ until the end, so a crash loses no finished call).
 
 from __future__ import annotations
 
-import json
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager

@@ -201,3 +201,19 @@ def faulty_reward(task: Any, state: dict[str, Any]) -> float:
     if task.data.get("fault") == "reward":
         raise ConnectionError("reward service unreachable")
     return float(state.get("reward", 0.0))
+
+
+def faulty_train_config(tasks_path: str, model_dir: str, **overrides: Any) -> dict[str, Any]:
+    """A tiny ``TrainConfig`` (as a dict) that trains ``build_faulty_agent`` on the tasks in
+    ``tasks_path`` with the local backend: seconds per iteration, no skills, no stage 1."""
+    return {
+        "num_tasks": 3, "tasks_per_iteration": 1, "iterations": 1,
+        "graph": {"build": "seed_agents.testing:build_faulty_agent", "tasks": str(tasks_path),
+                  "reward": "seed_agents.testing:faulty_reward"},
+        "backend": {"kind": "local", "model": model_dir},
+        "sampling": {"max_tokens": 6, "temperature": 1.0},
+        "runner": {"group_size": 2, "progress": False},
+        "skills": {"source": "none"}, "stage1": {"run": "off"},
+        "trainer": {"learning_rate": 1e-3, "kl_coef": 0.0},
+        **overrides,
+    }

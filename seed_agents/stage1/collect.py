@@ -35,7 +35,7 @@ from seed_agents.config import AgentConfig, BackendConfig, ConfigError, first_er
 from seed_agents.redact import redact
 from seed_agents.runner import RunnerConfig
 from seed_agents.stage1.analyzers import Analyzer, AnalyzerConfig, AnalyzerReply, PolicyAnalyzer, make_analyzer
-from seed_agents.types import LLMCall, SamplingParams, SkillExample, Task, Trajectory
+from seed_agents.types import SamplingParams, SkillExample, Task, Trajectory
 
 
 class CollectConfig(BaseModel):

@@ -26,6 +26,7 @@ pytest.importorskip("trl")
 from safetensors.torch import load_file  # noqa: E402
 
 from seed_agents.faults import CRASH_ENV  # noqa: E402
+from seed_agents.testing import faulty_train_config  # noqa: E402
 
 # (crash point, the n-th time it is reached): in iteration 1 or later, and once in the
 # first rollout, before any checkpoint exists (--resume then restarts at step 0)
@@ -59,16 +60,8 @@ def config(tmp_path_factory, tiny_model_dir) -> Path:
     root = tmp_path_factory.mktemp("kill-resume")
     tasks = root / "tasks.jsonl"
     tasks.write_text("".join(json.dumps({"task_id": f"t{i}", "data": {}}) + "\n" for i in range(3)))
-    cfg = {
-        "num_tasks": 3, "tasks_per_iteration": 1, "iterations": 4,
-        "graph": {"build": "seed_agents.testing:build_faulty_agent", "tasks": str(tasks),
-                  "reward": "seed_agents.testing:faulty_reward"},
-        "backend": {"kind": "local", "model": tiny_model_dir},
-        "sampling": {"max_tokens": 6, "temperature": 1.0},
-        "runner": {"group_size": 2, "progress": False, "concurrency": 1},
-        "skills": {"source": "none"}, "stage1": {"run": "off"},
-        "trainer": {"learning_rate": 1e-3, "kl_coef": 0.0},
-    }
+    cfg = faulty_train_config(str(tasks), tiny_model_dir, iterations=4,
+                              runner={"group_size": 2, "progress": False, "concurrency": 1})
     path = root / "train.yaml"
     path.write_text(json.dumps(cfg))
     return path

@@ -20,7 +20,7 @@ from seed_agents.chat_model import SeedChatModel
 from seed_agents.distill import group_advantages
 from seed_agents.runner import EpisodeRunner, FaultBudgetExceeded, RunnerConfig, check_fault_budget
 from seed_agents.serve import free_port
-from seed_agents.testing import FakeBackend, build_faulty_agent, faulty_reward
+from seed_agents.testing import FakeBackend, build_faulty_agent, faulty_reward, faulty_train_config
 from seed_agents.types import FaultKind, SamplingParams, StopReason, Task, Trajectory
 
 
@@ -196,18 +196,9 @@ def write_tasks(path: Path, faults: list[str | None]) -> Path:
 
 
 def train_yaml(tmp_path: Path, tiny_model_dir: str, faults: list[str | None], **over) -> Path:
-    cfg = {
-        "num_tasks": len(faults), "tasks_per_iteration": len(faults), "iterations": 1,
-        "out": str(tmp_path / "run"),
-        "graph": {"build": "seed_agents.testing:build_faulty_agent", "tasks": str(write_tasks(tmp_path / "t.jsonl", faults)),
-                  "reward": "seed_agents.testing:faulty_reward"},
-        "backend": {"kind": "local", "model": tiny_model_dir},
-        "sampling": {"max_tokens": 6, "temperature": 1.0},
-        "runner": {"group_size": 2, "progress": False, "episode_timeout_s": 3.0},
-        "skills": {"source": "none"}, "stage1": {"run": "off"},
-        "trainer": {"learning_rate": 1e-3, "kl_coef": 0.0},
-        **over,
-    }
+    cfg = faulty_train_config(str(write_tasks(tmp_path / "t.jsonl", faults)), tiny_model_dir,
+                              num_tasks=len(faults), tasks_per_iteration=len(faults), out=str(tmp_path / "run"),
+                              runner={"group_size": 2, "progress": False, "episode_timeout_s": 3.0}, **over)
     path = tmp_path / "train.yaml"
     path.write_text(json.dumps(cfg))
     return path

@@ -24,7 +24,7 @@ from seed_agents.store import TraceStore
 from seed_agents.testing import FakeBackend
 from seed_agents.types import SamplingParams
 
-MODEL = "tiny"
+MODEL = "tiny"  # the conftest fake upstream serves this name
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather in a city.",
                                            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
 CALL_TEXT = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
@@ -35,17 +35,6 @@ CONVERSATION = [
     {"role": "tool", "tool_call_id": "call_1", "content": "sunny, 21 C"},
 ]
 
-
-@pytest.fixture
-def fake(tokenizer) -> FakeVLLM:
-    return FakeVLLM(tokenizer, model=MODEL)
-
-
-@pytest.fixture
-def store(tmp_path):
-    s = TraceStore.open(f"sqlite:///{tmp_path}/traces.db")
-    yield s
-    s.close()
 
 
 def make_client(fake: FakeVLLM, store: TraceStore, tokenizer: Any, **overrides: Any) -> TestClient:

@@ -45,12 +45,6 @@ def verifiers(monkeypatch):
     return module
 
 
-@pytest.fixture
-def store(tmp_path):
-    s = TraceStore.open(f"sqlite:///{tmp_path}/traces.db")
-    yield s
-    s.close()
-
 
 def gateway(tokenizer: Any, store: TraceStore, **overrides: Any) -> TestClient:
     fake = FakeVLLM(tokenizer, model=MODEL)

@@ -22,22 +22,11 @@ from seed_agents.gateway.testing import FakeVLLM
 from seed_agents.gateway.upstream import Upstream
 from seed_agents.store import TraceStore
 
-MODEL = "tiny"
+MODEL = "tiny"  # the conftest fake upstream serves this name
 CANARY_KEY = "sk-canaryA1b2C3d4E5f6G7h8I9j0"  # matches the default sk- pattern
 CANARY_ENV_VALUE = "zebra-canary-7f3e9b1c-env-value"  # only known through redact_env
 HUMAN = [{"role": "user", "content": "hi"}]
 
-
-@pytest.fixture
-def fake(tokenizer) -> FakeVLLM:
-    return FakeVLLM(tokenizer, model=MODEL)
-
-
-@pytest.fixture
-def store(tmp_path):
-    s = TraceStore.open(f"sqlite:///{tmp_path}/traces.db")
-    yield s
-    s.close()
 
 
 def gateway(fake: FakeVLLM, store: TraceStore, tokenizer: Any, api_key: str | None = None, **overrides: Any) -> TestClient:
