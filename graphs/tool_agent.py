@@ -17,6 +17,8 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.graph.message import add_messages
 from langgraph.prebuilt import ToolNode
 
+from seed_agents.faults import tool_error_message
+
 from seed_agents.types import StopReason, Task
 
 
@@ -65,7 +67,7 @@ def build_tool_agent(llm: Any, tools: Sequence[BaseTool], *, system_prompt: str 
     g = StateGraph(ToolAgentState)
     g.add_node("start", start)
     g.add_node("agent", agent)
-    g.add_node("tools", ToolNode(list(tools), handle_tool_errors=True))
+    g.add_node("tools", ToolNode(list(tools), handle_tool_errors=tool_error_message))
     g.add_edge(START, "start")
     g.add_edge("start", "agent")
     g.add_conditional_edges("agent", route, ["tools", "agent", END])

@@ -1,4 +1,12 @@
-"""Crash points: named places where a test can kill the process as ``kill -9`` would.
+"""Faults that end an episode, and crash points where a test can kill the process.
+
+``EpisodeFault`` is how env or tool code ends an episode as an infrastructure fault of a
+given kind (e.g. a shadow replay that would have to send a write to production): the
+runner records the episode with that ``Trajectory.fault`` and it is never trained on.
+Tool nodes turn every other tool error into a message the model reads
+(``tool_error_message``), but let this one through.
+
+Crash points: named places where a test can kill the process as ``kill -9`` would.
 
 Resume must be exact from every moment a real run can die (mid-rollout, mid-update,
 mid-checkpoint, mid-sync). The kill-and-resume tests prove it by setting
@@ -14,6 +22,29 @@ import os
 import signal
 import threading
 from collections import Counter
+
+from seed_agents.types import FaultKind
+
+
+class EpisodeFault(Exception):
+    """Ends the episode as an infrastructure fault of ``kind`` (a class attribute, or
+    ``kind=`` given to the constructor); raise it from env or tool code."""
+
+    kind: FaultKind = FaultKind.ENV
+
+    def __init__(self, *args: object, kind: FaultKind | None = None) -> None:
+        super().__init__(*args)
+        if kind is not None:
+            self.kind = kind
+
+
+def tool_error_message(error: Exception) -> str:
+    """``ToolNode(handle_tool_errors=tool_error_message)``: a failing tool tells the model
+    what went wrong (it may fix its call), except an ``EpisodeFault``, which ends the episode."""
+    if isinstance(error, EpisodeFault):
+        raise error
+    return f"Error: {type(error).__name__}: {error}\nPlease fix your mistakes."
+
 
 CRASH_ENV = "SEED_AGENTS_CRASH_AT"
 CRASH_POINTS = ("rollout", "update", "checkpoint", "sync")

@@ -25,7 +25,7 @@ from seed_agents.aio import DaemonThreadExecutor
 from seed_agents.backends.base import BackendError, BackendUnavailable
 from seed_agents.capture import Sink, capture
 from seed_agents.envs import TextEnv
-from seed_agents.faults import crash_point
+from seed_agents.faults import EpisodeFault, crash_point
 from seed_agents.types import FaultKind, StopReason, Task, Trajectory
 
 RewardFn = Callable[[Task, dict[str, Any]], float]
@@ -161,7 +161,7 @@ class EpisodeRunner:
                 traj.error = f"{type(e).__name__}: {e}"
             except Exception as e:  # noqa: BLE001 - any failure is recorded, never fatal
                 traj.stop_reason = StopReason.ERROR
-                traj.fault = FaultKind.BACKEND if _is_backend_error(e) else FaultKind.ENV
+                traj.fault = _fault_kind(e)
                 traj.error = f"{type(e).__name__}: {e}\n{_short_tb(e)}"
                 if _is_unreachable(e):
                     self._backend_down = f"backend unavailable ({e})"
@@ -208,8 +208,14 @@ def _causes(e: BaseException) -> list[BaseException]:
     return chain
 
 
-def _is_backend_error(e: BaseException) -> bool:
-    return any(isinstance(c, BackendError) for c in _causes(e))
+def _fault_kind(e: BaseException) -> FaultKind:
+    """The kind of the fault ``e`` ended an episode with: one an env or tool declared
+    (``EpisodeFault``), a failing model server, else an env/tool/graph exception."""
+    causes = _causes(e)
+    declared = next((c for c in causes if isinstance(c, EpisodeFault)), None)
+    if declared is not None:
+        return declared.kind
+    return FaultKind.BACKEND if any(isinstance(c, BackendError) for c in causes) else FaultKind.ENV
 
 
 def _is_unreachable(e: BaseException) -> bool:

@@ -51,6 +51,7 @@ class FaultKind(str, Enum):
     BACKEND = "backend"  # the model server failed or could not be reached
     REWARD = "reward"  # the reward or success function raised
     SKIPPED = "skipped"  # never started: the run stopped scheduling (e.g. backend down)
+    UNREPLAYABLE = "unreplayable"  # a shadow replay needed a write it may not send to production
 
 
 class SamplingParams(BaseModel):

@@ -55,6 +55,7 @@ from tenacity import (
     wait_random_exponential,
 )
 
+from seed_agents.faults import EpisodeFault
 from seed_agents.redact import redact
 
 log = logging.getLogger("tools.openapi")
@@ -67,9 +68,10 @@ _RETRY_EXCEPTIONS = (httpx.ConnectError, httpx.ConnectTimeout)  # nothing was se
 Transport = httpx.BaseTransport | httpx.AsyncBaseTransport
 
 
-class EpisodeSignal(Exception):
-    """Not a tool failure: raised by a transport to end the episode (``Unreplayable``).
-    Tools let it through; everything else becomes the tool's error message."""
+class EpisodeSignal(EpisodeFault):
+    """Not a tool failure: raised by a transport to end the episode (``Unreplayable``), an
+    infrastructure fault the runner records and never trains on. Tools let it through;
+    everything else becomes the tool's error message."""
 
 
 class _Refused(Exception):

@@ -48,6 +48,7 @@ import httpx
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from seed_agents.redact import redact
+from seed_agents.types import FaultKind
 from tools.openapi import READ_ONLY_METHODS, AuthConfig, EpisodeSignal
 
 Mode = Literal["record", "replay", "shadow"]
@@ -62,8 +63,10 @@ _HOP_HEADERS = frozenset({"content-encoding", "content-length", "transfer-encodi
 
 class Unreplayable(EpisodeSignal):
     """A shadow replay reached a mutating request it cannot serve without touching
-    production: no sandbox and no recorded answer. The episode must be skipped and
-    recorded as an infrastructure fault (``FaultKind.SKIPPED``), not trained on."""
+    production: no sandbox and no recorded answer. The runner records the episode as an
+    infrastructure fault (``FaultKind.UNREPLAYABLE``) and never trains on it."""
+
+    kind = FaultKind.UNREPLAYABLE
 
     def __init__(self, method: str, path: str, key: str) -> None:
         super().__init__(f"unreplayable: {method} {path} would change production data, "

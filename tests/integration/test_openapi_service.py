@@ -156,3 +156,28 @@ def test_shadow_replays_with_a_sandbox_write_only_to_the_sandbox(prod: DemoServe
 
 async def _gather(coros: list[Any]) -> list[Any]:
     return await asyncio.gather(*coros)
+
+
+def test_an_unreplayable_write_ends_the_agent_episode_as_a_fault(prod: DemoServer, tiny_model_dir, tmp_path: Path) -> None:
+    """The whole path: a tool agent (graphs.tool_agent) whose model asks for a write the
+    recording does not hold; the runner records an `unreplayable` fault, never a failure."""
+    from transformers import AutoTokenizer
+
+    from graphs.tool_agent import build_tool_agent
+    from seed_agents.chat_model import SeedChatModel
+    from seed_agents.runner import EpisodeRunner, RunnerConfig
+    from seed_agents.testing import FakeBackend
+    from seed_agents.types import FaultKind, Task
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    recording = record_original(prod, tmp_path / "session.jsonl")
+    transport = ReplayTransport(ReplayConfig(mode="shadow", read_source="recording"), recording)
+    call = '<tool_call>\n{"name": "borrow_book", "arguments": {"book_id": 5, "member_id": "ann"}}\n</tool_call>'
+    llm = SeedChatModel(backend=FakeBackend(tokenizer, call), tokenizer=tokenizer)
+    graph = build_tool_agent(llm, list(live_tools(prod, transport=transport).values()))
+    writes_before = prod.log.mutating()
+    runner = EpisodeRunner(graph, RunnerConfig(group_size=1, progress=False))
+    (traj,) = asyncio.run(runner.run([Task(task_id="borrow", data={"question": "Borrow book 5 for ann."})]))
+    assert traj.fault == FaultKind.UNREPLAYABLE and "would change production data" in traj.error
+    assert len(traj.calls) == 1 and not traj.trainable
+    assert prod.log.mutating() == writes_before
