@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -186,27 +187,54 @@ def plot_learning_curve(out: Path) -> Path | None:
 def run_train(cfg: TrainConfig, resume: bool = False) -> dict[str, Any]:
     import datasets
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from graphs.hindsight import with_hindsight
-    from seed_agents.backends import make_backend
-    from seed_agents.backends.local import LocalBackend
-    from seed_agents.chat_model import SeedChatModel
-    from seed_agents.cli import agent_fields_given
-    from seed_agents.config import with_suite_defaults
-    from seed_agents.imports import load_object
-    from seed_agents.models import resolve_model
-    from seed_agents.preflight import check_backend, check_out, load_suite, suite_tasks
-    from seed_agents.runner import EpisodeRunner, default_reward
-    from seed_agents.stage1.auto import stage1_model
-    from seed_agents.skills import SystemBlockInjector, TaskLineInjector
-    from trainers.rollout import GraphRollout
-    from trainers.seed_trainer import SEEDConfig, SEEDTrainer
-    from trainers.weight_sync import FullWeightSync, InProcessSync, LoRASync
+    from trainers.seed_trainer import SEEDTrainer
 
     # -- checks: nothing in the run dir is written until the config, the env and its tasks,
     # the model and the server are known to be good --------------------------------------
     out = Path(cfg.out)
+    checkpoint, done_steps = check_run_dir(out, resume)
+    src = load_task_source(cfg, out, resume)
+
+    # -- the run dir: written from here on ------------------------------------------------
+    if resume:
+        if checkpoint is None:
+            print(f"--resume: {out} has no complete checkpoint yet; restarting it from step 0", flush=True)
+        truncate_traces(out, done_steps)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(cfg.model_dump_json(indent=2))
+    if src.store is not None and not (out / STORE_TASKS).exists():
+        (out / STORE_TASKS).write_text("".join(t.model_dump_json() + "\n" for t in src.tasks), encoding="utf-8")
+    torch.manual_seed(cfg.seed)
+
+    # -- policy, agent graph (+ hindsight node) or stored sessions, trainer -------------
+    policy = build_policy(cfg, out)
+    rollout = build_rollout(cfg, src, policy, out)
+    args = seed_config(cfg, out)
+    if args.world_size > 1 and args.process_index > 0:  # each rank plays its own episodes
+        rollout.out_dir = out / f"rank{args.process_index}"
+    dataset = datasets.Dataset.from_list([{"prompt": task.model_dump_json()} for task in src.tasks])
+    trainer = SEEDTrainer(model=policy.model, args=args, train_dataset=dataset, rollout=rollout,
+                          processing_class=policy.tokenizer)
+    evaluate = build_periodic_eval(cfg, src, policy, out, world_size=args.world_size)
+    trainer.add_callback(_SyncAndLog(policy.sync, policy.backend, out, evaluate=evaluate,
+                                     every=cfg.eval.every if cfg.eval else 0, at_start=bool(cfg.eval and cfg.eval.at_start),
+                                     last=cfg.iterations, resync=resume))
+    t0 = time.perf_counter()
+    trainer.train(resume_from_checkpoint=checkpoint if resume else None)
+    png = plot_learning_curve(out)
+    summary = {"iterations": trainer.state.global_step, "policy_version": policy.backend.policy_version,
+               "initial_weights": str(policy.weights),
+               "wall_s": time.perf_counter() - t0, "learning_curve": str(png) if png else None}
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    return summary
+
+
+def check_run_dir(out: Path, resume: bool) -> tuple[str | None, int]:
+    """(the checkpoint to resume from, its step); a plain run over an existing run and a
+    --resume without one are user errors. Writes nothing."""
+    from seed_agents.preflight import check_out
+
     checkpoint, done_steps = last_checkpoint(out)
     # config.json is written first: a run killed before its first trace still holds it
     holds_run = any((out / name).exists() for name in (*TRACE_FILES, "config.json"))
@@ -217,53 +245,96 @@ def run_train(cfg: TrainConfig, resume: bool = False) -> dict[str, Any]:
     elif holds_run or any((out / "checkpoints").glob("checkpoint-*")):
         raise ConfigError(f"{out} already holds a run; pass --resume to continue it or choose another --out")
     check_out(out, holds_run=False, overwrite=None, what="a run")
+    return checkpoint, done_steps
 
-    # tasks and environment (an env suite, or any graph with its tasks and reward)
-    suite, build_graph, reward_fn, make_input = None, None, default_reward, (lambda task: {"task": task})
-    store = None
+
+@dataclass
+class TaskSource:
+    """Where a run's tasks come from and how an episode of one is played and scored: an
+    env suite, any graph with its tasks and reward, or (``store``) recorded sessions."""
+
+    tasks: list[Any]
+    eval_tasks: list[Any] | None = None
+    suite: Any = None
+    build_graph: Any = None  # fn(chat_model) -> compiled graph, for graph training
+    reward_fn: Any = None
+    make_input: Any = None
+    store: Any = None
+
+    def make_graph(self, chat_model: Any, agent: Any) -> Any:
+        if self.build_graph is not None:
+            return self.build_graph(chat_model)
+        return self.suite.build_graph(chat_model, **agent.model_dump())
+
+    @property
+    def make_env(self) -> Any:
+        return self.suite.make_env if self.suite is not None else None
+
+
+def load_task_source(cfg: TrainConfig, out: Path, resume: bool) -> TaskSource:
+    """Tasks, env and reward, every one checked (with the model and server names) before
+    the run dir is touched; the env suite's tasks are prepared (e.g. games generated)."""
+    from seed_agents.imports import load_object
+    from seed_agents.preflight import check_backend, load_suite, suite_tasks
+    from seed_agents.runner import default_reward
+
+    src = TaskSource(tasks=[], reward_fn=default_reward, make_input=lambda task: {"task": task})
     if cfg.store is not None:  # recorded sessions: a task is a task key, its group the sessions
-        store, tasks = open_store_tasks(cfg, out, resume)
+        src.store, src.tasks = open_store_tasks(cfg, out, resume)
     if cfg.graph is not None:
         try:
-            build_graph, reward_fn = load_object(cfg.graph.build), load_object(cfg.graph.reward)
+            src.build_graph, src.reward_fn = load_object(cfg.graph.build), load_object(cfg.graph.reward)
         except ValueError as e:
             raise ConfigError(f"graph: {e}; fix graph.build / graph.reward ('pkg.module:name')") from None
-        if store is None:
-            tasks = read_tasks(cfg.graph.tasks)[: cfg.num_tasks]
-        if len(tasks) < cfg.tasks_per_iteration:
-            raise ConfigError(f"{cfg.graph.tasks} has {len(tasks)} tasks; tasks_per_iteration is "
+        if src.store is None:
+            src.tasks = read_tasks(cfg.graph.tasks)[: cfg.num_tasks]
+        if len(src.tasks) < cfg.tasks_per_iteration:
+            raise ConfigError(f"{cfg.graph.tasks} has {len(src.tasks)} tasks; tasks_per_iteration is "
                               f"{cfg.tasks_per_iteration}: add tasks or lower tasks_per_iteration")
         if cfg.graph.input == "messages":
-            make_input = lambda task: {"task": task, "messages": [("user", task.data["question"])]}  # noqa: E731
-    elif store is None or cfg.eval is not None:  # stored sessions need no env, unless to evaluate
-        suite = load_suite(cfg.env, seed=cfg.seed, options=cfg.env_options)
-        if store is None:
-            tasks = suite_tasks(suite, cfg.env, cfg.split, cfg.num_tasks)
-    eval_tasks = None  # the periodic held-out eval's (below), checked now rather than after an update
-    if cfg.eval is not None:
+            src.make_input = lambda task: {"task": task, "messages": [("user", task.data["question"])]}
+    elif src.store is None or cfg.eval is not None:  # stored sessions need no env, unless to evaluate
+        src.suite = load_suite(cfg.env, seed=cfg.seed, options=cfg.env_options)
+        if src.store is None:
+            src.tasks = suite_tasks(src.suite, cfg.env, cfg.split, cfg.num_tasks)
+    if cfg.eval is not None:  # the periodic held-out eval's, checked now rather than after an update
         e = cfg.eval
-        eval_tasks = (read_tasks(e.tasks)[: e.num_tasks] if e.tasks is not None
-                      else suite_tasks(suite, cfg.env, e.split, e.num_tasks))
+        src.eval_tasks = (read_tasks(e.tasks)[: e.num_tasks] if e.tasks is not None
+                          else suite_tasks(src.suite, cfg.env, e.split, e.num_tasks))
     check_backend(cfg.backend, weights=initial_weights(cfg.backend))
     if cfg.skills.source in ("external", "frozen") and cfg.skills.analyzer is not None:
         check_backend(cfg.skills.analyzer, flag="skills.analyzer.model")
-    if suite is not None and store is None and hasattr(suite, "prepare"):
-        print(f"preparing {len(tasks)} {cfg.env} tasks ({cfg.split}) ...", flush=True)
-        suite.prepare(tasks)
+    if src.suite is not None and src.store is None and hasattr(src.suite, "prepare"):
+        print(f"preparing {len(src.tasks)} {cfg.env} tasks ({cfg.split}) ...", flush=True)
+        src.suite.prepare(src.tasks)
+    return src
 
-    # -- the run dir: written from here on ------------------------------------------------
-    if resume:
-        if checkpoint is None:
-            print(f"--resume: {out} has no complete checkpoint yet; restarting it from step 0", flush=True)
-        truncate_traces(out, done_steps)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(cfg.model_dump_json(indent=2))
-    if store is not None and not (out / STORE_TASKS).exists():
-        (out / STORE_TASKS).write_text("".join(t.model_dump_json() + "\n" for t in tasks), encoding="utf-8")
-    torch.manual_seed(cfg.seed)
 
-    # -- policy: the trainer's model, and the backend that samples from it ------------
-    # Stage 1 (skill SFT) first where it applies; the run then starts from that model.
+@dataclass
+class Policy:
+    """The trainer's model and everything that samples from it or serves it."""
+
+    weights: str  # the folder the run starts from (the stage-1 model where it applies)
+    tokenizer: Any
+    model: Any
+    backend: Any
+    sync: Any
+    llm: Any  # SeedChatModel over ``backend``
+
+
+def build_policy(cfg: TrainConfig, out: Path) -> Policy:
+    """Stage 1 (skill SFT) first where it applies, then the model, its backend (in-process,
+    or a vLLM server checked to answer) and the weight sync that fits them."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from seed_agents.backends import make_backend
+    from seed_agents.backends.local import LocalBackend
+    from seed_agents.chat_model import SeedChatModel
+    from seed_agents.models import resolve_model
+    from seed_agents.stage1.auto import stage1_model
+    from trainers.weight_sync import FullWeightSync, InProcessSync, LoRASync
+
     b = cfg.backend
     stage1_dir = stage1_model(cfg)
     weights = str(stage1_dir) if stage1_dir is not None else resolve_model(initial_weights(b))
@@ -284,50 +355,76 @@ def run_train(cfg: TrainConfig, resume: bool = False) -> dict[str, Any]:
         lora = cfg.sync == "lora" or (cfg.sync == "auto" and cfg.trainer.lora_r)
         sync = LoRASync(backend, out / "weights") if lora else FullWeightSync(backend, out / "weights", method=b.reload_method)
     llm = SeedChatModel(backend=backend, tokenizer=tokenizer, sampling=cfg.sampling, model_name=b.model)
+    return Policy(weights=weights, tokenizer=tokenizer, model=model, backend=backend, sync=sync, llm=llm)
 
-    # -- the agent graph, with the hindsight node -----------------------------------------
-    agent = with_suite_defaults(cfg.agent, getattr(suite, "agent_defaults", None), agent_fields_given(cfg))
 
-    def make_graph(chat_model: Any) -> Any:
-        return build_graph(chat_model) if build_graph is not None else suite.build_graph(chat_model, **agent.model_dump())
+def build_analyzer(cfg: TrainConfig, policy: Policy) -> Any:
+    """Who writes the hindsight skills: the policy itself (SEED), another model (external),
+    a frozen copy of the initial policy, or the offline rule-based analyzer."""
+    from seed_agents.backends import make_backend
+    from seed_agents.backends.local import LocalBackend
+    from seed_agents.chat_model import SeedChatModel
 
     s = cfg.skills
-    graph = make_graph(llm) if store is None else None
-    if store is not None or s.source != "none":
-        analyzer: Any = llm
-        if s.source == "rule_based":
-            from seed_agents.stage1.analyzers import RuleBasedTextWorldAnalyzer
+    if s.source == "rule_based":
+        from seed_agents.stage1.analyzers import RuleBasedTextWorldAnalyzer
 
-            analyzer = RuleBasedTextWorldAnalyzer()
-        elif s.source in ("external", "frozen"):
-            if s.analyzer is not None:
-                a_backend, a_tok = make_backend(s.analyzer)
-            else:  # a frozen copy of the initial policy
-                a_backend = LocalBackend(weights, max_batch_size=b.max_batch_size)
-                a_tok = a_backend.tokenizer
-            analyzer = SeedChatModel(backend=a_backend, tokenizer=a_tok, model_name="analyzer")
-    if graph is not None and s.source != "none":
+        return RuleBasedTextWorldAnalyzer()
+    if s.source not in ("external", "frozen"):
+        return policy.llm
+    if s.analyzer is not None:
+        a_backend, a_tok = make_backend(s.analyzer)
+    else:  # a frozen copy of the initial policy
+        a_backend = LocalBackend(policy.weights, max_batch_size=cfg.backend.max_batch_size)
+        a_tok = a_backend.tokenizer
+    return SeedChatModel(backend=a_backend, tokenizer=a_tok, model_name="analyzer")
+
+
+def build_rollout(cfg: TrainConfig, src: TaskSource, policy: Policy, out: Path) -> Any:
+    """The ``Rollout`` the trainer calls each iteration: the agent graph wrapped by the
+    hindsight node and played by the runner, or (``--from-store``) recorded sessions."""
+    from graphs.hindsight import with_hindsight
+    from seed_agents.runner import EpisodeRunner
+    from seed_agents.skills import SystemBlockInjector, TaskLineInjector
+    from trainers.rollout import GraphRollout
+
+    s = cfg.skills
+    injector = TaskLineInjector() if s.injector == "task_line" else SystemBlockInjector()
+    analyzer = build_analyzer(cfg, policy)
+    if src.store is not None:
+        from trainers.store_rollout import StoreRollout
+
+        return StoreRollout(src.store, policy.llm, run_id=store_run_id(out), policy=store_policy(cfg),
+                            skills=s.source, analyzer=analyzer, injector=injector, merge_rows=cfg.trainer.merge_rows,
+                            skill_max_tokens=s.max_tokens, min_words=s.min_words, max_words=s.max_words, out_dir=out)
+    graph = src.make_graph(policy.llm, agent_config(cfg, src))
+    if s.source != "none":
         # graph agents are judged by their reward; the analyzer needs the outcome before it
+        reward_fn = src.reward_fn
         success_fn = (lambda state: reward_fn(state["task"], state) >= 1.0) if cfg.graph is not None else None
         graph = with_hindsight(graph, analyzer, success_fn=success_fn, max_tokens=s.max_tokens,
                                min_words=s.min_words, max_words=s.max_words)
-    injector = TaskLineInjector() if s.injector == "task_line" else SystemBlockInjector()
-    rollout: Any
-    if store is not None:
-        from trainers.store_rollout import StoreRollout
+    runner = EpisodeRunner(graph, cfg.runner, make_env=src.make_env, reward_fn=src.reward_fn, make_input=src.make_input)
+    return GraphRollout(runner, policy.llm, skills=s.source, injector=injector, merge_rows=cfg.trainer.merge_rows,
+                        out_dir=out)
 
-        rollout = StoreRollout(store, llm, run_id=store_run_id(out), policy=store_policy(cfg), skills=s.source,
-                               analyzer=analyzer, injector=injector, merge_rows=cfg.trainer.merge_rows,
-                               skill_max_tokens=s.max_tokens, min_words=s.min_words, max_words=s.max_words, out_dir=out)
-    else:
-        runner = EpisodeRunner(graph, cfg.runner, make_env=suite.make_env if suite is not None else None,
-                               reward_fn=reward_fn, make_input=make_input)
-        rollout = GraphRollout(runner, llm, skills=s.source, injector=injector, merge_rows=cfg.trainer.merge_rows,
-                               out_dir=out)
 
-    # -- the trainer -------------------------------------------------------------------
+def agent_config(cfg: TrainConfig, src: TaskSource) -> Any:
+    """The agent options: the user's, then the env suite's protocol defaults (ALFWorld's 30 turns ...)."""
+    from seed_agents.cli import agent_fields_given
+    from seed_agents.config import with_suite_defaults
+
+    return with_suite_defaults(cfg.agent, getattr(src.suite, "agent_defaults", None), agent_fields_given(cfg))
+
+
+def seed_config(cfg: TrainConfig, out: Path) -> Any:
+    """The TRL arguments of a run: one optimizer step per iteration, a checkpoint per step."""
+    import torch
+
+    from trainers.seed_trainer import SEEDConfig
+
     G, t = cfg.runner.group_size, cfg.trainer
-    args = SEEDConfig(
+    return SEEDConfig(
         output_dir=str(out / "checkpoints"), per_device_train_batch_size=cfg.tasks_per_iteration * G,
         num_generations=G, max_steps=cfg.iterations, learning_rate=t.learning_rate, beta=t.kl_coef,
         entropy_coef=t.entropy_coef, epsilon=t.clip_eps, max_grad_norm=t.max_grad_norm, opd_coef=t.opd_coef,
@@ -336,36 +433,29 @@ def run_train(cfg: TrainConfig, resume: bool = False) -> dict[str, Any]:
         report_to=[], logging_steps=1, save_strategy="steps", save_steps=1, save_total_limit=2, seed=cfg.seed,
         disable_tqdm=True,
     )
-    if args.world_size > 1 and args.process_index > 0:  # each rank plays its own episodes
-        rollout.out_dir = out / f"rank{args.process_index}"
-    dataset = datasets.Dataset.from_list([{"prompt": task.model_dump_json()} for task in tasks])
-    trainer = SEEDTrainer(model=model, args=args, train_dataset=dataset, rollout=rollout, processing_class=tokenizer)
-    evaluate = None
-    if cfg.eval is not None:  # held-out, greedy, without the hindsight node
-        e = cfg.eval
-        if suite is not None and hasattr(suite, "prepare"):
-            suite.prepare(eval_tasks)
-        eval_llm = SeedChatModel(backend=backend, tokenizer=tokenizer, model_name=b.model,
-                                 sampling=cfg.sampling.model_copy(update={"temperature": e.temperature}))
-        eval_runner = EpisodeRunner(make_graph(eval_llm), cfg.runner.model_copy(update={"group_size": e.group_size}),
-                                    make_env=suite.make_env if suite is not None else None,
-                                    reward_fn=reward_fn, make_input=make_input)
-        episodes_per_update = cfg.tasks_per_iteration * G * args.world_size
 
-        def evaluate(updates: int) -> None:
-            run_periodic_eval(eval_runner, eval_tasks, updates, updates * episodes_per_update, out)
 
-    trainer.add_callback(_SyncAndLog(sync, backend, out, evaluate=evaluate, every=cfg.eval.every if cfg.eval else 0,
-                                     at_start=bool(cfg.eval and cfg.eval.at_start), last=cfg.iterations,
-                                     resync=resume))
-    t0 = time.perf_counter()
-    trainer.train(resume_from_checkpoint=checkpoint if resume else None)
-    png = plot_learning_curve(out)
-    summary = {"iterations": trainer.state.global_step, "policy_version": backend.policy_version,
-               "initial_weights": str(weights),
-               "wall_s": time.perf_counter() - t0, "learning_curve": str(png) if png else None}
-    (out / "summary.json").write_text(json.dumps(summary, indent=2))
-    return summary
+def build_periodic_eval(cfg: TrainConfig, src: TaskSource, policy: Policy, out: Path, *, world_size: int) -> Any:
+    """``evaluate(updates)``: held-out tasks, greedy, without the hindsight node; None when off."""
+    from seed_agents.chat_model import SeedChatModel
+    from seed_agents.runner import EpisodeRunner
+
+    if cfg.eval is None:
+        return None
+    e = cfg.eval
+    if src.suite is not None and hasattr(src.suite, "prepare"):
+        src.suite.prepare(src.eval_tasks)
+    eval_llm = SeedChatModel(backend=policy.backend, tokenizer=policy.tokenizer, model_name=cfg.backend.model,
+                             sampling=cfg.sampling.model_copy(update={"temperature": e.temperature}))
+    runner = EpisodeRunner(src.make_graph(eval_llm, agent_config(cfg, src)),
+                           cfg.runner.model_copy(update={"group_size": e.group_size}),
+                           make_env=src.make_env, reward_fn=src.reward_fn, make_input=src.make_input)
+    episodes_per_update = cfg.tasks_per_iteration * cfg.runner.group_size * world_size
+
+    def evaluate(updates: int) -> None:
+        run_periodic_eval(runner, src.eval_tasks, updates, updates * episodes_per_update, out)
+
+    return evaluate
 
 
 def run_periodic_eval(runner: Any, tasks: list[Any], updates: int, episodes: int, out: Path) -> dict[str, Any]:
