@@ -4,27 +4,51 @@ Swap it in for the chat model of any LangGraph agent and every call is rendered 
 ids client-side (the tokenizer's own chat template, tools included), sampled by a
 ``Backend`` (ids in, ids + logprobs out) and recorded into the active ``capture()`` scope.
 That is the whole integration surface: nothing else in the user's graph changes.
+
+It behaves like any LangChain chat model: ``invoke``/``ainvoke``/``batch``, token
+streaming (``stream``/``astream``, and LangGraph's ``stream_mode="messages"``), ``stop``
+sequences, ``bind_tools`` with ``tool_choice`` and ``with_structured_output``. Each call
+is recorded once, complete, when it finishes; see ``seed_agents.reply`` for how stop
+strings and streamed deltas stay token-exact, and ``SeedChatModel`` for ``tool_choice``.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import Sequence
-from typing import Any, Callable
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterator,
+    Callable,
+    Generator,
+    Iterator,
+    Sequence,
+)
+from dataclasses import dataclass, field
+from typing import Any
 
-from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
+from langchain_core.callbacks import (
+    AsyncCallbackManagerForLLMRun,
+    CallbackManagerForLLMRun,
+)
 from langchain_core.language_models import BaseChatModel, LanguageModelInput
-from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
-from langchain_core.outputs import ChatGeneration, ChatResult
+from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage, ToolMessage
+from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
 from langchain_core.runnables import Runnable
 from langchain_core.tools import BaseTool
 from langchain_core.utils.function_calling import convert_to_openai_tool
-from pydantic import ConfigDict, Field
+from pydantic import ConfigDict, Field, model_validator
 
+from seed_agents.backends.base import (
+    BackendError,
+    CompletionPiece,
+    StreamingBackend,
+    as_piece,
+)
 from seed_agents.capture import current_scope, record_call
-from seed_agents.tool_calls import format_tool_call, parse_tool_calls
-from seed_agents.types import Completion, LLMCall, Purpose, SamplingParams
+from seed_agents.reply import ReplyBuilder
+from seed_agents.tool_calls import format_tool_call
+from seed_agents.types import LLMCall, Purpose, SamplingParams
 
 _ROLES = {"system": "system", "human": "user", "ai": "assistant", "tool": "tool"}
 _SAMPLING_KEYS = ("max_tokens", "temperature", "top_p", "seed")
@@ -92,17 +116,65 @@ def uses_native_tools(tokenizer: Any, tool_format: str = "auto") -> bool:
 
 
 def render_chat(tokenizer: Any, messages: Sequence[BaseMessage], tools: list[dict[str, Any]] | None = None,
-                tool_format: str = "auto") -> tuple[list[int], list[dict[str, Any]]]:
+                tool_format: str = "auto", *, continue_final: bool = False) -> tuple[list[int], list[dict[str, Any]]]:
     """(prompt token ids, rendered message dicts): the chat template applied client-side,
     tools included. ``SeedChatModel`` and the capture gateway both render with this, so
-    an agent sees the same prompt ids through either."""
+    an agent sees the same prompt ids through either.
+
+    ``continue_final``: the last message is an assistant message to be continued (a
+    prefill) instead of a finished turn followed by a new assistant turn."""
     dicts = to_chat_dicts(messages)
+    turn = {"continue_final_message": True} if continue_final else {"add_generation_prompt": True}
     if uses_native_tools(tokenizer, tool_format):
-        text = tokenizer.apply_chat_template(dicts, tools=tools or None, add_generation_prompt=True, tokenize=False)
+        text = tokenizer.apply_chat_template(dicts, tools=tools or None, tokenize=False, **turn)
     else:
         dicts = _hermes_fallback(dicts, tools)
-        text = tokenizer.apply_chat_template(dicts, add_generation_prompt=True, tokenize=False)
+        text = tokenizer.apply_chat_template(dicts, tokenize=False, **turn)
     return list(tokenizer(text, add_special_tokens=False)["input_ids"]), dicts
+
+
+def forced_tool_prefix(tool_choice: str | None, tools: list[dict[str, Any]] | None) -> str:
+    """The assistant-turn prefill that forces a Hermes tool call ("" when none is forced).
+
+    "any"/"required" open a call and leave the name to the model (unless only one tool is
+    bound); a tool's name also fixes the name. No trailing whitespace: chat templates
+    strip the content of a continued message."""
+    if tool_choice in (None, "auto", "none") or not tools:
+        return ""
+    names = [t["function"]["name"] for t in tools]
+    if tool_choice in ("any", "required"):
+        if len(names) != 1:
+            return '<tool_call>\n{"name": "'
+        tool_choice = names[0]
+    if tool_choice not in names:
+        raise ValueError(f"tool_choice {tool_choice!r} names no bound tool (bound: {names})")
+    return '<tool_call>\n{"name": ' + json.dumps(tool_choice, ensure_ascii=False) + ', "arguments":'
+
+
+def _normalize_tool_choice(tool_choice: Any) -> str | None:
+    """LangChain/OpenAI spellings -> None ("auto"), "none", "any" or a tool name."""
+    if tool_choice is None or tool_choice == "auto" or tool_choice is False:
+        return None
+    if tool_choice is True or tool_choice in ("any", "required"):
+        return "any"
+    if isinstance(tool_choice, dict):  # {"type": "function", "function": {"name": ...}}
+        tool_choice = (tool_choice.get("function") or {}).get("name") or tool_choice.get("name")
+    if isinstance(tool_choice, str):
+        return tool_choice
+    raise ValueError(f"unsupported tool_choice {tool_choice!r}")
+
+
+@dataclass
+class _Turn:
+    """One prepared call: what the backend gets and what the record will say."""
+
+    prompt_ids: list[int]
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None
+    params: SamplingParams
+    builder: ReplyBuilder
+    stream: bool = False  # a token stream was asked for (else: stream only to honour stop strings)
+    t0: float = field(default_factory=time.perf_counter)
 
 
 class SeedChatModel(BaseChatModel):
@@ -110,6 +182,23 @@ class SeedChatModel(BaseChatModel):
 
     ``purpose`` labels the calls (``policy`` trains; ``analyzer`` writes hindsight
     skills); an enclosing ``capture(purpose=...)`` overrides it.
+
+    LangChain's standard parameters ``temperature``, ``max_tokens``, ``top_p`` and
+    ``seed`` may be given at construction (they set ``sampling``) or per call/``bind``;
+    ``stop`` likewise. ``streaming=True`` makes ``invoke`` stream internally.
+
+    ``bind_tools(..., tool_choice=...)``: "auto" (default) lets the model decide; "none"
+    renders the prompt without the tools, so no call is offered or parsed; "any" /
+    "required" / ``True`` / a tool name / ``{"type": "function", "function": {"name":
+    ...}}`` force a call by prefilling the assistant turn with the start of a Hermes
+    ``<tool_call>`` (and the name, when fixed). The prefill is part of the PROMPT (it ends
+    ``prompt_ids`` and is the last, assistant, entry of the recorded ``messages``), never
+    of ``completion_ids``: it was not sampled, so it is never trained on. A trailing
+    ``AIMessage`` in the input is continued the same way (an assistant prefill), so a
+    recorded call re-renders to the same ``prompt_ids``.
+
+    A stream that its consumer abandons (the generator closed before the end) stops the
+    generation and records nothing: a call is recorded once, complete, or not at all.
     """
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
@@ -120,6 +209,22 @@ class SeedChatModel(BaseChatModel):
     purpose: Purpose = "policy"
     tool_format: str = Field("auto", description="'native' (template renders tools), 'hermes' (we do), or 'auto'.")
     model_name: str = "seed-agents"
+    stop: list[str] | None = Field(None, description="Default stop sequences (a call's own `stop` replaces them).")
+    streaming: bool = Field(False, description="Stream internally even for invoke (LangChain's standard flag).")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _standard_sampling_params(cls, data: Any) -> Any:
+        """``temperature=``/``max_tokens=``/``top_p=``/``seed=`` at construction set ``sampling``."""
+        if not isinstance(data, dict):
+            return data
+        given = {k: data[k] for k in _SAMPLING_KEYS if data.get(k) is not None}
+        if not given:
+            return data
+        base = data.get("sampling") or SamplingParams()
+        base = base if isinstance(base, SamplingParams) else SamplingParams.model_validate(base)
+        rest = {k: v for k, v in data.items() if k not in _SAMPLING_KEYS}
+        return {**rest, "sampling": base.model_copy(update=given)}
 
     @property
     def _llm_type(self) -> str:
@@ -129,6 +234,18 @@ class SeedChatModel(BaseChatModel):
     def _identifying_params(self) -> dict[str, Any]:
         return {"model_name": self.model_name, **self.sampling.model_dump()}
 
+    def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> Any:
+        params = super()._get_ls_params(stop=stop, **kwargs)
+        params["ls_provider"] = "seed_agents"
+        params["ls_model_name"] = kwargs["model"] if isinstance(kwargs.get("model"), str) else self.model_name
+        sampling = self._params(kwargs)
+        params["ls_temperature"] = sampling.temperature
+        params["ls_max_tokens"] = sampling.max_tokens
+        stops = stop if stop is not None else self.stop
+        if stops:
+            params["ls_stop"] = list(stops)
+        return params
+
     # -- rendering -----------------------------------------------------------------
     def native_tools(self) -> bool:
         """True when the tokenizer's template renders tools itself; False when we add
@@ -136,8 +253,10 @@ class SeedChatModel(BaseChatModel):
         return uses_native_tools(self.tokenizer, self.tool_format)
 
     def render(self, messages: Sequence[BaseMessage], tools: list[dict[str, Any]] | None = None) -> tuple[list[int], list[dict[str, Any]]]:
-        """Return (prompt token ids, rendered message dicts) for ``messages``."""
-        return render_chat(self.tokenizer, messages, tools, self.tool_format)
+        """Return (prompt token ids, rendered message dicts) for ``messages``; a trailing
+        assistant message is continued (a prefill), not closed."""
+        continue_final = bool(messages) and messages[-1].type == "ai" and bool(messages[-1].content)
+        return render_chat(self.tokenizer, messages, tools, self.tool_format, continue_final=continue_final)
 
     def _params(self, kwargs: dict[str, Any]) -> SamplingParams:
         overrides = {k: kwargs[k] for k in _SAMPLING_KEYS if kwargs.get(k) is not None}
@@ -147,63 +266,147 @@ class SeedChatModel(BaseChatModel):
                 stop_ids.add(int(tok))
         return self.sampling.model_copy(update={**overrides, "stop_token_ids": tuple(sorted(stop_ids))})
 
-    # -- generation ----------------------------------------------------------------
-    def _finish(self, messages: list[dict[str, Any]], tools: Any, prompt_ids: list[int], params: SamplingParams, comp: Completion, t0: float) -> ChatResult:
-        text = self.tokenizer.decode(comp.token_ids, skip_special_tokens=True)
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    # -- one call ------------------------------------------------------------------
+    def _prepare(self, messages: list[BaseMessage], stop: list[str] | None, kwargs: dict[str, Any],
+                 stream: bool = False) -> _Turn:
+        tools = kwargs.get("tools")
+        choice = _normalize_tool_choice(kwargs.get("tool_choice"))
+        if choice == "none":
+            tools = None  # nothing offered, nothing parsed
+        prefix = forced_tool_prefix(choice, tools)
+        if prefix:
+            messages = [*messages, AIMessage(prefix)]
+        prompt_ids, dicts = self.render(messages, tools)
+        stops = stop if stop is not None else (self.stop or [])
+        builder = ReplyBuilder(self._decode, stop=stops, parse_tools=bool(tools), prefix=prefix)
+        return _Turn(prompt_ids, dicts, tools, self._params(kwargs), builder, stream)
+
+    def _record(self, turn: _Turn) -> AIMessage:
+        """Record the finished call; return the reply it makes."""
+        b = turn.builder
+        if b.finish_reason is None:
+            raise BackendError("the backend's stream ended without a finish reason; nothing was recorded")
         scope = current_scope()
         purpose = scope.purpose if scope is not None and scope.purpose is not None else self.purpose
         call = LLMCall(
-            messages=messages, tools=tools, prompt_ids=prompt_ids, completion_ids=comp.token_ids,
-            logprobs=comp.logprobs, text=text, policy_version=comp.policy_version, purpose=purpose,
-            finish_reason=comp.finish_reason, latency_s=time.perf_counter() - t0, sampling=params,
+            messages=turn.messages, tools=turn.tools, prompt_ids=turn.prompt_ids, completion_ids=list(b.token_ids),
+            logprobs=list(b.logprobs), text=b.text, policy_version=b.policy_version, purpose=purpose,
+            finish_reason=b.finish_reason, latency_s=time.perf_counter() - turn.t0, sampling=turn.params,
         )
         record_call(call)
-        content, tool_calls, invalid = parse_tool_calls(text) if tools else (text, [], [])
-        msg = AIMessage(
-            content=content,
-            tool_calls=tool_calls,
-            invalid_tool_calls=invalid,
-            response_metadata={
-                "call_id": call.call_id, "finish_reason": comp.finish_reason,
-                "policy_version": comp.policy_version, "model_name": self.model_name,
-            },
-            usage_metadata={
-                "input_tokens": len(prompt_ids), "output_tokens": len(comp.token_ids),
-                "total_tokens": len(prompt_ids) + len(comp.token_ids),
-            },
-        )
-        return ChatResult(generations=[ChatGeneration(message=msg)])
+        content, tool_calls, invalid = b.reply()
+        metadata: dict[str, Any] = {
+            "call_id": call.call_id, "finish_reason": call.finish_reason,
+            "policy_version": call.policy_version, "model_name": self.model_name,
+        }
+        if b.stop_sequence is not None:
+            metadata["stop_sequence"] = b.stop_sequence
+        n_in, n_out = len(turn.prompt_ids), len(call.completion_ids)
+        return AIMessage(content=content, tool_calls=tool_calls, invalid_tool_calls=invalid, response_metadata=metadata,
+                         usage_metadata={"input_tokens": n_in, "output_tokens": n_out, "total_tokens": n_in + n_out})
 
+    def _pieces(self, turn: _Turn) -> Generator[CompletionPiece, None, None]:
+        """The completion as pieces: streamed when asked for or when stop strings may end
+        it early (closing this generator then stops the backend), else one piece from
+        ``generate`` (which batches on the local backend)."""
+        if isinstance(self.backend, StreamingBackend) and (turn.stream or turn.builder.stop):
+            yield from self.backend.stream(turn.prompt_ids, turn.params)
+        else:
+            yield as_piece(self.backend.generate(turn.prompt_ids, turn.params))
+
+    async def _apieces(self, turn: _Turn) -> AsyncGenerator[CompletionPiece, None]:
+        if isinstance(self.backend, StreamingBackend) and (turn.stream or turn.builder.stop):
+            stream = self.backend.astream(turn.prompt_ids, turn.params)
+            try:
+                async for piece in stream:
+                    yield piece
+            finally:
+                await stream.aclose()  # type: ignore[attr-defined]
+        else:
+            yield as_piece(await self.backend.agenerate(turn.prompt_ids, turn.params))
+
+    # -- LangChain entry points ----------------------------------------------------
     def _generate(self, messages: list[BaseMessage], stop: list[str] | None = None,
                   run_manager: CallbackManagerForLLMRun | None = None, **kwargs: Any) -> ChatResult:
-        _reject_stop(stop)
-        tools = kwargs.get("tools")
-        t0 = time.perf_counter()
-        prompt_ids, dicts = self.render(messages, tools)
-        params = self._params(kwargs)
-        comp = self.backend.generate(prompt_ids, params)
-        return self._finish(dicts, tools, prompt_ids, params, comp, t0)
+        turn = self._prepare(messages, stop, kwargs)
+        pieces = self._pieces(turn)
+        try:
+            for piece in pieces:
+                turn.builder.feed(piece)
+                if turn.builder.done:
+                    break
+        finally:
+            pieces.close()
+        return ChatResult(generations=[ChatGeneration(message=self._record(turn))])
 
     async def _agenerate(self, messages: list[BaseMessage], stop: list[str] | None = None,
                          run_manager: AsyncCallbackManagerForLLMRun | None = None, **kwargs: Any) -> ChatResult:
-        _reject_stop(stop)
-        tools = kwargs.get("tools")
-        t0 = time.perf_counter()
-        prompt_ids, dicts = self.render(messages, tools)
-        params = self._params(kwargs)
-        comp = await self.backend.agenerate(prompt_ids, params)
-        return self._finish(dicts, tools, prompt_ids, params, comp, t0)
+        turn = self._prepare(messages, stop, kwargs)
+        pieces = self._apieces(turn)
+        try:
+            async for piece in pieces:
+                turn.builder.feed(piece)
+                if turn.builder.done:
+                    break
+        finally:
+            await pieces.aclose()
+        return ChatResult(generations=[ChatGeneration(message=self._record(turn))])
+
+    def _stream(self, messages: list[BaseMessage], stop: list[str] | None = None,
+                run_manager: CallbackManagerForLLMRun | None = None, **kwargs: Any) -> Iterator[ChatGenerationChunk]:
+        turn = self._prepare(messages, stop, kwargs, stream=True)
+        pieces = self._pieces(turn)
+        try:
+            for piece in pieces:
+                delta = turn.builder.feed(piece)
+                if delta:
+                    yield ChatGenerationChunk(message=AIMessageChunk(content=delta))
+                if turn.builder.done:
+                    break
+        finally:
+            pieces.close()  # also when the consumer stops reading: the backend stops generating
+        yield self._last_chunk(turn)
+
+    async def _astream(self, messages: list[BaseMessage], stop: list[str] | None = None,
+                       run_manager: AsyncCallbackManagerForLLMRun | None = None, **kwargs: Any) -> AsyncIterator[ChatGenerationChunk]:
+        turn = self._prepare(messages, stop, kwargs, stream=True)
+        pieces = self._apieces(turn)
+        try:
+            async for piece in pieces:
+                delta = turn.builder.feed(piece)
+                if delta:
+                    yield ChatGenerationChunk(message=AIMessageChunk(content=delta))
+                if turn.builder.done:
+                    break
+        finally:
+            await pieces.aclose()
+        yield self._last_chunk(turn)
+
+    def _last_chunk(self, turn: _Turn) -> ChatGenerationChunk:
+        """Record the call; the last chunk carries the rest of the content, the tool
+        calls (as complete ``tool_call_chunks``), usage and response metadata."""
+        msg = self._record(turn)
+        calls = [{"name": tc["name"], "args": json.dumps(tc["args"], ensure_ascii=False), "id": tc["id"], "index": i,
+                  "type": "tool_call_chunk"} for i, tc in enumerate(msg.tool_calls)]
+        # A malformed call can travel only as a chunk, and LangChain re-parses chunk args
+        # leniently (it would turn "{oops" into a call with empty arguments): send its raw
+        # text as a JSON string, which parses to no object and so stays an invalid call.
+        calls += [{"name": tc["name"], "args": json.dumps(tc["args"], ensure_ascii=False), "id": tc["id"],
+                   "index": len(calls) + i, "type": "tool_call_chunk"} for i, tc in enumerate(msg.invalid_tool_calls)]
+        chunk = AIMessageChunk(content=turn.builder.last_delta(str(msg.content)), tool_call_chunks=calls,
+                               usage_metadata=msg.usage_metadata, response_metadata=msg.response_metadata,
+                               chunk_position="last")
+        return ChatGenerationChunk(message=chunk)
 
     def bind_tools(self, tools: Sequence[dict[str, Any] | type | Callable[..., Any] | BaseTool], *,
-                   tool_choice: str | None = None, **kwargs: Any) -> Runnable[LanguageModelInput, AIMessage]:
-        """Offer ``tools`` to the model. ``tool_choice`` is accepted for API compatibility
-        but not enforced: the model decides whether to call a tool."""
-        return self.bind(tools=[convert_to_openai_tool(t) for t in tools], **kwargs)
-
-
-def _reject_stop(stop: list[str] | None) -> None:
-    if stop:
-        raise ValueError(
-            "SeedChatModel does not support stop strings: a text-level cut would make the "
-            "recorded token ids disagree with the returned text; use stop_token_ids in SamplingParams"
-        )
+                   tool_choice: str | dict[str, Any] | bool | None = None, **kwargs: Any) -> Runnable[LanguageModelInput, AIMessage]:
+        """Offer ``tools`` to the model; ``tool_choice`` as in the class docstring."""
+        schemas = [convert_to_openai_tool(t) for t in tools]
+        choice = _normalize_tool_choice(tool_choice)
+        forced_tool_prefix(choice, schemas)  # an unknown tool name fails here, not at call time
+        if choice is not None:
+            kwargs["tool_choice"] = choice
+        return self.bind(tools=schemas, **kwargs)

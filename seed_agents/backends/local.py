@@ -13,21 +13,34 @@ cancelled (its episode timed out), generation stops at the next token. At interp
 exit every in-flight generation is stopped and waited for, because a torch forward still
 running on a daemon thread while the interpreter tears down aborts the process
 ("terminate called without an active exception", exit status 134).
+
+Streaming (``stream``/``astream``) runs each stream as its own batch of one, through the
+same ``generate`` call as the batched path (so greedy and seeded streams sample the same
+ids): a transformers streamer hands each new token over as it is chosen, paired with the
+raw log-softmax row a forward hook saw for that step. A consumer that stops reading ends
+the generation at the next token.
 """
 
 from __future__ import annotations
 
 import asyncio
 import atexit
+import collections
+import contextlib
+import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from seed_agents.backends.base import BackendError, CompletionPiece
 from seed_agents.types import Completion, SamplingParams
+
+#: ``on_token(token_id, logprob)``: called from the generating thread per sampled token.
+OnToken = Callable[[int, float], None]
 
 
 class _InFlight:
@@ -68,6 +81,46 @@ def _stopping_criteria(should_stop: Callable[[], bool]) -> Any:
             return torch.full((input_ids.shape[0],), stop, dtype=torch.bool, device=input_ids.device)
 
     return StoppingCriteriaList([_Stop()])
+
+
+@contextlib.contextmanager
+def _token_streamer(model: torch.nn.Module, on_token: OnToken | None, batch_size: int) -> Iterator[Any]:
+    """A transformers streamer calling ``on_token(id, raw logprob)`` per sampled token.
+
+    The streamer sees only the chosen ids, so a forward hook keeps each step's raw
+    log-softmax row (the same logits ``output_logits`` returns) in a FIFO: the k-th
+    forward of a generation scores the k-th sampled token. Yields None without ``on_token``.
+    """
+    if on_token is None:
+        yield None
+        return
+    if batch_size != 1:
+        raise ValueError("token streaming runs one request at a time")
+    from transformers.generation.streamers import BaseStreamer
+
+    rows: collections.deque[torch.Tensor] = collections.deque()
+
+    def keep_logits(module: Any, args: Any, output: Any) -> None:
+        rows.append(output.logits[0, -1].float().log_softmax(-1))
+
+    class _Streamer(BaseStreamer):
+        prompt_seen = False
+
+        def put(self, value: torch.Tensor) -> None:
+            if not self.prompt_seen:  # generate() first hands over the prompt
+                self.prompt_seen = True
+                return
+            token = int(value.reshape(-1)[0])
+            on_token(token, float(rows.popleft()[token]))
+
+        def end(self) -> None:
+            pass
+
+    handle = model.register_forward_hook(keep_logits)
+    try:
+        yield _Streamer()
+    finally:
+        handle.remove()
 
 
 @dataclass
@@ -133,6 +186,82 @@ class LocalBackend:
             loop.create_task(self._drain(key))
         return await req.future
 
+    def stream(self, prompt_ids: list[int], params: SamplingParams) -> Iterator[CompletionPiece]:
+        """One piece per sampled token, then a last (empty) piece with the finish reason.
+        Closing the iterator stops the generation at the next token and waits for it."""
+        pieces: queue.Queue[CompletionPiece | BaseException] = queue.Queue()
+        stop = threading.Event()
+        version = self.policy_version
+
+        def run() -> None:
+            try:
+                pieces.put(self._stream_one(list(prompt_ids), params, stop.is_set, pieces.put, version))
+            except BaseException as e:  # noqa: BLE001 - handed to the consumer
+                pieces.put(e)
+
+        worker = threading.Thread(target=run, name="seed-agents-local-stream", daemon=True)
+        worker.start()
+        try:
+            while True:
+                item = pieces.get()
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+                if item.finish_reason is not None:
+                    return
+        finally:
+            stop.set()
+            worker.join()
+
+    async def astream(self, prompt_ids: list[int], params: SamplingParams) -> AsyncIterator[CompletionPiece]:
+        """Async ``stream``: the generation runs in a worker thread; ``aclose()`` (or a
+        cancelled consumer) stops it at the next token."""
+        loop = asyncio.get_running_loop()
+        pieces: asyncio.Queue[CompletionPiece | BaseException] = asyncio.Queue()
+        stop = threading.Event()
+        version = self.policy_version
+
+        def put(item: CompletionPiece | BaseException) -> None:
+            with contextlib.suppress(RuntimeError):  # the loop closed: nobody is listening
+                loop.call_soon_threadsafe(pieces.put_nowait, item)
+
+        def run() -> None:
+            try:
+                put(self._stream_one(list(prompt_ids), params, stop.is_set, put, version))
+            except BaseException as e:  # noqa: BLE001 - handed to the consumer
+                put(e)
+
+        worker = asyncio.ensure_future(asyncio.to_thread(run))
+        try:
+            while True:
+                item = await pieces.get()
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+                if item.finish_reason is not None:
+                    return
+        finally:
+            stop.set()
+            # The thread ends within one token; its errors were handed over (or nobody listens).
+            with contextlib.suppress(Exception):
+                await asyncio.shield(worker)
+
+    def _stream_one(self, prompt_ids: list[int], params: SamplingParams, should_stop: Callable[[], bool],
+                    put: Callable[[CompletionPiece], None], version: int) -> CompletionPiece:
+        """Generate one stream, ``put`` a piece per token; return the last piece."""
+        streamed: list[int] = []
+
+        def on_token(token_id: int, logprob: float) -> None:
+            streamed.append(token_id)
+            put(CompletionPiece([token_id], [logprob], None, version))
+
+        comp = self._generate_batch([prompt_ids], params, should_stop, on_token)[0]
+        if comp.token_ids[: len(streamed)] != streamed:
+            raise BackendError(f"streamed ids {streamed} disagree with the generated {comp.token_ids}")
+        # Normally nothing is left: every id was streamed as it was sampled.
+        rest = len(streamed)
+        return CompletionPiece(comp.token_ids[rest:], comp.logprobs[rest:], comp.finish_reason, version)
+
     def score(self, prompt_ids: list[int], completion_ids: list[int]) -> list[float]:
         from seed_agents.scoring import sequence_logprobs
 
@@ -162,7 +291,7 @@ class LocalBackend:
                 try:
                     comps = await asyncio.to_thread(self._generate_batch, [r.prompt_ids for r in batch], params,
                                                     abandoned)
-                except BaseException as e:  # noqa: BLE001 - delivered to every waiter
+                except BaseException as e:
                     for r in batch:
                         if not r.future.done():
                             r.future.set_exception(e)
@@ -180,15 +309,16 @@ class LocalBackend:
                 self._queues.pop(key, None)
 
     def _generate_batch(self, prompts: list[list[int]], params: SamplingParams,
-                        should_stop: Callable[[], bool] = lambda: False) -> list[Completion]:
+                        should_stop: Callable[[], bool] = lambda: False,
+                        on_token: OnToken | None = None) -> list[Completion]:
         """Every torch op of a batch runs inside ``_IN_FLIGHT``, so exit waits for all of it."""
         if _IN_FLIGHT.shutting_down.is_set():
             raise RuntimeError("the process is exiting: no new generation")
         with _IN_FLIGHT:
-            return self._generate_tracked(prompts, params, should_stop)
+            return self._generate_tracked(prompts, params, should_stop, on_token)
 
     def _generate_tracked(self, prompts: list[list[int]], params: SamplingParams,
-                          should_stop: Callable[[], bool]) -> list[Completion]:
+                          should_stop: Callable[[], bool], on_token: OnToken | None = None) -> list[Completion]:
         from transformers import GenerationConfig
 
         if any(len(p) == 0 for p in prompts):
@@ -211,11 +341,11 @@ class LocalBackend:
             top_k=None, eos_token_id=sorted(stop), pad_token_id=self.pad_id,
             output_logits=True, return_dict_in_generate=True,
         )
-        with self._lock, torch.no_grad():
+        with self._lock, torch.no_grad(), _token_streamer(self.model, on_token, len(prompts)) as streamer:
             if params.seed is not None:
                 torch.manual_seed(params.seed)
             out = self.model.generate(input_ids=input_ids, attention_mask=attention, generation_config=cfg,
-                                      stopping_criteria=_stopping_criteria(should_stop))
+                                      stopping_criteria=_stopping_criteria(should_stop), streamer=streamer)
         new = out.sequences[:, width:]
         logps = torch.stack(out.logits, dim=1).float().log_softmax(-1)  # [B, T, V]
         tok_logps = logps.gather(-1, new.unsqueeze(-1)).squeeze(-1)

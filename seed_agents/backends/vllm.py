@@ -12,21 +12,30 @@ Request fields used (vLLM 0.32, ``vllm/entrypoints/openai/completion/protocol.py
 Response: ``choices[0].token_ids``, ``choices[0].logprobs.token_logprobs``,
 ``choices[0].finish_reason`` and, for scoring, ``choices[0].prompt_logprobs`` (a list
 with ``None`` first, then ``{"<token id>": {"logprob": ..., "rank": ...}}`` per token).
+
+Streaming sends the same request with ``stream: true``: vLLM answers with server-sent
+events, one per engine step, whose ``choices[0]`` holds the step's new ``token_ids`` and
+their ``logprobs.token_logprobs`` (the last one the ``finish_reason``), then
+``data: [DONE]``. Retries and the circuit breaker cover opening the stream (connection
+failures, 5xx before the first byte); a stream that breaks later raises, because the
+tokens already handed out cannot be taken back. Closing the stream early closes the HTTP
+response, and vLLM aborts a request whose client has gone.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import threading
 import time
 import weakref
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
 from typing import Any
 
 import httpx
 
-from seed_agents.backends.base import BackendError, BackendUnavailable
+from seed_agents.backends.base import BackendError, BackendUnavailable, CompletionPiece
 from seed_agents.redact import redact
 from seed_agents.types import Completion, FinishReason, SamplingParams
 
@@ -94,6 +103,51 @@ class VLLMBackend:
         version = self.policy_version
         data = await self._apost("/v1/completions", self._generate_body(prompt_ids, params))
         return _parse_completion(data, version, time.perf_counter() - started)
+
+    def stream(self, prompt_ids: list[int], params: SamplingParams) -> Iterator[CompletionPiece]:
+        """One piece per server-sent event; closing the iterator aborts the request."""
+        version = self.policy_version
+        body = completion_body(self.model, prompt_ids, params, stream=True)
+        with self._sync_slots:
+            response = self._open_stream(body)
+            try:
+                done = False
+                for line in response.iter_lines():
+                    piece = _sse_event(line, version)
+                    if piece is _DONE:
+                        done = True
+                        break
+                    if piece is not None:
+                        yield piece
+            except httpx.TransportError as exc:
+                raise BackendError(f"the stream from {self.base_url} broke: {type(exc).__name__}: {exc}") from exc
+            finally:
+                response.close()
+        if not done:
+            raise BackendError(f"the stream from {self.base_url} ended without [DONE]")
+
+    async def astream(self, prompt_ids: list[int], params: SamplingParams) -> AsyncIterator[CompletionPiece]:
+        """Async ``stream``; ``aclose()`` aborts the request."""
+        version = self.policy_version
+        body = completion_body(self.model, prompt_ids, params, stream=True)
+        _, slots = self._async_state()
+        async with slots:
+            response = await self._aopen_stream(body)
+            try:
+                done = False
+                async for line in response.aiter_lines():
+                    piece = _sse_event(line, version)
+                    if piece is _DONE:
+                        done = True
+                        break
+                    if piece is not None:
+                        yield piece
+            except httpx.TransportError as exc:
+                raise BackendError(f"the stream from {self.base_url} broke: {type(exc).__name__}: {exc}") from exc
+            finally:
+                await response.aclose()
+        if not done:
+            raise BackendError(f"the stream from {self.base_url} ended without [DONE]")
 
     def score(self, prompt_ids: list[int], completion_ids: list[int]) -> list[float]:
         """Raw log-prob of each completion token given the prompt; nothing is sampled."""
@@ -233,6 +287,54 @@ class VLLMBackend:
                 return self._handle(response)
         raise self._trip(self._give_up(path, last_error))
 
+    def _open_stream(self, body: Mapping[str, Any]) -> httpx.Response:
+        """``_post`` for a streamed answer: the same retries and breaker, up to the first byte."""
+        self._check_breaker()
+        client = self._sync_client()
+        last_error: BaseException | None = None
+        for attempt in range(self.max_retries + 1):
+            if attempt:
+                time.sleep(self._backoff(attempt))
+            try:
+                response = client.send(client.build_request("POST", "/v1/completions", json=body), stream=True)
+            except httpx.TransportError as exc:
+                last_error = exc
+                continue
+            if response.status_code != 200:
+                response.read()
+                response.close()
+                if response.status_code >= 500:
+                    last_error = _ServerError(response)
+                    continue
+                self._handle(response)  # raises: the server rejected the request
+            self._open_until = 0.0
+            return response
+        raise self._trip(self._give_up("/v1/completions", last_error))
+
+    async def _aopen_stream(self, body: Mapping[str, Any]) -> httpx.Response:
+        """``_apost`` for a streamed answer (the caller holds this loop's slot)."""
+        self._check_breaker()
+        client, _ = self._async_state()
+        last_error: BaseException | None = None
+        for attempt in range(self.max_retries + 1):
+            if attempt:
+                await asyncio.sleep(self._backoff(attempt))
+            try:
+                response = await client.send(client.build_request("POST", "/v1/completions", json=body), stream=True)
+            except httpx.TransportError as exc:
+                last_error = exc
+                continue
+            if response.status_code != 200:
+                await response.aread()
+                await response.aclose()
+                if response.status_code >= 500:
+                    last_error = _ServerError(response)
+                    continue
+                self._handle(response)  # raises: the server rejected the request
+            self._open_until = 0.0
+            return response
+        raise self._trip(self._give_up("/v1/completions", last_error))
+
     def _backoff(self, attempt: int) -> float:
         return self.backoff_s * 2 ** (attempt - 1)
 
@@ -300,7 +402,7 @@ class _ServerError(Exception):
 
 def _normalize_base_url(url: str) -> str:
     url = url.rstrip("/")
-    return url[: -len("/v1")] if url.endswith("/v1") else url
+    return url.removesuffix("/v1")
 
 
 def _error_message(response: httpx.Response) -> str:
@@ -339,6 +441,40 @@ def _parse_completion(data: dict[str, Any], policy_version: int, latency_s: floa
         policy_version=policy_version,
         latency_s=latency_s,
     )
+
+
+_DONE = CompletionPiece()  # sentinel: the server sent ``data: [DONE]``
+
+
+def _sse_event(line: str, policy_version: int) -> CompletionPiece | None:
+    """One line of vLLM's event stream -> its new tokens; None for lines without data
+    (and events without tokens or a finish reason), ``_DONE`` at the end."""
+    if not line.startswith("data:"):
+        return None
+    payload = line[5:].strip()
+    if payload == "[DONE]":
+        return _DONE
+    try:
+        data = json.loads(payload)
+    except ValueError as exc:
+        raise BackendError(f"the server sent a stream event that is not JSON: {redact(payload, max_chars=200)!r}") from exc
+    if isinstance(data, dict) and "error" in data:
+        raise BackendError(f"the server failed mid-stream: {redact(str(data['error']), max_chars=500)}")
+    if not data.get("choices"):
+        return None  # e.g. a usage-only event
+    try:
+        choice = data["choices"][0]
+        ids = [int(t) for t in choice.get("token_ids") or []]
+        logprobs = [float(x) for x in (choice.get("logprobs") or {}).get("token_logprobs") or []]
+        reason = choice.get("finish_reason")
+    except (KeyError, IndexError, TypeError, ValueError) as exc:
+        raise BackendError(f"unexpected stream event: {redact(payload, max_chars=300)}") from exc
+    if len(ids) != len(logprobs):
+        raise BackendError(f"stream event with {len(ids)} token ids but {len(logprobs)} logprobs")
+    if not ids and reason is None:
+        return None
+    finish = None if reason is None else _FINISH_REASONS.get(reason, "error")
+    return CompletionPiece(ids, logprobs, finish, policy_version)
 
 
 def _parse_prompt_logprobs(

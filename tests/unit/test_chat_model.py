@@ -3,7 +3,6 @@
 import asyncio
 import json
 
-import pytest
 from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, ToolMessage
 
 from graphs.calculator import TOOLS, build_react_calculator, calculator_reward, calculator_tasks
@@ -70,9 +69,12 @@ def test_malformed_tool_call_is_reported_not_raised(tokenizer):
     assert msg.tool_calls == [] and msg.invalid_tool_calls[0]["error"].startswith("not JSON")
 
 
-def test_stop_strings_are_refused_with_a_reason(tokenizer):
-    with pytest.raises(ValueError, match="stop strings"):
-        llm_with(tokenizer, ["x"]).invoke("q", stop=["\n"])
+def test_stop_strings_cut_the_recorded_ids_at_the_stopping_token(tokenizer):
+    """Stop strings are token-exact (more in test_chat_model_streaming.py)."""
+    with capture() as cap:
+        msg = llm_with(tokenizer, ["one\ntwo"]).invoke("q", stop=["\n"])
+    assert msg.content == "one" and msg.response_metadata["stop_sequence"] == "\n"
+    assert cap.calls[0].text == tokenizer.decode(cap.calls[0].completion_ids) and cap.calls[0].text.startswith("one\n")
 
 
 def test_async_invoke_is_captured(tokenizer):
