@@ -208,7 +208,10 @@ def _parser() -> argparse.ArgumentParser:
     from seed_agents import gateway
     from seed_agents.store import export
 
+    from seed_agents.continual import cli as continual_cli
+
     gateway.add_parser(sub)
+    continual_cli.add_parser(sub)
     tr = sub.add_parser("traces", help="The trace store: export sessions as trajectories.")
     export.add_parser(tr.add_subparsers(dest="traces_command", required=True, metavar="SUBCOMMAND"))
     return p

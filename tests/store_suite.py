@@ -24,6 +24,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from seed_agents.capture import capture, read_jsonl, record_call
+from seed_agents.continual import CanaryResult, GateDecision, VersionRegistry, decide
 from seed_agents.store import RewardPolicy, StoreError, StoreSink, TraceStore, export_trajectories
 from seed_agents.store import schema
 from seed_agents.store._engine import create_engine, parse_url
@@ -115,6 +116,51 @@ WRITER = textwrap.dedent("""
             if i == 10:
                 print("ready", flush=True)
 """)
+
+
+# Two of these promote their own versions over and over at the same time: the decision
+# history must come out as one chain (each switch starts where the previous one ended).
+PROMOTER = textwrap.dedent("""
+    import sys
+    from seed_agents.continual import VersionRegistry
+    from seed_agents.store import TraceStore
+
+    if __name__ == "__main__":
+        registry = VersionRegistry(TraceStore.open(sys.argv[1]))
+        versions = [int(v) for v in sys.argv[2].split(",")]
+        print("ready", flush=True)
+        sys.stdin.readline()  # start together
+        for v in versions * 10:
+            registry.promote_manually("policy", v, actor="process-" + sys.argv[2])
+""")
+
+# Killed by its own hand inside the promotion's transaction, after both status updates
+# and the decision row were written but before the commit.
+KILLED_PROMOTER = textwrap.dedent("""
+    import os, signal, sys
+    from seed_agents.continual import VersionRegistry
+    from seed_agents.store import TraceStore
+    from seed_agents.store import store as store_module
+
+    real_set_status = store_module._set_status
+
+    def set_status_then_die(conn, name, version, status, note, now):
+        real_set_status(conn, name, version, status, note, now)
+        if status == "promoted":
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    if __name__ == "__main__":
+        store_module._set_status = set_status_then_die
+        VersionRegistry(TraceStore.open(sys.argv[1])).promote_manually("policy", 2)
+""")
+
+
+def promote_verdict() -> GateDecision:
+    """A real gate decision that promotes: an identical copy on 8 tasks."""
+    results = [CanaryResult(task_id=f"t{i}", seed=0, reward=float(i % 2)) for i in range(8)]
+    decision = decide(results, results)
+    assert decision.promote
+    return decision
 
 
 class StoreSuite:
@@ -361,6 +407,146 @@ class StoreSuite:
         assert [v.version for v in store.model_versions()] == [1, 2]
         with pytest.raises(StoreError, match="unknown model version"):
             store.set_version_status("policy", 9, "rejected")
+
+    # ------------------------------------------------- promotions and decisions
+
+    def test_switch_promoted_moves_the_pointer_with_its_decision(self, store: TraceStore) -> None:
+        for v in (1, 2, 3):
+            store.add_model_version("policy", f"/ckpt/{v}", metadata={"served_name": f"p-v{v}"})
+        evidence = {"gate": {"ci_low": -1 / 3, "per_task": {"t": 0.1}}, "nested": [1, None, "x"]}
+        first = store.switch_promoted("policy", 1, action="promote", actor="gate", summary="first",
+                                      evidence=evidence, allow_from=("candidate",), expect_current=None)
+        assert (first.from_version, first.to_version, first.evidence) == (None, 1, evidence)
+        second = store.switch_promoted("policy", 2, action="promote", actor="gate", summary="second",
+                                       evidence={}, allow_from=("candidate",), expect_current=1)
+        assert (second.from_version, second.to_version) == (1, 2)
+        assert {v.version: v.status for v in store.model_versions("policy")} == {1: "retired", 2: "promoted", 3: "candidate"}
+        promoted = store.promoted_version("policy")
+        assert promoted is not None and promoted.version == 2 and promoted.metadata["served_name"] == "p-v2"
+        assert promoted.metadata["last_decision"]["decision_id"] == second.decision_id
+        with pytest.raises(StoreError, match="is v2, not v1"):  # compare-and-swap against a stale baseline
+            store.switch_promoted("policy", 3, action="promote", actor="gate", summary="stale", evidence={},
+                                  allow_from=("candidate",), expect_current=1)
+        with pytest.raises(StoreError, match="cannot promote policy v1: it is retired"):
+            store.switch_promoted("policy", 1, action="promote", actor="gate", summary="x", evidence={},
+                                  allow_from=("candidate",))
+        rejected = store.decide_version("policy", 3, "rejected", action="reject", actor="gate", summary="worse",
+                                        evidence={"ci_low": -0.5}, allow_from=("candidate",))
+        assert (rejected.from_version, rejected.to_version, rejected.version) == (2, 2, 3)
+        with pytest.raises(StoreError, match="unknown model version policy v9"):
+            store.decide_version("policy", 9, "rejected", action="reject", actor="gate", summary="", evidence={},
+                                 allow_from=("candidate",))
+        assert [d.summary for d in store.decisions("policy")] == ["first", "second", "worse"]
+        assert [d.summary for d in store.decisions("policy", limit=2)] == ["second", "worse"]
+        assert store.decisions("other") == [] and store.promoted_version("other") is None
+
+    def test_the_database_refuses_a_second_promoted_version(self, store: TraceStore) -> None:
+        store.add_model_version("policy", "/1", status="promoted")
+        store.add_model_version("policy", "/2")
+        with pytest.raises(StoreError, match="already has a promoted version"):
+            store.set_version_status("policy", 2, "promoted")
+        with pytest.raises(StoreError, match="already has a promoted version"):
+            store.add_model_version("policy", "/3", status="promoted")
+        store.add_model_version("other", "/1", status="promoted")  # one per name
+        assert [(v.name, v.version) for v in store.model_versions(status="promoted")] == [("other", 1), ("policy", 1)]
+
+    def test_racing_gate_promotions_against_one_baseline_let_exactly_one_through(self, store: TraceStore,
+                                                                                 store_url: str) -> None:
+        """Six loops (each with its own engine, as separate processes have) promote six
+        candidates compared against v0 at the same instant: one wins, five are refused."""
+        registry = VersionRegistry(store)
+        registry.bootstrap("policy", "base")
+        for v in range(1, 7):
+            registry.add_candidate("policy", f"/ckpt/{v}")
+        verdict, wins, refused = promote_verdict(), [], []
+
+        def promote(i: int, barrier: threading.Barrier) -> None:
+            with TraceStore.open(store_url) as own:
+                barrier.wait()
+                try:
+                    wins.append(VersionRegistry(own).promote("policy", i + 1, verdict, baseline=0).version)
+                except StoreError as e:
+                    refused.append(str(e))
+
+        run_threads(6, promote)
+        assert len(wins) == 1 and len(refused) == 5 and all("not v0" in r for r in refused)
+        statuses = {v.version: v.status for v in registry.versions("policy")}
+        assert [v for v, s in statuses.items() if s == "promoted"] == wins
+        assert sorted(v for v, s in statuses.items() if s == "candidate") == sorted(set(range(1, 7)) - set(wins))
+        assert [d.actor for d in registry.decisions("policy")] == ["bootstrap", "gate"]
+
+    def test_promoting_processes_never_leave_two_promoted(self, store: TraceStore, store_url: str,
+                                                          tmp_path: Path) -> None:
+        registry = VersionRegistry(store)
+        for v in range(1, 5):
+            registry.add_candidate("policy", f"/ckpt/{v}")
+        script = tmp_path / "promoter.py"
+        script.write_text(PROMOTER)
+        env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+        procs = [subprocess.Popen([sys.executable, str(script), store_url, versions], stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, text=True, env=env) for versions in ("1,2", "3,4")]
+        try:
+            for proc in procs:
+                assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+            for proc in procs:
+                assert proc.stdin is not None
+                proc.stdin.write("go\n")
+                proc.stdin.flush()
+            assert [proc.wait(120) for proc in procs] == [0, 0]
+        finally:
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.kill()
+        history = registry.decisions("policy")
+        assert len(history) == 40
+        assert [d.from_version for d in history[1:]] == [d.to_version for d in history[:-1]]  # one chain
+        assert len(store.model_versions("policy", status="promoted")) == 1
+        assert store.promoted_version("policy").version == history[-1].to_version  # type: ignore[union-attr]
+
+    def test_kill_9_inside_a_promotion_leaves_the_old_version_serving(self, store: TraceStore, store_url: str,
+                                                                      tmp_path: Path) -> None:
+        registry = VersionRegistry(store)
+        registry.add_candidate("policy", "/ckpt/1")
+        registry.add_candidate("policy", "/ckpt/2")
+        registry.promote_manually("policy", 1)
+        script = tmp_path / "killed.py"
+        script.write_text(KILLED_PROMOTER)
+        proc = subprocess.run([sys.executable, str(script), store_url], check=False,
+                              env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+                              timeout=120)
+        assert proc.returncode == -signal.SIGKILL
+        served = registry.resolve("policy")
+        assert served is not None and served.version == 1
+        assert {v.version: v.status for v in registry.versions("policy")} == {1: "promoted", 2: "candidate"}
+        assert len(registry.decisions("policy")) == 1
+        assert registry.promote_manually("policy", 2).to_version == 2  # the store carries on
+
+    def test_migration_2_keeps_one_promoted_version_per_name(self, store_url: str) -> None:
+        """A version-1 database could hold several promoted versions of a name: the most
+        recently updated stays promoted, the others are retired with a decision each."""
+        from seed_agents.store.schema import model_versions
+
+        engine = create_engine(parse_url(store_url))
+        try:
+            assert schema.migrate(engine, schema.MIGRATIONS[:1]) == 1
+            with engine.begin() as conn:
+                for name, v, status, updated in (("policy", 1, "promoted", 10.0), ("policy", 2, "promoted", 30.0),
+                                                 ("policy", 3, "candidate", 40.0), ("policy", 4, "promoted", 20.0),
+                                                 ("solo", 1, "promoted", 5.0)):
+                    conn.execute(sa.insert(model_versions).values(name=name, version=v, path="/p", status=status,
+                                                                  created_at=1.0, updated_at=updated, metadata={}))
+            assert schema.migrate(engine) == len(schema.MIGRATIONS)
+        finally:
+            engine.dispose()
+        with TraceStore.open(store_url) as store:
+            assert {v.version: v.status for v in store.model_versions("policy")} == \
+                {1: "retired", 2: "promoted", 3: "candidate", 4: "retired"}
+            assert store.promoted_version("solo").version == 1  # type: ignore[union-attr]
+            retired = store.decisions("policy")
+            assert [(d.version, d.action, d.actor, d.to_version) for d in retired] == \
+                [(4, "retire", "migration", 2), (1, "retire", "migration", 2)]
+            with pytest.raises(StoreError, match="already has a promoted version"):
+                store.set_version_status("policy", 3, "promoted")
 
     # ---------------------------------------------------------------- migrations
 

@@ -30,6 +30,12 @@ What gets stored, and when:
   schema, 401/403 keys, 404 unknown model, 409 ended session, 413 oversize body,
   502/503/504 upstream or store trouble. None of them stores anything.
 - Secrets: see ``recording`` (redacted, session flagged "secret", never trained).
+
+Versions: with config ``registry`` the upstream model and the stamped policy version
+follow the store's promoted version (``seed_agents.gateway.policy``): a promotion or a
+rollback reaches new requests within ``refresh_s``, requests in flight keep the version
+they started with, and ``PUT /v1/admin/policy`` is refused (409). Without it, an admin
+switches by hand with that PUT.
 """
 
 from __future__ import annotations
@@ -55,6 +61,7 @@ from seed_agents.gateway.config import GatewayConfig
 from seed_agents.gateway.errors import GatewayError, bad_request, not_found
 from seed_agents.gateway.feedback import RewardIn, load_verifiers, run_verifiers
 from seed_agents.gateway.judge import LLMJudge
+from seed_agents.gateway.policy import PolicyResolver
 from seed_agents.gateway.recording import Recorder, Turn
 from seed_agents.gateway.render import ChatRequest, Renderer, Reply, parse_reply, parse_request
 from seed_agents.gateway.security import KeyRing, RedactingFilter, Redactor, Role, presented_key
@@ -93,6 +100,12 @@ class Gateway:
         self.verifiers = load_verifiers(cfg.verifiers)
         self.judge = LLMJudge(cfg.judge, redact=self.redactor.text) if cfg.judge else None
         self._judge_locks: dict[str, asyncio.Lock] = {}
+        self.policy: PolicyResolver | None = None
+        if cfg.registry is not None:
+            from seed_agents.continual.versions import VersionRegistry
+
+            self.policy = PolicyResolver(VersionRegistry(store), cfg.registry.name or cfg.model, upstream,
+                                         cfg.registry.refresh_s, self.stats)
 
     def judge_lock(self, task_key: str) -> asyncio.Lock:
         """One judge run per task key at a time, so a group is never scored twice."""
@@ -113,6 +126,8 @@ def build_app(config: GatewayConfig, store: TraceStore, upstream: Upstream, *, t
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if gw.policy is not None:  # serve the promoted version from the first request on
+            await gw.policy.refresh()
         yield
         await upstream.aclose()
 
@@ -241,7 +256,9 @@ async def _chat(gw: Gateway, request: Request, path_session: str | None) -> Resp
         prompt_ids, rendered = gw.renderer.render(req.messages, req.tools)
         task_key = _task_key(request)
         await gw.recorder.open_session(sid)
-        # one snapshot: an admin switch mid-request must not mix model and version
+        if gw.policy is not None:
+            await gw.policy.refresh()
+        # one snapshot: a version switch mid-request must not mix model and version
         model, version = gw.upstream.model, gw.upstream.policy_version
         turn = Turn(session_id=sid, task_key=task_key, call_id=new_id(), messages=req.messages, tools=req.tools,
                     prompt_ids=prompt_ids, rendered=rendered, params=params, model=model, policy_version=version,
@@ -440,7 +457,12 @@ def _add_admin_routes(app: FastAPI, gw: Gateway) -> None:
     @app.put("/v1/admin/policy", dependencies=admin)
     async def put_policy(request: Request) -> dict[str, Any]:
         """Switch what new requests are served by (in-flight ones keep their pair); the
-        model must be served upstream already, so a typo cannot take the gateway down."""
+        model must be served upstream already, so a typo cannot take the gateway down.
+        Refused while the gateway follows the version registry (config ``registry``)."""
+        if gw.policy is not None:
+            raise GatewayError(409, f"this gateway serves the promoted version of {gw.policy.name!r} from the store; "
+                               f"switch with `seed-agents versions promote N` or `rollback`",
+                               type="invalid_request_error", code="policy_follows_registry")
         try:
             body = PolicyIn.model_validate(await read_json(request, gw.cfg.security.max_request_bytes))
         except ValidationError as e:

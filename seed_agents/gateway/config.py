@@ -117,12 +117,27 @@ class JudgeConfig(BaseModel):
         return check_env_name(v)
 
 
+class RegistryConfig(BaseModel):
+    """Serve whatever version of a model name the store's version registry has promoted.
+
+    The upstream model and the stamped policy version then follow ``seed-agents versions``
+    and the continual loop's promotions (see ``seed_agents.gateway.policy``), and
+    ``PUT /v1/admin/policy`` is refused so that one place decides what serves.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str | None = Field(None, min_length=1, description="Registry name whose promoted version serves; default: the gateway's model.")
+    refresh_s: float = Field(5.0, ge=0.0, le=3600.0, description="Re-read the promoted version at most this often (0: before every request); a switch reaches users at most this late.")
+
+
 class GatewayConfig(BaseModel):
     """Everything ``seed-agents gateway`` needs besides the store and the upstream object.
 
     ``model`` is the name clients put in requests and ``/v1/models`` lists; requests are
     forwarded to ``upstream_model`` (default: the same name), which an admin may switch
-    at run time together with ``policy_version`` (e.g. to a newly promoted LoRA adapter).
+    at run time together with ``policy_version`` (e.g. to a newly promoted LoRA adapter),
+    or which ``registry`` keeps on the store's promoted version.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -145,6 +160,7 @@ class GatewayConfig(BaseModel):
     upstream_max_connections: int = Field(256, ge=1, description="Connection pool size towards the upstream.")
     verifiers: list[str] = Field(default_factory=list, description="'pkg.mod:fn' callables run on session end: fn(session, calls) -> float | None.")
     judge: JudgeConfig | None = Field(None, description="LLM judge that scores ended sessions of one task key against each other.")
+    registry: RegistryConfig | None = Field(None, description="Follow the store's promoted model version instead of upstream_model/policy_version.")
     security: SecurityConfig = Field(default_factory=SecurityConfig)
 
     @field_validator("upstream_api_key_env")

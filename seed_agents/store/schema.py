@@ -5,8 +5,9 @@ objects below describe the *current* schema; ``MIGRATIONS`` is the ordered histo
 takes any older database there, one transaction for the whole run, so a crash mid-upgrade
 leaves the database at its old version, never in between.
 
-Rule for the next schema change: before editing a ``Table`` below, freeze migration 1
-(copy today's definitions into it), then append migration N that alters existing tables.
+Rule for the next schema change: before editing a ``Table`` below, freeze the migration
+that creates it (migration 1, or 2 for ``decisions``: copy today's definitions into it),
+then append migration N that alters existing tables.
 Opening a database whose version is newer than ``len(MIGRATIONS)`` is refused: this code
 would misread tables it does not know.
 """
@@ -127,13 +128,69 @@ model_versions = sa.Table(
 
 DATA_TABLES = [updates, sessions, calls, rewards, skills, model_versions]
 
+# Every change of which version a model name serves, and every verdict on a candidate,
+# with its evidence (added by migration 2). ``from_version``/``to_version`` are the
+# promoted version before and after: equal for a reject, so the pointer's whole history
+# reads off this table. ``version`` is the version decided on: the one rejected, or
+# the one switched to (then equal to ``to_version``).
+decisions = sa.Table(
+    "decisions", metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("name", sa.String(128), nullable=False),
+    sa.Column("version", sa.Integer, nullable=False),
+    sa.Column("action", sa.String(16), nullable=False),
+    sa.Column("actor", sa.String(64), nullable=False),
+    sa.Column("from_version", sa.Integer, nullable=True),
+    sa.Column("to_version", sa.Integer, nullable=True),
+    sa.Column("summary", sa.Text, nullable=False),
+    sa.Column("evidence", sa.JSON, nullable=False),
+    sa.Column("created_at", sa.Double, nullable=False),
+    sa.ForeignKeyConstraint(["name", "version"], ["model_versions.name", "model_versions.version"]),
+    sa.Index("ix_decisions_name_id", "name", "id"),
+)
+
+# At most one promoted version per name, enforced by the database itself (migration 2).
+# Raw DDL rather than an ``sa.Index`` on ``model_versions``: migration 1 creates that table
+# from its current definition and would otherwise create the index too early.
+ONE_PROMOTED_INDEX = "uq_model_versions_one_promoted"
+
 
 def _v1_initial(conn: Connection) -> None:
     """Version 1: every table of the data plane and the continual loop."""
     metadata.create_all(conn, tables=DATA_TABLES)
 
 
-MIGRATIONS: list[Migration] = [_v1_initial]
+def _v2_decisions(conn: Connection) -> None:
+    """Version 2: the ``decisions`` table, and at most one promoted version per name.
+
+    A database written before this may hold several promoted versions of one name (the
+    store did not forbid it): the most recently updated one stays promoted, the others
+    are retired, each with a decision row saying so, before the unique index is built.
+    """
+    decisions.create(conn)
+    promoted = conn.execute(
+        sa.select(model_versions.c.name, model_versions.c.version)
+        .where(model_versions.c.status == "promoted")
+        .order_by(model_versions.c.name, model_versions.c.updated_at.desc(), model_versions.c.version.desc())
+    ).all()
+    kept: dict[str, int] = {}
+    now = time.time()
+    for name, version in promoted:
+        if name not in kept:
+            kept[name] = version
+            continue
+        conn.execute(sa.update(model_versions)
+                     .where(model_versions.c.name == name, model_versions.c.version == version)
+                     .values(status="retired", updated_at=now))
+        conn.execute(sa.insert(decisions).values(
+            name=name, version=version, action="retire", actor="migration", from_version=version,
+            to_version=kept[name], created_at=now, evidence={},
+            summary=f"migration: v{version} retired, v{kept[name]} stays the one promoted version"))
+    conn.execute(sa.text(f"CREATE UNIQUE INDEX {ONE_PROMOTED_INDEX} ON model_versions (name) "
+                         "WHERE status = 'promoted'"))
+
+
+MIGRATIONS: list[Migration] = [_v1_initial, _v2_decisions]
 
 
 def stored_version(conn: Connection) -> int:

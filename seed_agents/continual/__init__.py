@@ -1,0 +1,22 @@
+"""Learning from a deployed agent, the control plane: which version serves, and why.
+
+``gate.decide`` compares a candidate with the promoted version on paired canary results
+(a one-sided paired bootstrap over tasks) and returns a ``GateDecision``;
+``VersionRegistry`` applies it to the trace store atomically (promote, reject, rollback,
+resolve), and ``seed-agents versions`` (``cli``) is the operators' view of it. The
+continual loop composes these; the gateway follows ``VersionRegistry.resolve``.
+"""
+
+from seed_agents.continual.gate import CanaryResult, GateConfig, GateDecision, decide
+from seed_agents.continual.versions import DecisionRecord, ServedVersion, VersionRegistry, VersionStatus
+
+__all__ = [
+    "CanaryResult",
+    "DecisionRecord",
+    "GateConfig",
+    "GateDecision",
+    "ServedVersion",
+    "VersionRegistry",
+    "VersionStatus",
+    "decide",
+]

@@ -1,0 +1,128 @@
+"""``seed-agents versions``: see and steer which model version serves a deployed agent.
+
+    seed-agents versions list     [--store URL] [--model NAME]
+    seed-agents versions promote N [--store URL] [--model NAME] [--reason TEXT]
+    seed-agents versions rollback [--store URL] [--model NAME] [--reason TEXT]
+
+``promote N`` is an operator's override of the gate, stored as a manual decision;
+``rollback`` re-promotes the version the current one replaced and marks the current one
+rejected. Both switch in one store transaction; a gateway that follows the registry
+(config ``registry``) serves the new version within its refresh interval, and requests
+already running finish on the version they started with. --model may be left out when
+the store holds versions of one model name only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+from collections.abc import Callable
+from typing import Any
+
+DEFAULT_STORE = "sqlite:///runs/traces.db"
+_SUMMARY_WIDTH = 100
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    """Register ``versions`` (with ``list``, ``promote``, ``rollback``) on ``sub``."""
+    p = sub.add_parser("versions", help="Model versions: list them, promote one (operator override), roll back.",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    vsub = p.add_subparsers(dest="versions_command", required=True, metavar="SUBCOMMAND")
+
+    def common(q: argparse.ArgumentParser) -> None:
+        q.add_argument("--store", default=DEFAULT_STORE, help=f"Store URL (default {DEFAULT_STORE}; or postgresql://...).")
+        q.add_argument("--model", help="Model name in the registry; default: the only one the store holds.")
+
+    q = vsub.add_parser("list", help="Every version: status, served name, created, last decision.")
+    common(q)
+    q.set_defaults(func=cmd_list)
+    q = vsub.add_parser("promote", help="Promote version N now, without the gate (stored as a manual decision).")
+    q.add_argument("version", type=int, metavar="N", help="The version number to serve.")
+    q.add_argument("--reason", help="Why; stored with the decision.")
+    common(q)
+    q.set_defaults(func=cmd_promote)
+    q = vsub.add_parser("rollback", help="Serve the version the current one replaced; the current one is rejected.")
+    q.add_argument("--reason", help="Why; stored with the decision.")
+    common(q)
+    q.set_defaults(func=cmd_rollback)
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    def show(registry: Any, name: str) -> None:
+        from seed_agents.continual.versions import served_name_of
+
+        rows = [(f"v{v.version}", v.status, served_name_of(v), _when(v.created_at),
+                 _cut(str((v.metadata.get("last_decision") or {}).get("summary", "")))) for v in registry.versions(name)]
+        print(f"model {name!r}: {len(rows)} versions")
+        print(_table(("VERSION", "STATUS", "SERVED AS", "CREATED", "LAST DECISION"), rows))
+
+    return _with_registry(args, show)
+
+
+def cmd_promote(args: argparse.Namespace) -> int:
+    def promote(registry: Any, name: str) -> None:
+        d = registry.promote_manually(name, args.version, reason=args.reason)
+        print(f"{name}: v{d.to_version} promoted (was {_v(d.from_version)}); decision #{d.decision_id} stored")
+
+    return _with_registry(args, promote)
+
+
+def cmd_rollback(args: argparse.Namespace) -> int:
+    def rollback(registry: Any, name: str) -> None:
+        d = registry.rollback(name, reason=args.reason)
+        print(f"{name}: rolled back v{d.from_version} -> v{d.to_version} (v{d.from_version} is now rejected); "
+              f"decision #{d.decision_id} stored")
+
+    return _with_registry(args, rollback)
+
+
+def _with_registry(args: argparse.Namespace, action: Callable[[Any, str], None]) -> int:
+    """Open the store, pick the model name, run ``action``; every failure is one ConfigError line."""
+    # Imported here: building the CLI parser must not load SQLAlchemy (and the error type's
+    # module pulls in the runner; see seed_agents.store.export).
+    from seed_agents.config import ConfigError
+    from seed_agents.continual.versions import VersionRegistry
+    from seed_agents.store import StoreError, TraceStore
+
+    try:
+        with TraceStore.open(args.store) as store:
+            registry = VersionRegistry(store)
+            action(registry, _model_name(registry, args.model))
+    except StoreError as e:
+        raise ConfigError(" ".join(str(e).split())) from None
+    return 0
+
+
+def _model_name(registry: Any, wanted: str | None) -> str:
+    from seed_agents.store import StoreError
+
+    names = registry.names()
+    if wanted is not None:
+        if wanted not in names:
+            known = ", ".join(names) or "none"
+            raise StoreError(f"--model {wanted!r}: the store has no versions of it (models with versions: {known})")
+        return wanted
+    if len(names) == 1:
+        return names[0]
+    if not names:
+        raise StoreError("the store holds no model versions yet (the continual loop records them)")
+    raise StoreError(f"the store holds versions of several models ({', '.join(names)}): pass --model NAME")
+
+
+def _table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    lines = ["  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in [header, *rows]]
+    return "\n".join(lines)
+
+
+def _when(ts: float) -> str:
+    return dt.datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _cut(text: str) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= _SUMMARY_WIDTH else text[: _SUMMARY_WIDTH - 3] + "..."
+
+
+def _v(version: int | None) -> str:
+    return "none" if version is None else f"v{version}"

@@ -1,0 +1,215 @@
+"""The promotion gate: may a candidate replace the promoted version?
+
+A candidate serves users only if the canary evaluation shows it is *not worse* than the
+version serving now by more than ``margin``, with confidence. This is a one-sided
+non-inferiority test, paired over tasks:
+
+1. Both versions play the same canary tasks with the same seeds. Results are paired by
+   ``(task_id, seed)``. A faulted episode (``Trajectory.fault``: a crashed tool, a dead
+   server) says nothing about the policy, so a pair with a fault on either side is
+   dropped, as is a key that only one side has.
+2. The task is the unit: per task, ``d_task`` = the mean over its paired seeds of
+   ``candidate - promoted`` (reward or success). Seeds of one task are correlated, and
+   tasks are what a deployment samples from, so every task weighs the same.
+3. ``mean_diff`` = mean of ``d_task``. Its one-sided lower confidence bound comes from a
+   percentile bootstrap over tasks: ``resamples`` means of ``n`` tasks drawn with
+   replacement by a ``random.Random(seed)``, sorted; the bound is the
+   ``floor((1 - confidence) * resamples)``-th smallest (0-based). Same inputs, same
+   config: the same decision, bit for bit.
+4. Verdict:
+   - ``inconclusive`` when fewer than ``min_tasks`` tasks have a pair (e.g. faults ate
+     them): never promote on thin evidence;
+   - ``reject`` when the candidate faulted on a share of its episodes more than
+     ``max_fault_rate_increase`` above the promoted version's (dropping faulted pairs
+     must not hide a candidate that breaks its tools or runs out of time), or when the
+     lower bound is below ``-margin``;
+   - ``promote`` when the lower bound is ``>= -margin``.
+
+An exact copy of the promoted weights with zero variance (every ``d_task`` is 0, so the
+bootstrap interval is [0, 0]) IS promoted, even at ``margin == 0``: the test asks "not
+worse by more than the margin", and 0 >= -0 holds. With real sampling noise the lower
+bound of a copy falls below 0, so at ``margin == 0`` a noisy copy is rejected, and a
+positive margin is what lets an equally good candidate through. Comparisons allow 1e-9
+of float rounding, so a mean of identical values cannot flip a tie.
+
+The percentile bootstrap is slightly optimistic (too narrow) for few tasks; ``min_tasks``
+(default 8) is the guard, and a margin of 0 with a confidence of 0.95 is strict.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections import defaultdict
+from collections.abc import Sequence
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from seed_agents.types import FaultKind, Trajectory
+
+Verdict = Literal["promote", "reject", "inconclusive"]
+_TOLERANCE = 1e-9
+
+
+class CanaryResult(BaseModel):
+    """One canary episode of one version: the unit the gate pairs."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    task_id: str
+    seed: int = Field(description="The episode's seed; the same (task_id, seed) is played by both versions.")
+    reward: float
+    success: bool = False
+    fault: FaultKind | None = Field(None, description="Set when an infrastructure fault ended the episode: never paired.")
+
+    @field_validator("reward")
+    @classmethod
+    def _finite(cls, v: float) -> float:
+        if not math.isfinite(v):
+            raise ValueError(f"a canary reward must be finite, got {v}")
+        return v
+
+    @classmethod
+    def of(cls, trajectory: Trajectory, *, seed: int | None = None) -> CanaryResult:
+        """The result of a runner episode; ``seed`` defaults to its ``sample_index``."""
+        return cls(task_id=trajectory.task_id, seed=trajectory.sample_index if seed is None else seed,
+                   reward=trajectory.reward, success=trajectory.success, fault=trajectory.fault)
+
+
+class GateConfig(BaseModel):
+    """How strict the gate is. Every field is part of the stored evidence."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    margin: float = Field(0.0, ge=0.0, description="How much worse than the promoted version (mean of candidate - promoted, in metric units) the candidate may be.")
+    confidence: float = Field(0.95, gt=0.5, lt=1.0, description="One-sided confidence of the lower bound on the mean paired difference.")
+    min_tasks: int = Field(8, ge=2, description="Fewer tasks with a fault-free pair than this: inconclusive, never promoted.")
+    metric: Literal["reward", "success"] = Field("reward", description="What is compared: the episode reward or success (0/1).")
+    resamples: int = Field(10_000, ge=100, le=1_000_000, description="Bootstrap resamples of the tasks.")
+    seed: int = Field(0, description="Seed of the bootstrap's random.Random: the decision is deterministic.")
+    max_fault_rate_increase: float = Field(0.1, ge=0.0, le=1.0, description="Reject when the candidate's share of faulted episodes exceeds the promoted version's by more than this.")
+
+
+class GateDecision(BaseModel):
+    """The gate's verdict with everything it rests on; ``model_dump(mode="json")`` is what the store keeps."""
+
+    verdict: Verdict
+    mean_diff: float | None = Field(description="Mean over tasks of (candidate - promoted); None without pairs.")
+    ci_low: float | None = Field(description="One-sided lower confidence bound of mean_diff (what the margin is checked against).")
+    ci_high: float | None = Field(description="The matching upper quantile, for reading only.")
+    n_tasks: int = Field(description="Tasks with at least one fault-free pair.")
+    n_pairs: int = Field(description="Fault-free (task, seed) pairs.")
+    per_task: dict[str, float] = Field(description="Per task: mean of candidate - promoted over its paired seeds.")
+    promoted_mean: float | None = Field(description="The promoted version's mean over tasks, on the paired episodes.")
+    candidate_mean: float | None = Field(description="The candidate's mean over tasks, on the paired episodes.")
+    faults: dict[str, int] = Field(description="Faulted episodes per side ('promoted', 'candidate').")
+    episodes: dict[str, int] = Field(description="Episodes given per side.")
+    unmatched: int = Field(description="(task, seed) keys only one side has.")
+    reasons: list[str]
+    config: GateConfig
+
+    @property
+    def promote(self) -> bool:
+        return self.verdict == "promote"
+
+    def summary(self) -> str:
+        """One line: verdict, difference, bound against the margin, how many tasks."""
+        if self.mean_diff is None or self.ci_low is None:
+            return f"{self.verdict}: no fault-free pairs ({self.reasons[0]})"
+        level = f"{self.config.confidence:.0%}"
+        return (f"{self.verdict}: mean diff {self.mean_diff:+.3f}, {level} lower bound {self.ci_low:+.3f} vs "
+                f"{_neg(self.config.margin)} ({self.n_tasks} tasks, {self.n_pairs} pairs)")
+
+
+def decide(promoted: Sequence[CanaryResult], candidate: Sequence[CanaryResult],
+           config: GateConfig | None = None) -> GateDecision:
+    """Pair the two versions' canary results and decide (see the module docstring)."""
+    config = config or GateConfig()
+    prom, cand = _by_key(promoted, "promoted"), _by_key(candidate, "candidate")
+    value = (lambda r: float(r.success)) if config.metric == "success" else (lambda r: r.reward)
+
+    diffs: dict[str, list[float]] = defaultdict(list)
+    sides: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    for key in sorted(prom.keys() & cand.keys()):
+        p, c = prom[key], cand[key]
+        if p.fault is None and c.fault is None:
+            diffs[key[0]].append(value(c) - value(p))
+            sides[key[0]].append((value(p), value(c)))
+    per_task = {task: _mean(d) for task, d in sorted(diffs.items())}
+    n_tasks, n_pairs = len(per_task), sum(len(d) for d in diffs.values())
+    faults = {"promoted": _count_faults(promoted), "candidate": _count_faults(candidate)}
+    episodes = {"promoted": len(promoted), "candidate": len(candidate)}
+    fault_excess = _rate(faults["candidate"], len(candidate)) - _rate(faults["promoted"], len(promoted))
+
+    mean_diff = ci_low = ci_high = prom_mean = cand_mean = None
+    reasons: list[str] = []
+    if per_task:
+        values = list(per_task.values())
+        mean_diff = _mean(values)
+        ci_low, ci_high = _bootstrap_bounds(values, config)
+        prom_mean = _mean([_mean([p for p, _ in s]) for s in sides.values()])
+        cand_mean = _mean([_mean([c for _, c in s]) for s in sides.values()])
+
+    faulted_more = fault_excess > config.max_fault_rate_increase + _TOLERANCE
+    if faulted_more:
+        reasons.append(f"the candidate faulted in {faults['candidate']}/{len(candidate)} episodes against "
+                       f"{faults['promoted']}/{len(promoted)}: {fault_excess:.0%} more, above the allowed "
+                       f"{config.max_fault_rate_increase:.0%}")
+    level = f"{config.confidence:.0%}"
+    verdict: Verdict
+    if n_tasks < config.min_tasks:
+        reasons.append(f"only {n_tasks} tasks have a fault-free pair; the gate needs {config.min_tasks}")
+        verdict = "reject" if faulted_more else "inconclusive"
+    elif ci_low is not None and ci_low + _TOLERANCE >= -config.margin:
+        reasons.append(f"the {level} lower bound of the mean paired difference, {ci_low:+.4f}, is within the "
+                       f"margin (>= {_neg(config.margin)}) over {n_tasks} tasks")
+        verdict = "reject" if faulted_more else "promote"
+    else:
+        reasons.append(f"the {level} lower bound of the mean paired difference, {ci_low:+.4f}, is below "
+                       f"{_neg(config.margin)}: the candidate may be worse than the margin allows")
+        verdict = "reject"
+    return GateDecision(verdict=verdict, mean_diff=mean_diff, ci_low=ci_low, ci_high=ci_high, n_tasks=n_tasks,
+                        n_pairs=n_pairs, per_task=per_task, promoted_mean=prom_mean, candidate_mean=cand_mean,
+                        faults=faults, episodes=episodes, unmatched=len(prom.keys() ^ cand.keys()),
+                        reasons=reasons, config=config)
+
+
+def _by_key(results: Sequence[CanaryResult], side: str) -> dict[tuple[str, int], CanaryResult]:
+    out: dict[tuple[str, int], CanaryResult] = {}
+    for r in results:
+        key = (r.task_id, r.seed)
+        if key in out:
+            raise ValueError(f"{side} canary results hold task {r.task_id!r} seed {r.seed} twice; "
+                             f"each (task, seed) is played once per version")
+        out[key] = r
+    return out
+
+
+def _bootstrap_bounds(values: list[float], config: GateConfig) -> tuple[float, float]:
+    """Percentile-bootstrap quantiles of the mean at 1 - confidence and at confidence.
+
+    Indices are drawn as ``int(rng.random() * n)``: ``random.random`` is the one stream
+    Python keeps stable across versions, so a stored decision can be recomputed.
+    """
+    rng = random.Random(config.seed)
+    n, draw = len(values), rng.random
+    means = sorted(math.fsum(values[int(draw() * n)] for _ in range(n)) / n for _ in range(config.resamples))
+    k = int((1.0 - config.confidence) * config.resamples)
+    return means[k], means[config.resamples - 1 - k]
+
+
+def _neg(margin: float) -> str:
+    return "0" if margin == 0 else f"-{margin:g}"
+
+
+def _mean(values: Sequence[float]) -> float:
+    return math.fsum(values) / len(values)
+
+
+def _count_faults(results: Sequence[CanaryResult]) -> int:
+    return sum(r.fault is not None for r in results)
+
+
+def _rate(count: int, total: int) -> float:
+    return count / total if total else 0.0

@@ -1,0 +1,157 @@
+"""The promotion gate on hand-built canary results: pairing, faults, the bootstrap bound, the verdict."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+from pydantic import ValidationError
+
+from seed_agents.continual.gate import CanaryResult, GateConfig, GateDecision, decide
+from seed_agents.types import FaultKind, Trajectory
+
+
+def results(rewards: dict[str, list[float]], faults: dict[tuple[str, int], FaultKind] | None = None) -> list[CanaryResult]:
+    """One result per (task, seed) from ``{task: [reward of seed 0, seed 1, ...]}``."""
+    faults = faults or {}
+    return [CanaryResult(task_id=task, seed=seed, reward=r, success=r >= 1.0, fault=faults.get((task, seed)))
+            for task, rs in rewards.items() for seed, r in enumerate(rs)]
+
+
+def tasks(n: int, rewards: list[float]) -> dict[str, list[float]]:
+    return {f"t{i:02d}": list(rewards) for i in range(n)}
+
+
+def test_a_clear_regression_is_rejected():
+    promoted = results(tasks(10, [1.0, 1.0]))
+    candidate = results({f"t{i:02d}": [1.0, 0.0] if i % 2 else [0.0, 0.0] for i in range(10)})
+    d = decide(promoted, candidate, GateConfig(margin=0.1))
+    assert d.verdict == "reject" and not d.promote
+    assert d.mean_diff == pytest.approx(-0.75) and d.ci_low is not None and d.ci_low < -0.1
+    assert (d.n_tasks, d.n_pairs, d.promoted_mean, d.candidate_mean) == (10, 20, 1.0, 0.25)
+    assert "below -0.1" in d.reasons[-1]
+
+
+def test_an_exact_copy_with_zero_variance_is_promoted_even_at_margin_zero():
+    """The chosen behaviour: every paired difference is 0, the interval is [0, 0], and
+    "not worse by more than 0" holds (0 >= -0), so the copy is promoted."""
+    promoted = results({f"t{i:02d}": [float(i % 2), 0.5, 1.0] for i in range(8)})
+    d = decide(promoted, promoted, GateConfig(margin=0.0))
+    assert d.verdict == "promote"
+    assert (d.mean_diff, d.ci_low, d.ci_high) == (0.0, 0.0, 0.0)
+    assert set(d.per_task.values()) == {0.0}
+
+
+def test_a_noisy_copy_is_rejected_at_margin_zero_and_promoted_when_the_margin_allows():
+    """Equally good on average (mean difference 0) but noisy per task: the lower bound is
+    below 0, so margin 0 rejects it and a margin wider than the noise promotes it."""
+    promoted = results(tasks(20, [0.5]))
+    candidate = results({f"t{i:02d}": [1.0 if i % 2 else 0.0] for i in range(20)})  # diffs +-0.5
+    strict = decide(promoted, candidate, GateConfig(margin=0.0))
+    assert strict.mean_diff == 0.0 and strict.ci_low is not None and -0.3 < strict.ci_low < 0
+    assert strict.verdict == "reject"
+    lenient = decide(promoted, candidate, GateConfig(margin=0.3))
+    assert lenient.verdict == "promote" and lenient.ci_low == strict.ci_low
+
+
+def test_the_bound_is_the_bootstrap_quantile():
+    """Two tasks with differences 0 and 1: a resampled mean is 0, 0.5 or 1 with
+    probability 1/4, 1/2, 1/4. The 30% quantile is therefore 0.5, the 20% one is 0."""
+    promoted = results({"a": [0.0], "b": [0.0]})
+    candidate = results({"a": [0.0], "b": [1.0]})
+    at_70 = decide(promoted, candidate, GateConfig(confidence=0.7, min_tasks=2))
+    assert (at_70.mean_diff, at_70.ci_low, at_70.ci_high) == (0.5, 0.5, 0.5)
+    at_80 = decide(promoted, candidate, GateConfig(confidence=0.8, min_tasks=2))
+    assert (at_80.ci_low, at_80.ci_high) == (0.0, 1.0)
+
+
+def test_the_task_is_the_unit_seeds_are_averaged_within_it():
+    promoted = results({"a": [0.0, 0.0, 0.0, 0.0], "b": [1.0]})
+    candidate = results({"a": [1.0, 0.0, 0.0, 0.0], "b": [0.0]})
+    d = decide(promoted, candidate, GateConfig(min_tasks=2))
+    assert d.per_task == {"a": 0.25, "b": -1.0}
+    assert d.mean_diff == pytest.approx(-0.375)  # not (1 - 1) / 5 over pooled seeds
+    assert (d.n_tasks, d.n_pairs) == (2, 5)
+
+
+def test_faulted_and_unmatched_episodes_are_dropped_from_the_pairing():
+    promoted = results(tasks(8, [1.0, 1.0]), faults={("t00", 0): FaultKind.BACKEND})
+    # the candidate "fails" exactly where the promoted version faulted, and has a faulted
+    # episode of its own: neither may count against it
+    candidate = results({**tasks(8, [1.0, 1.0]), "t00": [0.0, 1.0], "extra": [0.0]},
+                        faults={("t03", 1): FaultKind.TIMEOUT})
+    d = decide(promoted, candidate, GateConfig(max_fault_rate_increase=0.5))
+    assert d.verdict == "promote" and set(d.per_task.values()) == {0.0}
+    assert "extra" not in d.per_task and d.unmatched == 1
+    assert (d.n_tasks, d.n_pairs) == (8, 14)
+    assert d.faults == {"promoted": 1, "candidate": 1} and d.episodes == {"promoted": 16, "candidate": 17}
+
+
+def test_too_few_pairs_is_inconclusive_never_promote():
+    faults = {(f"t{i:02d}", s): FaultKind.ENV for i in range(4) for s in range(2)}
+    promoted = results(tasks(8, [1.0, 1.0]), faults=faults)
+    candidate = results(tasks(8, [1.0, 1.0]), faults=faults)
+    d = decide(promoted, candidate, GateConfig(min_tasks=8))
+    assert d.verdict == "inconclusive" and not d.promote
+    assert d.n_tasks == 4 and "only 4 tasks" in d.reasons[-1]
+    nothing = decide([], [], GateConfig())
+    assert nothing.verdict == "inconclusive" and nothing.mean_diff is None and nothing.ci_low is None
+    assert "no fault-free pairs" in nothing.summary()
+
+
+def test_a_candidate_that_faults_more_is_rejected_even_if_its_pairs_look_fine():
+    promoted = results(tasks(10, [1.0, 1.0]))
+    faults = {(f"t{i:02d}", 1): FaultKind.TIMEOUT for i in range(5)}  # 25% of its episodes time out
+    candidate = results(tasks(10, [1.0, 1.0]), faults=faults)
+    d = decide(promoted, candidate, GateConfig(max_fault_rate_increase=0.1))
+    assert d.verdict == "reject" and "faulted in 5/20 episodes against 0/20" in d.reasons[0]
+    assert decide(promoted, candidate, GateConfig(max_fault_rate_increase=0.3)).verdict == "promote"
+
+
+def test_success_metric_compares_success_not_reward():
+    promoted = results(tasks(8, [0.2]))  # reward 0.2, not a success
+    candidate = results(tasks(8, [0.9]))  # reward up, still not a success
+    assert decide(promoted, candidate, GateConfig(metric="success")).mean_diff == 0.0
+    assert decide(promoted, candidate, GateConfig(metric="reward")).mean_diff == pytest.approx(0.7)
+
+
+def test_the_bootstrap_is_deterministic_and_order_free():
+    rng = random.Random(3)
+    promoted = results({f"t{i:02d}": [rng.random() for _ in range(3)] for i in range(12)})
+    candidate = results({f"t{i:02d}": [rng.random() for _ in range(3)] for i in range(12)})
+    first = decide(promoted, candidate)
+    shuffled_p, shuffled_c = promoted[:], candidate[:]
+    random.Random(9).shuffle(shuffled_p)
+    random.Random(10).shuffle(shuffled_c)
+    assert decide(shuffled_p, shuffled_c) == first
+    assert decide(promoted, candidate) == first
+    other_seed = decide(promoted, candidate, GateConfig(seed=1))
+    assert other_seed.ci_low != first.ci_low and other_seed.mean_diff == first.mean_diff
+
+
+def test_the_decision_serializes_to_json_and_back():
+    d = decide(results(tasks(8, [1.0, 0.0])), results(tasks(8, [0.0, 1.0])), GateConfig(margin=0.05))
+    stored = json.loads(json.dumps(d.model_dump(mode="json")))
+    assert GateDecision.model_validate(stored) == d
+    assert stored["config"]["margin"] == 0.05 and stored["verdict"] == d.verdict
+    assert d.summary().startswith(f"{d.verdict}: mean diff +0.000, 95% lower bound")
+
+
+def test_bad_inputs_are_refused():
+    dup = [CanaryResult(task_id="a", seed=0, reward=1.0)] * 2
+    with pytest.raises(ValueError, match="task 'a' seed 0 twice"):
+        decide(dup, dup)
+    with pytest.raises(ValidationError, match="finite"):
+        CanaryResult(task_id="a", seed=0, reward=float("nan"))
+    with pytest.raises(ValidationError):
+        GateConfig(margin=-0.1)
+    with pytest.raises(ValidationError):
+        GateConfig(confidence=1.0)
+
+
+def test_canary_result_of_a_trajectory():
+    t = Trajectory(task_id="game-3", group_id="g", sample_index=2, reward=10.0, success=True, fault=None)
+    assert CanaryResult.of(t) == CanaryResult(task_id="game-3", seed=2, reward=10.0, success=True)
+    faulted = Trajectory(task_id="game-3", group_id="g", reward=0.0, fault=FaultKind.BACKEND)
+    assert CanaryResult.of(faulted, seed=7).fault is FaultKind.BACKEND and CanaryResult.of(faulted, seed=7).seed == 7
