@@ -17,7 +17,7 @@ complete per rank; DDP averages the gradients. Ranks sample with different seeds
 rollouts differ and identical weights afterwards show the gradient all-reduce, not luck.
 Rank 0 writes OUT.json with per-rank digests gathered from every rank.
 
-``--broken-rank R`` makes every env on rank R fail at reset, so R has no trainable rows:
+``--broken-rank R`` makes every env on rank R fail at reset (all faults, over the budget):
 the run must then fail fast on R's error, never leave the other ranks hanging.
 """
 
