@@ -14,6 +14,7 @@ strings and streamed deltas stay token-exact, and ``SeedChatModel`` for ``tool_c
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import (
@@ -198,7 +199,9 @@ class SeedChatModel(BaseChatModel):
     recorded call re-renders to the same ``prompt_ids``.
 
     A stream that its consumer abandons (the generator closed before the end) stops the
-    generation and records nothing: a call is recorded once, complete, or not at all.
+    generation and records the ids sampled so far as an incomplete call
+    (``LLMCall.complete`` False, ``finish_reason`` "error"), which rows never train on: a
+    call is recorded once, whole or marked incomplete, never half.
     """
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
@@ -308,6 +311,18 @@ class SeedChatModel(BaseChatModel):
         return AIMessage(content=content, tool_calls=tool_calls, invalid_tool_calls=invalid, response_metadata=metadata,
                          usage_metadata={"input_tokens": n_in, "output_tokens": n_out, "total_tokens": n_in + n_out})
 
+    def _record_abandoned(self, turn: _Turn) -> None:
+        """A stream its consumer left: record what was sampled, marked incomplete, so the
+        trace is whole; rows never train on it (no outcome followed those tokens)."""
+        b = turn.builder
+        scope = current_scope()
+        purpose = scope.purpose if scope is not None and scope.purpose is not None else self.purpose
+        record_call(LLMCall(
+            messages=turn.messages, tools=turn.tools, prompt_ids=turn.prompt_ids, completion_ids=list(b.token_ids),
+            logprobs=list(b.logprobs), text=b.text, policy_version=b.policy_version, purpose=purpose,
+            finish_reason="error", latency_s=time.perf_counter() - turn.t0, sampling=turn.params, complete=False,
+        ))
+
     def _pieces(self, turn: _Turn) -> Generator[CompletionPiece, None, None]:
         """The completion as pieces: streamed when asked for or when stop strings may end
         it early (closing this generator then stops the backend), else one piece from
@@ -366,6 +381,9 @@ class SeedChatModel(BaseChatModel):
                     yield ChatGenerationChunk(message=AIMessageChunk(content=delta))
                 if turn.builder.done:
                     break
+        except GeneratorExit:  # the consumer stopped reading
+            self._record_abandoned(turn)
+            raise
         finally:
             pieces.close()  # also when the consumer stops reading: the backend stops generating
         yield self._last_chunk(turn)
@@ -381,6 +399,9 @@ class SeedChatModel(BaseChatModel):
                     yield ChatGenerationChunk(message=AIMessageChunk(content=delta))
                 if turn.builder.done:
                     break
+        except (GeneratorExit, asyncio.CancelledError):  # the consumer stopped reading
+            self._record_abandoned(turn)
+            raise
         finally:
             await pieces.aclose()
         yield self._last_chunk(turn)

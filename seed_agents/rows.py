@@ -23,6 +23,9 @@ def calls_to_rows(calls: list[LLMCall], trajectory: Trajectory, merge: bool = Tr
     rows: list[Row] = []
     current: Row | None = None
     for call in calls:
+        if not call.complete:  # an abandoned stream: no outcome followed these tokens
+            current = None
+            continue
         seen = (current.prompt_ids + current.completion_ids) if current is not None else None
         if (
             merge and current is not None and seen is not None

@@ -101,6 +101,7 @@ class LLMCall(BaseModel):
     started_at: float = Field(default_factory=time.time)
     sampling: SamplingParams | None = None
     scope: dict[str, Any] = Field(default_factory=dict, description="Capture scope labels (run, task, group, ...).")
+    complete: bool = Field(True, description="False: a stream its consumer abandoned; the ids sampled so far are kept for the record and never trained on.")
 
     @model_validator(mode="after")
     def _aligned(self) -> LLMCall:

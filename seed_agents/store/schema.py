@@ -95,6 +95,7 @@ calls = sa.Table(
     sa.Column("started_at", sa.Double, nullable=False),
     sa.Column("sampling", JsonText, nullable=True),
     sa.Column("scope", JsonText, nullable=False),
+    sa.Column("complete", sa.Boolean, nullable=False, server_default=sa.true()),
     sa.UniqueConstraint("session_id", "seq", name="uq_calls_session_seq"),
 )
 
@@ -190,7 +191,20 @@ def _v2_decisions(conn: Connection) -> None:
                          "WHERE status = 'promoted'"))
 
 
-MIGRATIONS: list[Migration] = [_v1_initial, _v2_decisions]
+def _v3_call_complete(conn: Connection) -> None:
+    """Version 3: ``calls.complete`` (``LLMCall.complete``: False for a stream its consumer
+    abandoned, never trained on). Migration 1 builds ``calls`` from the current table, so
+    a database created at this version already has the column; older ones get it, every
+    stored call counting as complete (nothing incomplete was recorded before)."""
+    if "complete" not in {c["name"] for c in sa.inspect(conn).get_columns("calls")}:
+        conn.execute(sa.text(f"ALTER TABLE calls ADD COLUMN complete BOOLEAN NOT NULL DEFAULT {_true_literal(conn)}"))
+
+
+def _true_literal(conn: Connection) -> str:
+    return "1" if conn.dialect.name == "sqlite" else "TRUE"
+
+
+MIGRATIONS: list[Migration] = [_v1_initial, _v2_decisions, _v3_call_complete]
 
 
 def stored_version(conn: Connection) -> int:

@@ -2,7 +2,7 @@
 
 Scripted fakes pin the text-level rules (deltas, held-back partial characters and tags,
 tool-call chunks, prefill); the tiny local model shows the token-level ones (streamed ids
-== invoked ids, stop strings, abandoned streams stop the backend and record nothing), and
+== invoked ids, stop strings, abandoned streams stop the backend and record an incomplete call), and
 a LangGraph agent streams tokens in ``stream_mode="messages"`` while being captured.
 """
 
@@ -240,7 +240,17 @@ def _count_forwards(model: Any) -> tuple[list[int], Any]:
     return n, model.register_forward_hook(lambda *a: n.__setitem__(0, n[0] + 1))
 
 
-def test_abandoned_stream_records_nothing_and_stops_the_backend(local_llm):
+def _assert_incomplete_and_untrained(cap: Any) -> None:
+    from seed_agents.rows import trajectory_to_rows
+    from seed_agents.types import Trajectory
+
+    (call,) = cap.calls
+    assert not call.complete and call.finish_reason == "error"
+    assert 1 <= len(call.completion_ids) < 50 and len(call.logprobs) == len(call.completion_ids)
+    assert trajectory_to_rows(Trajectory(task_id="t", group_id="g", calls=[call])) == []
+
+
+def test_abandoned_stream_records_an_incomplete_call_and_stops_the_backend(local_llm):
     n, hook = _count_forwards(local_llm.backend.model)
     try:
         with capture() as cap:
@@ -249,13 +259,14 @@ def test_abandoned_stream_records_nothing_and_stops_the_backend(local_llm):
             stream.close()
             after_close = n[0]
             time.sleep(0.3)
-        assert all(c.content for c in got) and cap.calls == []
+        assert all(c.content for c in got)
         assert n[0] == after_close < 50, "the backend kept generating after the consumer left"
+        _assert_incomplete_and_untrained(cap)
     finally:
         hook.remove()
 
 
-async def test_abandoned_async_stream_records_nothing_and_stops_the_backend(local_llm):
+async def test_abandoned_async_stream_records_an_incomplete_call_and_stops_the_backend(local_llm):
     n, hook = _count_forwards(local_llm.backend.model)
     try:
         with capture() as cap:
@@ -268,7 +279,8 @@ async def test_abandoned_async_stream_records_nothing_and_stops_the_backend(loca
             await asyncio.sleep(0.3)
             settled = n[0]
             await asyncio.sleep(0.3)
-        assert cap.calls == [] and n[0] == settled < 50
+        assert n[0] == settled < 50
+        _assert_incomplete_and_untrained(cap)
     finally:
         hook.remove()
 

@@ -93,3 +93,29 @@ def test_traces_export_command(tmp_path: Path, capsys: pytest.CaptureFixture[str
                 args.func(args)
         else:
             assert args.func(args) == 0
+
+
+def test_a_version_2_store_gains_calls_complete_and_keeps_its_calls(tmp_path):
+    """Migration 3 on a database written before ``LLMCall.complete`` existed."""
+    import sqlalchemy as sa
+
+    from seed_agents.store import TraceStore
+    from seed_agents.store.schema import MIGRATIONS, migrate
+    from seed_agents.types import LLMCall
+
+    url = f"sqlite:///{tmp_path / 'old.db'}"
+    store = TraceStore.open(url)
+    store.add_call("s1", LLMCall(messages=[], prompt_ids=[1, 2], completion_ids=[3], logprobs=[-0.5]))
+    store.close()
+    engine = sa.create_engine(url)
+    with engine.begin() as conn:  # back to how version 2 wrote it: no column, version 2
+        conn.execute(sa.text("ALTER TABLE calls DROP COLUMN complete"))
+        conn.execute(sa.text("UPDATE schema_version SET version = 2"))
+    engine.dispose()
+
+    store = TraceStore.open(url)  # migrates 2 -> 3
+    (call,) = store.calls("s1")
+    assert call.complete and call.completion_ids == [3]
+    store.add_call("s1", LLMCall(messages=[], prompt_ids=[1], completion_ids=[4], logprobs=[-1.0], complete=False))
+    assert [c.complete for c in store.calls("s1")] == [True, False]
+    assert len(MIGRATIONS) == 3 and migrate(sa.create_engine(url)) == 3
