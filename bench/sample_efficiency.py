@@ -56,6 +56,14 @@ ALL_METHODS = ("grpo", "seed", "grpo_stage1", "seed_no_stage1", "seed_frozen", "
 STAGE1_START = ("seed", "seed_frozen", "seed_rule", "grpo_stage1")  # methods that start from the stage-1 model
 
 
+# The paper's protocol (configs/paper_textworld_qwen2.5-3b.yaml, SEEDConfig's defaults):
+# every setting of a run that differs from it is printed in the table's header.
+PAPER = {"model": "Qwen2.5-3B-Instruct", "kl_coef": 0.01, "opd_coef": 0.01, "lr": 1e-6, "iterations": 150,
+         "tasks_per_iteration": 16, "group": 8, "max_turns": 30}
+PAPER_LABELS = {"model": "model", "kl_coef": "KL coef", "opd_coef": "OPD lambda", "lr": "lr", "iterations": "updates",
+                "tasks_per_iteration": "tasks/update", "group": "group size", "max_turns": "max turns"}
+
+
 # -- configs ------------------------------------------------------------------------
 
 def budget(args: argparse.Namespace) -> dict[str, Any]:
@@ -101,6 +109,26 @@ def train_config(method: str, seed: int, args: argparse.Namespace, stage1_model:
                     "kl_coef": args.kl_coef},
         "eval": {"split": "eval_seen", "num_tasks": b["eval_tasks"], "every": b["eval_every"]},
     }
+
+
+def departures(args: argparse.Namespace) -> list[str]:
+    """Each setting that differs from the paper's, as ``name ours (paper theirs)``."""
+    b = budget(args)
+    ours = {"model": Path(str(args.model)).name, "kl_coef": args.kl_coef, "opd_coef": args.opd_coef,
+            **{k: b[k] for k in ("lr", "iterations", "tasks_per_iteration", "group", "max_turns")}}
+    return [f"{PAPER_LABELS[k]} {ours[k]:g} (paper {PAPER[k]:g})" if not isinstance(PAPER[k], str)
+            else f"{PAPER_LABELS[k]} {ours[k]} (paper {PAPER[k]})"
+            for k in PAPER if ours[k] != PAPER[k]]
+
+
+def header(args: argparse.Namespace) -> str:
+    """The table's header: what was run, then every departure from the paper's settings."""
+    b = budget(args)
+    diff = departures(args)
+    return (f"TextWorld eval_seen ({b['eval_tasks']} games, greedy), {args.model}, {b['iterations']} updates of "
+            f"{b['tasks_per_iteration']} tasks x {b['group']} episodes, lr {b['lr']}, KL coef {args.kl_coef}, "
+            f"seeds {args.seeds}\n"
+            + (f"differs from the paper: {'; '.join(diff)}" if diff else "every compared setting is the paper's"))
 
 
 # -- stage 1 ------------------------------------------------------------------------
@@ -376,8 +404,7 @@ def main(argv: list[str] | None = None) -> int:
     text = report(results, args.threshold)
     wall = time.perf_counter() - t0
     b = budget(args)
-    print(f"\nTextWorld eval_seen ({b['eval_tasks']} games, greedy), {args.model}, {b['iterations']} updates of "
-          f"{b['tasks_per_iteration']} tasks x {b['group']} episodes, lr {b['lr']}, seeds {args.seeds}")
+    print("\n" + header(args))
     print(text)
     reused = sum(bool(r.get("reused")) for r in runs)
     print(f"total wall time {wall / 60:.1f} min" + (f" ({reused} of {len(runs)} runs finished in an earlier invocation "

@@ -98,3 +98,24 @@ def test_behaviour_table_reads_invalid_rates_and_training_metrics(bench, tmp_pat
     assert s["train"] == {"skill_parse_rate": pytest.approx(0.75), "gate": pytest.approx(0.5)}
     text = bench.report({"seed": s}, 0.5)
     assert "0.800 ± 0.000 -> 0.200 ± 0.000" in text and "0.750" in text and "0.500" in text
+
+
+def test_the_header_names_every_setting_that_differs_from_the_paper(bench):
+    """The CPU defaults depart from the paper in model, KL, lr, budget, group and tasks per
+    update: each is in the table's header, with the paper's value beside it."""
+    head = bench.header(bench.build_parser().parse_args([]))
+    assert head.splitlines()[1] == (
+        "differs from the paper: model smollm2-135m (paper Qwen2.5-3B-Instruct); KL coef 0 (paper 0.01); "
+        "lr 2e-05 (paper 1e-06); updates 4 (paper 150); tasks/update 2 (paper 16); group size 4 (paper 8); "
+        "max turns 3 (paper 30)")
+    # one change, one departure: --opd-coef is compared too
+    assert bench.departures(bench.build_parser().parse_args(["--opd-coef", "0.1"]))[2] == "OPD lambda 0.1 (paper 0.01)"
+
+
+def test_the_papers_protocol_has_no_departure(bench):
+    args = bench.build_parser().parse_args(["--full", "--model", "Qwen/Qwen2.5-3B-Instruct", "--kl-coef", "0.01"])
+    assert bench.departures(args) == []
+    assert bench.header(args).endswith("every compared setting is the paper's")
+    # --full alone keeps the CPU default KL of 0: the header says so
+    assert bench.departures(bench.build_parser().parse_args(["--full", "--model", "Qwen/Qwen2.5-3B-Instruct"])) == [
+        "KL coef 0 (paper 0.01)"]

@@ -60,16 +60,35 @@ async def test_concurrent_requests_are_batched_and_match_single_requests(local_b
         assert max(abs(x - y) for x, y in zip(single.logprobs, b.logprobs)) < 1e-4
 
 
+def _greedy_check(model, prompt_ids, completion):
+    """(every token is the model's argmax, max |logprob - the model's log-softmax|) for a
+    greedy completion, scored by the model itself in one forward."""
+    with torch.no_grad():
+        logits_T_V = model(torch.tensor([prompt_ids + completion.token_ids])).logits[0, len(prompt_ids) - 1:-1].float()
+    logp_T_V = torch.log_softmax(logits_T_V, -1)
+    tokens_T = torch.tensor(completion.token_ids)
+    ref_T = logp_T_V.gather(-1, tokens_T[:, None]).squeeze(-1)
+    return torch.equal(logp_T_V.argmax(-1), tokens_T), (ref_T - torch.tensor(completion.logprobs)).abs().max().item()
+
+
 def test_shared_model_sees_in_place_weight_updates(tiny_model_dir):
+    """A backend built on a model object generates with that object's current weights
+    (the trainer updates them in place): after the update its greedy tokens and logprobs
+    are the updated model's, not the old ones."""
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     backend = LocalBackend(model, tokenizer=tok)
     ids = tok("hello", add_special_tokens=False)["input_ids"]
-    before = backend.generate(ids, SamplingParams(max_tokens=4, temperature=0.0))
+    params = SamplingParams(max_tokens=4, temperature=0.0)
+    before = backend.generate(ids, params)
+    assert _greedy_check(model, ids, before) == (True, pytest.approx(0.0, abs=1e-4))
     with torch.no_grad():
         model.lm_head.weight.mul_(-1.0)
-    after = backend.generate(ids, SamplingParams(max_tokens=4, temperature=0.0))
-    assert before.token_ids != after.token_ids or before.logprobs != after.logprobs
+    after = backend.generate(ids, params)
+    assert len(after.token_ids) == 4
+    assert _greedy_check(model, ids, after) == (True, pytest.approx(0.0, abs=1e-4))
+    # and the update mattered: the old completion is not the updated model's greedy one
+    assert _greedy_check(model, ids, before)[0] is False
 
 
 def test_model_object_without_tokenizer_is_a_clear_error(tiny_model_dir):

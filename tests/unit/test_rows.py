@@ -40,13 +40,17 @@ def test_a_template_that_rewrites_history_breaks_the_prefix_into_step_rows():
 
 
 def test_identical_prompt_prefix_without_extension_is_not_merged():
-    c1 = call([1, 2], [3])
-    c2 = call([1, 2, 3], [4])  # extends by zero observation tokens: still a continuation
-    c3 = call([1, 2, 3, 4], [5])
-    assert len(trajectory_to_rows(traj(c1, c2, c3))) == 1
-    c4 = call([1, 2, 3], [9])
-    c5 = call([1, 2, 3], [9])  # same prompt again (e.g. a retry): a new row
-    assert len(trajectory_to_rows(traj(c4, c5))) == 2
+    """A call that repeats the previous prompt (a retry) or shares only its prefix, without
+    the previous completion, starts a row of its own: nothing is appended to the last row."""
+    c1 = call([1, 2, 3], [9])
+    c2 = call([1, 2, 3], [9])  # same prompt again (e.g. a retry)
+    c3 = call([1, 2, 3, 8], [7, 6])  # shares [1, 2, 3] but not the sampled 9
+    rows = trajectory_to_rows(traj(c1, c2, c3))
+    assert [(r.prompt_ids, r.completion_ids, r.loss_mask, r.old_logprobs, r.call_ids) for r in rows] == [
+        ([1, 2, 3], [9], [1], [-0.1], [c1.call_id]),
+        ([1, 2, 3], [9], [1], [-0.1], [c2.call_id]),
+        ([1, 2, 3, 8], [7, 6], [1, 1], [-0.1, -0.2], [c3.call_id]),
+    ]
 
 
 def test_step_level_layout_and_version_boundaries_and_analyzer_calls():

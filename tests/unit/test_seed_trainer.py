@@ -32,9 +32,9 @@ def make_trainer(tiny_model_dir, tokenizer, tmp_path, *, opd_coef=0.01, skills="
     runner = EpisodeRunner(graph, RunnerConfig(progress=False, concurrency=8), make_env=lambda t: ParityEnv())
     rollout = GraphRollout(runner, llm, skills=skills, merge_rows=False, out_dir=tmp_path / "run")
     ds = datasets.Dataset.from_list([{"prompt": Task(task_id=f"t{i}").model_dump_json()} for i in range(2)])
-    args = SEEDConfig(output_dir=str(tmp_path / "out"), per_device_train_batch_size=8, num_generations=4, max_steps=1,
+    args = SEEDConfig(output_dir=str(tmp_path / "out"), per_device_train_batch_size=8, num_generations=4,
                       use_cpu=True, bf16=False, report_to=[], logging_steps=1, save_strategy="no",
-                      opd_coef=opd_coef, seed=0, **cfg)
+                      opd_coef=opd_coef, seed=0, **{"max_steps": 1, **cfg})
     trainer = SEEDTrainer(model=model, args=args, train_dataset=ds, rollout=rollout, processing_class=tokenizer)
     return trainer, backend
 
@@ -70,17 +70,66 @@ def test_seed_step_with_lambda_zero_equals_trl_grpo_loss(tiny_model_dir, tokeniz
     assert not torch.allclose(trainer._compute_loss(trainer.model, inputs), theirs)
 
 
-def test_teacher_logprobs_use_the_skill_prompt_and_pre_update_weights(tiny_model_dir, tokenizer, tmp_path):
-    trainer, _ = make_trainer(tiny_model_dir, tokenizer, tmp_path)
-    rows = [trainer.train_dataset[i % 2] for i in range(8)]
-    inputs = trainer._generate_and_score_completions(rows)
+def _score_rows(model, prompts, completions):
+    """Per-row log-probs of each completion after its prompt: one unpadded forward each,
+    independent of the trainer's batched scoring."""
+    out = []
+    with torch.no_grad():
+        for p, c in zip(prompts, completions, strict=True):
+            logits_T_V = model(torch.tensor([p + c])).logits[0, len(p) - 1:-1].float()
+            out.append(torch.log_softmax(logits_T_V, -1).gather(-1, torch.tensor(c)[:, None]).squeeze(-1))
+    return out
+
+
+def test_teacher_logprobs_use_the_skill_prompt_and_pre_update_weights(tiny_model_dir, tokenizer, tmp_path, monkeypatch):
+    """The OPD teacher is the policy as it was when the batch was sampled, with the skill in
+    the prompt: its log-probs are scored once and stay frozen while the batch is reused
+    after an optimizer update (num_iterations=2), like the old log-probs."""
+    import trl.trainer.grpo_trainer as grpo_module
+
+    import trainers.seed_trainer as seed_module
+
+    monkeypatch.setattr(grpo_module, "shuffle_sequence_dict", lambda d: d)  # rows keep the batch's order
+    trainer, _ = make_trainer(tiny_model_dir, tokenizer, tmp_path, learning_rate=1e-2, num_iterations=2, max_steps=2)
+    snapshots, seen = [], []
+    generate = trainer._generate_and_score_completions
+
+    def spy_generate(rows):
+        # the weights that sampled this batch, in a fresh model: a deepcopy would keep the
+        # forward that accelerate binds to the live model, and score with the updated weights
+        snapshot = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+        snapshot.load_state_dict(trainer.model.state_dict())
+        snapshots.append(snapshot)
+        return generate(rows)
+
+    def spy_objective(*args, **kw):
+        seen.append((kw["teacher_logp_B_T"].detach().clone(), kw["opd_mask_B_T"].detach().clone()))
+        return objective(*args, **kw)
+
+    objective = seed_module.seed_objective
+    monkeypatch.setattr(trainer, "_generate_and_score_completions", spy_generate)
+    monkeypatch.setattr(seed_module, "seed_objective", spy_objective)
+    trainer.train()
+    assert len(snapshots) == 1 and len(seen) == 2, "one batch, used by two optimizer steps"
+
     batch = trainer.last_batch
-    text = tokenizer.decode(batch.teacher_prompt_ids[0])
-    assert "Answer with a short word of even length." in text
+    assert "Answer with a short word of even length." in tokenizer.decode(batch.teacher_prompt_ids[0])
     assert "Answer with a short word" not in tokenizer.decode(batch.rows[0].prompt_ids)
-    # the student's own sampled logprobs (server side) vs the teacher's: differ only by the prompt
-    m = inputs["loss_mask"].bool()
-    assert not torch.allclose(inputs["teacher_per_token_logps"][m], inputs["old_per_token_logps"][m])
+    completions = [r.completion_ids for r in batch.rows]
+    pre = _score_rows(snapshots[0], batch.teacher_prompt_ids, completions)
+    post = _score_rows(trainer.model.eval(), batch.teacher_prompt_ids, completions)
+    student = _score_rows(snapshots[0], [r.prompt_ids for r in batch.rows], completions)
+    for step, (teacher_B_T, mask_B_T) in enumerate(seen):
+        assert mask_B_T.sum() > 0
+        for i, c in enumerate(completions):
+            m = mask_B_T[i, :len(c)].bool()
+            got = teacher_B_T[i, :len(c)][m]
+            # pre-update weights, skill prompt: equal (batched vs one-row scoring, float tolerance)
+            assert torch.allclose(got, pre[i][m], atol=1e-4), (step, i, got, pre[i][m])
+            if m.any():
+                # not the weights after the update, not the prompt without the skill
+                assert (got - post[i][m]).abs().max() > 1e-3, (step, i)
+                assert (got - student[i][m]).abs().max() > 1e-3, (step, i)
 
 
 def test_in_process_sync_bumps_the_version_stamped_on_new_calls(tiny_model_dir, tokenizer, tmp_path):
