@@ -113,8 +113,8 @@ class VLLMBackend:
             try:
                 done = False
                 for line in response.iter_lines():
-                    piece = _sse_event(line, version)
-                    if piece is _DONE:
+                    piece = parse_stream_event(line, version)
+                    if piece is STREAM_DONE:
                         done = True
                         break
                     if piece is not None:
@@ -136,8 +136,8 @@ class VLLMBackend:
             try:
                 done = False
                 async for line in response.aiter_lines():
-                    piece = _sse_event(line, version)
-                    if piece is _DONE:
+                    piece = parse_stream_event(line, version)
+                    if piece is STREAM_DONE:
                         done = True
                         break
                     if piece is not None:
@@ -443,17 +443,17 @@ def _parse_completion(data: dict[str, Any], policy_version: int, latency_s: floa
     )
 
 
-_DONE = CompletionPiece()  # sentinel: the server sent ``data: [DONE]``
+STREAM_DONE = CompletionPiece()  # sentinel: the server sent ``data: [DONE]``
 
 
-def _sse_event(line: str, policy_version: int) -> CompletionPiece | None:
+def parse_stream_event(line: str, policy_version: int = 0) -> CompletionPiece | None:
     """One line of vLLM's event stream -> its new tokens; None for lines without data
-    (and events without tokens or a finish reason), ``_DONE`` at the end."""
+    (and events without tokens or a finish reason), ``STREAM_DONE`` at the end."""
     if not line.startswith("data:"):
         return None
     payload = line[5:].strip()
     if payload == "[DONE]":
-        return _DONE
+        return STREAM_DONE
     try:
         data = json.loads(payload)
     except ValueError as exc:

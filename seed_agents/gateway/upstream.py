@@ -15,18 +15,17 @@ appears in a reply, a log line or an error message.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
-from dataclasses import dataclass
 from typing import Any
 
 import httpx
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
 
-from seed_agents.backends.vllm import completion_body
+from seed_agents.backends.base import BackendError, CompletionPiece
+from seed_agents.backends.vllm import STREAM_DONE, completion_body, parse_stream_event
 from seed_agents.gateway.errors import GatewayError
 from seed_agents.types import Completion, FinishReason, SamplingParams
 
@@ -38,15 +37,6 @@ _RETRY_STATUS = (502, 503)
 
 class UpstreamError(GatewayError):
     """The upstream failed; the status/type say how the client should see it."""
-
-
-@dataclass
-class StreamPiece:
-    """New tokens from one upstream SSE event."""
-
-    token_ids: list[int]
-    logprobs: list[float]
-    finish_reason: FinishReason | None = None
 
 
 class _Retryable(Exception):
@@ -133,7 +123,7 @@ class Upstream:
             raise _bad_reply("completion (token ids and logprobs differ in length)")
         return Completion(token_ids=ids, logprobs=lps, finish_reason=finish, policy_version=policy_version)
 
-    async def open_stream(self, model: str, prompt_ids: list[int], params: SamplingParams, stack: AsyncExitStack) -> AsyncIterator[StreamPiece]:
+    async def open_stream(self, model: str, prompt_ids: list[int], params: SamplingParams, stack: AsyncExitStack) -> AsyncIterator[CompletionPiece]:
         """Start a streamed completion; errors before the first byte raise here (so the
         client gets a proper HTTP error), later ones from the returned iterator. The
         upstream response is closed when ``stack`` closes (closing it early aborts the
@@ -182,42 +172,23 @@ class Upstream:
         return response
 
 
-async def _pieces(response: httpx.Response) -> AsyncIterator[StreamPiece]:
-    """vLLM's SSE events -> ``StreamPiece``s, until ``[DONE]``."""
+async def _pieces(response: httpx.Response) -> AsyncIterator[CompletionPiece]:
+    """vLLM's SSE events -> pieces (the backend's own parser), until ``[DONE]``."""
     try:
         async for line in response.aiter_lines():
-            if not line.startswith("data:"):
-                continue
-            payload = line[5:].strip()
-            if payload == "[DONE]":
+            try:
+                piece = parse_stream_event(line)
+            except BackendError as e:
+                raise UpstreamError(502, str(e), type="upstream_error", code="bad_upstream_reply") from None
+            if piece is STREAM_DONE:
                 return
-            yield _piece(payload)
+            if piece is not None:
+                yield piece
     except httpx.TimeoutException:
         raise UpstreamError(504, "the model server stopped sending mid-stream", type="upstream_timeout", code="upstream_timeout") from None
     except httpx.TransportError as e:
         raise UpstreamError(502, f"the model server's stream broke ({type(e).__name__})", type="upstream_error", code="upstream_transport") from None
     raise UpstreamError(502, "the model server's stream ended without [DONE]", type="upstream_error", code="upstream_truncated")
-
-
-def _piece(payload: str) -> StreamPiece:
-    try:
-        data = json.loads(payload)
-    except ValueError:
-        raise _bad_reply("stream event (not JSON)") from None
-    if "error" in data:
-        raise UpstreamError(502, f"the model server failed mid-stream: {_message(data)}", type="upstream_error", code="upstream_error")
-    if not data.get("choices"):  # e.g. a usage-only event
-        return StreamPiece([], [])
-    try:
-        choice = data["choices"][0]
-        ids = [int(t) for t in choice.get("token_ids") or []]
-        lps = [float(x) for x in (choice.get("logprobs") or {}).get("token_logprobs") or []]
-        reason = choice.get("finish_reason")
-    except (KeyError, IndexError, TypeError, ValueError):
-        raise _bad_reply("stream event") from None
-    if len(ids) != len(lps):
-        raise _bad_reply("stream event (token ids and logprobs differ in length)")
-    return StreamPiece(ids, lps, None if reason is None else _FINISH.get(reason, "error"))
 
 
 def _bad_reply(what: str) -> UpstreamError:
