@@ -217,3 +217,63 @@ def faulty_train_config(tasks_path: str, model_dir: str, **overrides: Any) -> di
         "trainer": {"learning_rate": 1e-3, "kl_coef": 0.0},
         **overrides,
     }
+
+
+Answer = tuple[int, str, bytes]  # (HTTP status, content type, body)
+
+
+class ScriptedServer:
+    """A loopback HTTP server that answers each POST from a script, for tests of HTTP
+    clients (the vLLM backend's retries and streams, a server that dies mid-run).
+
+    ``answer(n, request)`` gets the 1-based number of the POST and its JSON body and
+    returns ``(status, content_type, body)``, or None to die: the connection is dropped and
+    the port closed, so later requests are refused as after a crash. ``GET`` (``/health``)
+    answers 200 while alive. ``requests`` holds every POST body received.
+    """
+
+    def __init__(self, answer: Callable[[int, dict[str, Any]], Answer | None]) -> None:
+        import json
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        owner = self
+        self.requests: list[dict[str, Any]] = []
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+                self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def do_POST(self) -> None:  # noqa: N802
+                owner.requests.append(json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}"))
+                reply = answer(len(owner.requests), owner.requests[-1])
+                if reply is None:
+                    threading.Thread(target=owner.die, daemon=True).start()
+                    self.connection.close()
+                    return
+                status, content_type, body = reply
+                self.send_response(status)
+                self.send_header("Content-Type", content_type)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    @classmethod
+    def replaying(cls, answers: Sequence[Answer]) -> ScriptedServer:
+        """Answers in order; the last one repeats."""
+        return cls(lambda n, request: answers[min(n, len(answers)) - 1])
+
+    def die(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    close = die

@@ -8,10 +8,8 @@ from __future__ import annotations
 
 import json
 import socket
-import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
@@ -20,6 +18,7 @@ import torch
 from seed_agents.backends.base import BackendError, BackendUnavailable
 from seed_agents.backends.vllm import VLLMBackend
 from seed_agents.serve import VLLMServer
+from seed_agents.testing import ScriptedServer
 from seed_agents.types import SamplingParams
 from tests.conformance import BackendConformance
 
@@ -138,45 +137,13 @@ async def test_unreachable_server_async() -> None:
     await backend.aclose()
 
 
-class _Stub:
-    """A scripted ``/v1/completions``: answers ``(status, body)`` pairs in order, then the last."""
-
-    def __init__(self, answers: list[tuple[int, dict[str, Any]]]) -> None:
-        self.answers = answers
-        self.requests: list[dict[str, Any]] = []
-        stub = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 - http.server's naming
-                length = int(self.headers.get("Content-Length", 0))
-                stub.requests.append(json.loads(self.rfile.read(length)))
-                status, body = stub.answers[min(len(stub.requests), len(stub.answers)) - 1]
-                payload = json.dumps(body).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(payload)))
-                self.end_headers()
-                self.wfile.write(payload)
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self._thread.start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
 @pytest.fixture
 def stub_factory() -> Iterator[Any]:
-    stubs: list[_Stub] = []
+    stubs: list[ScriptedServer] = []
 
-    def make(answers: list[tuple[int, dict[str, Any]]]) -> _Stub:
-        stubs.append(_Stub(answers))
+    def make(answers: list[tuple[int, dict[str, Any]]]) -> ScriptedServer:
+        stubs.append(ScriptedServer.replaying([(status, "application/json", json.dumps(body).encode())
+                                               for status, body in answers]))
         return stubs[-1]
 
     yield make

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -25,7 +24,7 @@ from seed_agents.capture import capture
 from seed_agents.chat_model import SeedChatModel
 from seed_agents.reply import ReplyBuilder
 from seed_agents.skills import teacher_prompt_ids
-from seed_agents.testing import FakeBackend
+from seed_agents.testing import FakeBackend, ScriptedServer
 from seed_agents.types import SamplingParams
 from tests.conformance import ChatModelConformance
 
@@ -319,36 +318,10 @@ def test_langgraph_messages_mode_runs_streamed_tool_calls(tokenizer):
 
 # -- vLLM stream transport (a scripted SSE server, no vLLM) -----------------------------------
 
-class _SSEStub:
-    """Answers every POST with ``(status, lines)`` from a script (the last one repeats)."""
-
-    def __init__(self, answers: list[tuple[int, list[str]]]) -> None:
-        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
-        self.requests: list[dict[str, Any]] = []
-        stub = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                stub.requests.append(json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0)))))
-                status, lines = answers[min(len(stub.requests), len(answers)) - 1]
-                payload = "".join(line + "\n\n" for line in lines).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "text/event-stream" if status == 200 else "application/json")
-                self.send_header("Content-Length", str(len(payload)))
-                self.end_headers()
-                self.wfile.write(payload)
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+def _sse_stub(answers: list[tuple[int, list[str]]]) -> ScriptedServer:
+    """A scripted SSE ``/v1/completions``: ``(status, lines)`` in order, the last repeating."""
+    return ScriptedServer.replaying([(status, "text/event-stream" if status == 200 else "application/json",
+                                      "".join(line + "\n\n" for line in lines).encode()) for status, lines in answers])
 
 
 def _event(ids: list[int], lps: list[float], finish: str | None = None) -> str:
@@ -361,10 +334,10 @@ _GOOD = [_event([5], [-0.5]), _event([6, 7], [-1.0, -2.0]), _event([], [], "leng
 
 @pytest.fixture
 def sse_stub() -> Iterator[Any]:
-    stubs: list[_SSEStub] = []
+    stubs: list[ScriptedServer] = []
 
-    def make(answers: list[tuple[int, list[str]]]) -> _SSEStub:
-        stubs.append(_SSEStub(answers))
+    def make(answers: list[tuple[int, list[str]]]) -> ScriptedServer:
+        stubs.append(_sse_stub(answers))
         return stubs[-1]
 
     yield make

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
 from pathlib import Path
 
 import pytest
@@ -20,7 +19,7 @@ from seed_agents.chat_model import SeedChatModel
 from seed_agents.distill import group_advantages
 from seed_agents.runner import EpisodeRunner, FaultBudgetExceeded, RunnerConfig, check_fault_budget
 from seed_agents.serve import free_port
-from seed_agents.testing import FakeBackend, build_faulty_agent, faulty_reward, faulty_train_config
+from seed_agents.testing import FakeBackend, ScriptedServer, build_faulty_agent, faulty_reward, faulty_train_config
 from seed_agents.types import FaultKind, SamplingParams, StopReason, Task, Trajectory
 
 
@@ -120,50 +119,12 @@ def test_a_dead_server_trips_the_breaker_and_the_rest_is_skipped(tokenizer):
         backend.generate([1, 2], SamplingParams(max_tokens=2))
 
 
-class _DyingServer:
+def dying_server(tokenizer, n_ok: int) -> ScriptedServer:
     """A stand-in vLLM server that answers ``n_ok`` completions, then goes away."""
-
-    def __init__(self, tokenizer, n_ok: int) -> None:
-        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
-        owner = self
-        self.served = 0
-        ids = tokenizer("ab", add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args):  # noqa: ANN002
-                pass
-
-            def do_GET(self):  # noqa: N802 - /health, while alive
-                self.send_response(200)
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-
-            def do_POST(self):  # noqa: N802
-                self.rfile.read(int(self.headers.get("Content-Length", 0)))
-                owner.served += 1
-                if owner.served > n_ok:  # die: drop this connection, then refuse every new one
-                    threading.Thread(target=owner.die, daemon=True).start()
-                    self.connection.close()
-                    return
-                body = json.dumps({"choices": [{"token_ids": ids, "finish_reason": "stop",
-                                                "logprobs": {"token_logprobs": [-0.5] * len(ids)}}]}).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", free_port()), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def die(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()  # the port closes: connections are refused, as after a crash
-
-    def close(self) -> None:
-        self.server.server_close()
+    ids = tokenizer("ab", add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+    body = json.dumps({"choices": [{"token_ids": ids, "finish_reason": "stop",
+                                    "logprobs": {"token_logprobs": [-0.5] * len(ids)}}]}).encode()
+    return ScriptedServer(lambda n, request: (200, "application/json", body) if n <= n_ok else None)
 
 
 def test_a_server_that_dies_mid_eval_stops_it_with_the_url_and_nonzero_exit(tokenizer, tiny_model_dir, tmp_path,
@@ -172,7 +133,7 @@ def test_a_server_that_dies_mid_eval_stops_it_with_the_url_and_nonzero_exit(toke
     are skipped (not retried one by one), the exit code is non-zero and the URL is named."""
     from seed_agents.cli import main
 
-    server = _DyingServer(tokenizer, n_ok=2)
+    server = dying_server(tokenizer, n_ok=2)
     try:
         code = main(["eval", "--backend", "vllm", "--base-url", server.url, "--model", "m",
                      "--tokenizer", tiny_model_dir, "--episodes", "8", "--concurrency", "1",
@@ -185,7 +146,7 @@ def test_a_server_that_dies_mid_eval_stops_it_with_the_url_and_nonzero_exit(toke
     assert len(trajs) == 8  # every episode is recorded, none lost
     faults = [t["fault"] for t in trajs]
     assert faults.count("skipped") >= 5 and faults.count("backend") == 1
-    assert server.served <= 4  # the dead server was not retried episode after episode
+    assert len(server.requests) <= 4  # the dead server was not retried episode after episode
 
 
 # -- through `seed-agents train` ----------------------------------------------------
