@@ -9,7 +9,8 @@ interleaved (A, B, A, B, ...) so drift on a shared machine hits both sides alike
     .venv/bin/python bench/capture_overhead.py --backend fake  # framework cost alone
     .venv/bin/python bench/capture_overhead.py --backend vllm --base-url URL
 
-Prints episodes/s for each side and the ratio graph/plain (goal >= 0.9).
+Prints episodes/s for each side and the ratio graph/plain (goal >= 0.9), and writes every
+repeat to ``docs/results/capture_overhead_<backend>.json`` (``--results-dir``).
 """
 
 from __future__ import annotations
@@ -17,9 +18,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import statistics
+import sys
 import time
-
-from langchain_core.messages import HumanMessage, SystemMessage
+from pathlib import Path
 
 from graphs.env_agent import SYSTEM_PROMPT, build_env_agent, parse_action, render_turn
 from seed_agents.capture import capture
@@ -27,6 +28,13 @@ from seed_agents.chat_model import SeedChatModel
 from seed_agents.runner import EpisodeRunner, RunnerConfig
 from seed_agents.types import SamplingParams, Task
 from tools.textworld import TextWorldSuite
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: bench/ is on the path, its package is not
+from bench import results as bench_results  # noqa: E402
+
+# the paper's agent runs a 3B model for up to 30 turns; the framework's share shrinks with both
+PAPER = {"model": "Qwen2.5-3B-Instruct", "max_turns": 30}
+LABELS = {"model": "model", "max_turns": "max turns"}
 
 
 async def plain_episode(backend, tokenizer, env, params: SamplingParams, max_turns: int) -> int:
@@ -78,7 +86,7 @@ async def run_graph(suite, tasks, llm, max_turns, concurrency) -> tuple[float, i
     return time.perf_counter() - t0, sum(t.steps for t in trajs)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--backend", choices=["local", "vllm", "fake"], default="local")
     ap.add_argument("--model", default="smollm2-135m")
@@ -87,7 +95,9 @@ def main() -> None:
     ap.add_argument("--max-turns", type=int, default=5)
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--repeats", type=int, default=3)
-    args = ap.parse_args()
+    bench_results.add_results_args(ap)
+    args = ap.parse_args(argv)
+    started = bench_results.now()
 
     from transformers import AutoTokenizer
 
@@ -116,7 +126,7 @@ def main() -> None:
     # one untimed round of each: first game loads, tokenizer caches, thread pools
     asyncio.run(run_plain(suite, tasks, backend, tokenizer, params, args.max_turns, args.concurrency))
     asyncio.run(run_graph(suite, tasks, llm, args.max_turns, args.concurrency))
-    plain_eps, graph_eps = [], []
+    plain_eps, graph_eps, repeats = [], [], []
     for r in range(args.repeats):
         wall_p, steps_p = asyncio.run(run_plain(suite, tasks, backend, tokenizer, params, args.max_turns, args.concurrency))
         wall_g, steps_g = asyncio.run(run_graph(suite, tasks, llm, args.max_turns, args.concurrency))
@@ -124,12 +134,19 @@ def main() -> None:
             print(f"warning: repeat {r}: plain took {steps_p} steps, graph {steps_g} (batching changed greedy ties?)")
         plain_eps.append(len(tasks) / wall_p)
         graph_eps.append(len(tasks) / wall_g)
+        repeats.append({"plain_s": wall_p, "plain_steps": steps_p, "graph_s": wall_g, "graph_steps": steps_g,
+                        "plain_eps": plain_eps[-1], "graph_eps": graph_eps[-1]})
         print(f"repeat {r}: plain {plain_eps[-1]:.3f} ep/s ({steps_p} steps)  graph+capture {graph_eps[-1]:.3f} ep/s ({steps_g} steps)")
     p, g = statistics.median(plain_eps), statistics.median(graph_eps)
     print(f"\nbackend={args.backend} episodes={len(tasks)} max_turns={args.max_turns} concurrency={args.concurrency}")
     print(f"plain loop      : {p:.3f} episodes/s (median of {args.repeats})")
     print(f"graph + capture : {g:.3f} episodes/s")
     print(f"ratio graph/plain: {g / p:.3f}   (goal >= 0.9)")
+    model = "none (scripted fake backend)" if args.backend == "fake" else Path(str(args.model)).name
+    bench_results.write_result(
+        f"capture_overhead_{args.backend}", {**bench_results.config_of(args), "model": model, "episodes": len(tasks)},
+        {"repeats": repeats, "plain_eps_median": p, "graph_eps_median": g, "ratio": g / p, "goal": 0.9},
+        paper=PAPER, labels=LABELS, started_at=started, results_dir=args.results_dir)
 
 
 if __name__ == "__main__":

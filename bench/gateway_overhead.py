@@ -17,6 +17,9 @@ writer, and 4 writer threads) for calls shaped like real ones.
     .venv/bin/python bench/gateway_overhead.py
     .venv/bin/python bench/gateway_overhead.py --model smollm2-135m --calls 100
     .venv/bin/python bench/gateway_overhead.py --pg-url postgresql://postgres@127.0.0.1:5432/bench
+
+Every call's latency and every throughput run go to ``docs/results/gateway_overhead.json``
+(``--results-dir``); the PostgreSQL URL is not stored (it can hold a password).
 """
 
 from __future__ import annotations
@@ -40,7 +43,13 @@ from seed_agents.serve import VLLMServer, free_port
 from seed_agents.store import StoreError, TraceStore
 from seed_agents.types import LLMCall, SamplingParams, new_id
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: bench/ is on the path, its package is not
+from bench import results as bench_results  # noqa: E402
+
 SERVED = "bench-model"
+# the paper serves a 3B model with 512-token responses; a call's fixed gateway cost weighs less there
+PAPER = {"model": "Qwen2.5-3B-Instruct", "max_tokens": 512}
+LABELS = {"model": "model", "max_tokens": "max tokens"}
 
 
 def percentile(xs: list[float], q: float) -> float:
@@ -132,14 +141,16 @@ def store_throughput(url: str, n: int, threads: int, calls_per_session: int = 8)
     return stored / wall
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", help="Model folder/alias to serve (default: a tiny random Llama with SmolLM2's tokenizer).")
     ap.add_argument("--calls", type=int, default=100, help="Timed rounds (each sends one call per path).")
     ap.add_argument("--max-tokens", dest="max_tokens", type=int, default=16)
     ap.add_argument("--store-calls", dest="store_calls", type=int, default=2000, help="Calls inserted per throughput run.")
     ap.add_argument("--pg-url", dest="pg_url", help="A PostgreSQL database for the throughput runs (its tables get created).")
-    args = ap.parse_args()
+    bench_results.add_results_args(ap)
+    args = ap.parse_args(argv)
+    started = bench_results.now()
 
     work = Path(tempfile.mkdtemp(prefix="seed-agents-gwbench-"))
     gateway = None
@@ -154,8 +165,15 @@ def main() -> None:
             gateway.wait(timeout=30)
             with TraceStore.open(f"sqlite:///{work / 'gateway.db'}") as store:
                 captured = sum(s.num_calls for s in store.sessions())
+            try:
+                vllm_version = httpx.get(f"{server.url}/version", timeout=10).json().get("version")
+            except (httpx.HTTPError, ValueError):
+                vllm_version = None
         print(f"\nper-call latency, {args.calls} sequential calls per path, max_tokens={args.max_tokens}, greedy "
               f"({captured} calls captured by the gateway):")
+        latency = {name: {"p50_ms": 1000 * statistics.median(xs), "p99_ms": 1000 * percentile(xs, 0.99),
+                          "mean_ms": 1000 * statistics.fmean(xs), "calls_ms": [1000 * x for x in xs]}
+                   for name, xs in times.items()}
         print(f"  {'path':<10} {'p50 ms':>8} {'p99 ms':>8} {'mean ms':>8}")
         for name, xs in times.items():
             print(f"  {name:<10} {1000 * statistics.median(xs):8.1f} {1000 * percentile(xs, 0.99):8.1f} {1000 * statistics.fmean(xs):8.1f}")
@@ -166,6 +184,7 @@ def main() -> None:
                   f"added p50 {1000 * (statistics.median(g) - statistics.median(b)):+.1f} ms")
 
         print(f"\nstore inserts (calls of 300 prompt + 64 completion tokens, {args.store_calls} per run):")
+        inserts: dict[str, dict[str, float | None]] = {}
         targets = [("sqlite", lambda k: f"sqlite:///{work / f'bench-{k}.db'}")]
         if args.pg_url:
             targets.append(("postgresql", lambda k: args.pg_url))
@@ -175,8 +194,18 @@ def main() -> None:
                     rate = store_throughput(url_for(threads), args.store_calls, threads)
                 except StoreError as e:
                     print(f"  {label:<11} {threads} writer(s): unavailable ({e})")
+                    inserts.setdefault(label, {})[str(threads)] = None
                     break
+                inserts.setdefault(label, {})[str(threads)] = rate
                 print(f"  {label:<11} {threads} writer(s): {rate:8.0f} calls/s")
+        config = {**bench_results.config_of(args), "pg_url": None, "postgresql": bool(args.pg_url),
+                  "model": Path(str(args.model)).name if args.model else "tiny random Llama (SmolLM2 tokenizer)"}
+        bench_results.write_result(
+            "gateway_overhead", config,
+            {"latency": latency, "captured_calls": captured, "store_inserts_per_s": inserts,
+             "store_call_shape": {"prompt_tokens": 300, "completion_tokens": 64}},
+            paper=PAPER, labels=LABELS, started_at=started, machine={"vllm_server": vllm_version},
+            results_dir=args.results_dir)
     finally:
         if gateway is not None and gateway.poll() is None:
             gateway.kill()

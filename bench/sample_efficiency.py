@@ -20,6 +20,12 @@ Methods:
   distillation term alone).
 
 Stage 1 runs once per benchmark (not per seed) and is cached in the output folder.
+Every method is also compared seed by seed with GRPO from the same start (``grpo_stage1``
+for the stage-1 starts, ``grpo`` for ``seed_no_stage1``): the mean paired difference in
+held-out success, its 95% bootstrap interval and the seeds a paired t-test would need to
+detect it (``bench/stats.py``). The raw results (every evaluation point of every seed and
+method, the config, code version and machine) go to ``docs/results/sample_efficiency.json``
+(``--results-dir``), from which ``scripts/readme_tables.py`` renders the README's table.
 Reported: success vs episodes per method (mean and spread over seeds), the episodes each
 method needs to reach ``--threshold`` held-out success (per seed; a seed that never
 reaches it counts as not reached, never as the budget), the ratio SEED/GRPO of the mean
@@ -46,14 +52,23 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run as a script: bench/ is on the path, its package is not
+
+from bench import results as bench_results  # noqa: E402
+from bench import stats  # noqa: E402
+
 ALL_METHODS = ("grpo", "seed", "grpo_stage1", "seed_no_stage1", "seed_frozen", "seed_external", "seed_rule")
 STAGE1_START = ("seed", "seed_frozen", "seed_rule", "grpo_stage1")  # methods that start from the stage-1 model
+# each SEED variant against GRPO from the same start model
+SAME_START_BASE = {"seed": "grpo_stage1", "seed_rule": "grpo_stage1", "seed_frozen": "grpo_stage1",
+                   "seed_external": "grpo_stage1", "seed_no_stage1": "grpo"}
 
 
 # The paper's protocol (configs/paper_textworld_qwen2.5-3b.yaml, SEEDConfig's defaults):
@@ -111,14 +126,15 @@ def train_config(method: str, seed: int, args: argparse.Namespace, stage1_model:
     }
 
 
+def run_config(args: argparse.Namespace) -> dict[str, Any]:
+    """The benchmark's settings as stored with its results: the flags, the budget actually
+    used (``--full`` replaces it) and the model by name; holds every key of ``PAPER``."""
+    return {**bench_results.config_of(args), **budget(args), "model": Path(str(args.model)).name}
+
+
 def departures(args: argparse.Namespace) -> list[str]:
     """Each setting that differs from the paper's, as ``name ours (paper theirs)``."""
-    b = budget(args)
-    ours = {"model": Path(str(args.model)).name, "kl_coef": args.kl_coef, "opd_coef": args.opd_coef,
-            **{k: b[k] for k in ("lr", "iterations", "tasks_per_iteration", "group", "max_turns")}}
-    return [f"{PAPER_LABELS[k]} {ours[k]:g} (paper {PAPER[k]:g})" if not isinstance(PAPER[k], str)
-            else f"{PAPER_LABELS[k]} {ours[k]} (paper {PAPER[k]})"
-            for k in PAPER if ours[k] != PAPER[k]]
+    return bench_results.departures(run_config(args), PAPER, PAPER_LABELS)
 
 
 def header(args: argparse.Namespace) -> str:
@@ -281,23 +297,31 @@ def report(results: dict[str, dict[str, Any]], threshold: float) -> str:
     if g1 and r and g1["area"][0] > 0:
         lines.append(f"mean held-out success, SEED with rule-based skills/GRPO from the stage-1 model: "
                      f"{r['area'][0] / g1['area'][0]:.2f} (same start, skills the policy did not write)")
-    if g1:
-        for m in ("seed", "seed_rule", "seed_frozen", "seed_external"):
-            if m in results:
-                lines.append(paired_line(m, results[m], "grpo_stage1", g1))
+    for m, base in SAME_START_BASE.items():
+        if m in results and base in results:
+            lines.append(paired_line(m, results[m], base, results[base]))
     return "\n".join(lines)
 
 
+def paired(results: dict[str, dict[str, Any]]) -> dict[str, stats.Paired]:
+    """Each SEED variant minus GRPO from the same start, seed by seed, on mean held-out
+    success over the curve (a seed's methods share its held-out games and training tasks)."""
+    return {f"{m} - {base}": stats.compare(results[m]["area_per_seed"], results[base]["area_per_seed"])
+            for m, base in SAME_START_BASE.items() if m in results and base in results}
+
+
 def paired_line(name: str, a: dict[str, Any], base_name: str, base: dict[str, Any]) -> str:
-    """Seed by seed (a seed's methods share its held-out games and training tasks), the
-    difference in mean held-out success: its mean ± sd and how many seeds each side won."""
-    diffs = [a["area_per_seed"][s] - base["area_per_seed"][s] for s in a["area_per_seed"] if s in base["area_per_seed"]]
-    if not diffs:
+    """The paired difference in mean held-out success: its mean ± sd, how many seeds each
+    side won (means of k/12: float noise is a tie), its 95% bootstrap interval and the
+    seeds a paired t-test would need to detect it (``bench/stats.py``)."""
+    p = stats.compare(a["area_per_seed"], base["area_per_seed"])
+    if not p.n:
         return f"paired by seed, {name} - {base_name}: no common seeds"
-    m, sd = mean_sd(diffs)
-    wins, losses = sum(d > 1e-9 for d in diffs), sum(d < -1e-9 for d in diffs)  # means of k/12: float noise is a tie
-    return (f"paired by seed, mean held-out success {name} - {base_name}: {m:+.3f} ± {sd:.3f} over {len(diffs)} seeds "
-            f"({wins} higher, {losses} lower, {len(diffs) - wins - losses} equal)")
+    ci = "n/a (one seed)" if p.ci is None else f"[{p.ci[0]:+.3f}, {p.ci[1]:+.3f}]"
+    need = "no effect to detect" if p.seeds_needed is None else f"{p.seeds_needed} seeds"
+    return (f"paired by seed, mean held-out success {name} - {base_name}: {p.mean:+.3f} ± {p.sd:.3f} over {p.n} seeds "
+            f"({p.higher} higher, {p.lower} lower, {p.equal} equal); 95% bootstrap CI {ci}; "
+            f"to detect it (paired t, alpha 0.05, power 0.8): {need}")
 
 
 def plot(results: dict[str, dict[str, Any]], path: Path, threshold: float) -> None:
@@ -359,11 +383,24 @@ def build_parser() -> argparse.ArgumentParser:
                    help="Keep each finished run's checkpoints (by default they are deleted: ~3 GB a run).")
     p.add_argument("--out", type=Path, default=Path("runs/bench/sample_efficiency"))
     p.add_argument("--stage1-only", dest="stage1_only", action="store_true", help=argparse.SUPPRESS)
+    bench_results.add_results_args(p)
     return p
+
+
+def raw_results(methods: list[str], runs: list[dict[str, Any]], results: dict[str, dict[str, Any]],
+                wall_s: float) -> dict[str, Any]:
+    """What docs/results/sample_efficiency.json keeps: every evaluation point of every
+    (method, seed) as eval.jsonl wrote it, each run's exit and wall time, the summary the
+    table prints and the paired comparisons."""
+    curves = {m: {str(r["seed"]): read_curve(r["out"]) for r in runs if r["method"] == m and r["rc"] == 0} for m in methods}
+    return {"curves": curves,
+            "runs": [{k: r.get(k) for k in ("method", "seed", "rc", "wall_s", "reused")} for r in runs],
+            "summary": results, "paired": {k: asdict(v) for k, v in paired(results).items()}, "wall_s": wall_s}
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    started = bench_results.now()
     args.out = args.out.resolve()
     args.out.mkdir(parents=True, exist_ok=True)
 
@@ -412,6 +449,9 @@ def main(argv: list[str] | None = None) -> int:
     (args.out / "results.json").write_text(json.dumps({"budget": b, "seeds": args.seeds, "threshold": args.threshold,
                                                         "results": results, "runs": runs, "wall_s": wall}, indent=2))
     plot(results, args.out / "sample_efficiency.png", args.threshold)
+    bench_results.write_result("sample_efficiency", {**run_config(args), "methods": methods},
+                               raw_results(methods, runs, results, wall), paper=PAPER, labels=PAPER_LABELS,
+                               started_at=started, results_dir=args.results_dir)
     print(f"wrote {args.out / 'results.json'} and {args.out / 'sample_efficiency.png'}")
     return 0 if all(r["rc"] == 0 for r in runs) else 1
 

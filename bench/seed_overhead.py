@@ -23,20 +23,32 @@ mostly measure the rows that happened to parse.
     .venv/bin/python bench/seed_overhead.py --env fake --repeats 2 # scripted env, quick
     .venv/bin/python bench/seed_overhead.py --model PATH --tasks 4 --group 8
 
-Prints the two update times, their ratio SEED/GRPO (goal <= 1.3) and the analyzer share.
+Prints the two update times, their ratio SEED/GRPO (goal <= 1.3) and the analyzer share,
+and writes every repeat to ``docs/results/seed_overhead.json`` (``seed_overhead_fake.json``
+with ``--env fake``; ``--results-dir``).
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import tempfile
 import time
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: bench/ is on the path, its package is not
+from bench import results as bench_results  # noqa: E402
+
+# The paper's iteration (16 tasks x 8 episodes, up to 30 turns, 512-token responses, a 3B
+# model): the batch this benchmark times is far smaller, and the header says so.
+PAPER = {"model": "Qwen2.5-3B-Instruct", "tasks": 16, "group": 8, "max_turns": 30, "max_tokens": 512}
+LABELS = {"model": "model", "tasks": "tasks/update", "group": "group size", "max_turns": "max turns",
+          "max_tokens": "max response tokens"}
 FALLBACK_SKILL = "Read the numbered list, pick the command that moves toward the goal, and answer with it exactly."
 
 
@@ -137,7 +149,7 @@ class Updater:
         return t_score, time.perf_counter() - t0
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="smollm2-135m", help="Alias or local folder (the trainer's and the local backend's).")
     ap.add_argument("--env", choices=["textworld", "fake"], default="textworld", help="fake: the scripted two-step env.")
@@ -152,7 +164,9 @@ def main() -> None:
     ap.add_argument("--skill-coverage", choices=["full", "collected"], default="full")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args()
+    bench_results.add_results_args(ap)
+    args = ap.parse_args(argv)
+    started = bench_results.now()
 
     trainer, rollout, tasks = build(args)
 
@@ -201,6 +215,18 @@ def main() -> None:
     print(f"analyzer: {len(analyzer)} calls, {sum(len(c.completion_ids) for c in analyzer)} tokens; "
           f"busy {busy:.2f} s ({busy / iteration_s:.1%} of the iteration), "
           f"wall {wall:.2f} s ({wall / iteration_s:.1%})")
+    bench_results.write_result(
+        "seed_overhead" if args.env == "textworld" else f"seed_overhead_{args.env}",
+        {**bench_results.config_of(args), "model": Path(str(args.model)).name},
+        {"repeats": [{"seed_score_s": ss, "seed_update_s": st, "grpo_score_s": gs, "grpo_update_s": gt}
+                     for (ss, st), (gs, gt) in zip(times["seed"], times["grpo"])],
+         "seed_update_s": seed_s, "grpo_update_s": grpo_s, "seed_score_s": seed_score, "grpo_score_s": grpo_score,
+         "ratio": seed_s / grpo_s, "goal": 1.3, "collect_s": t_collect, "episodes": len(batch.trajectories),
+         "rows": len(rows), "skills_parsed": parsed, "rows_with_teacher": with_skill,
+         "prompt_tokens_per_row": sum(len(r.prompt_ids) for r in rows) / len(rows),
+         "completion_tokens_per_row": sum(len(r.completion_ids) for r in rows) / len(rows),
+         "analyzer_calls": len(analyzer), "analyzer_busy_s": busy, "analyzer_wall_s": wall, "iteration_s": iteration_s},
+        paper=PAPER, labels=LABELS, started_at=started, results_dir=args.results_dir)
 
 
 if __name__ == "__main__":

@@ -12,12 +12,16 @@
 # skill, and re-plays 8 tasks x 2 episodes with the skills in the prompt vs without.
 #
 #   bash bench/skill_usefulness.sh            # ~11 min on 2 CPU cores once stage 1 is cached
+#
+# The result (every analyzer's row, each scored episode and pair, the re-run, the settings)
+# goes to docs/results/skill_usefulness.json (RESULTS_DIR to write it elsewhere).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-runs/bench/skill_usefulness}
 SA=.venv/bin/seed-agents
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2} TOKENIZERS_PARALLELISM=false
 mkdir -p "$OUT"
+STARTED=$(date -u +%Y-%m-%dT%H:%M:%S+00:00)
 
 STAGE1=$(.venv/bin/python bench/sample_efficiency.py --stage1-only | sed -n 's/^STAGE1_MODEL=//p')
 [ -n "$STAGE1" ] || { echo "stage 1 failed" >&2; exit 1; }
@@ -44,3 +48,22 @@ EOF
 $SA skills eval --config "$OUT/eval.yaml" --model "$STAGE1" --trajectories "$OUT/rule_based/trajectories.jsonl" \
     --examples "$OUT/rule_based/examples.jsonl" "$OUT/base/examples.jsonl" "$OUT/stage1/examples.jsonl" \
     --out "$OUT/eval"
+
+.venv/bin/python - "$OUT" "$STAGE1" "${RESULTS_DIR:-docs/results}" "$STARTED" <<'EOF'
+import json, sys
+from pathlib import Path
+
+sys.path.insert(0, ".")
+from bench.results import write_result
+
+out, stage1, results_dir, started = Path(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
+u = json.loads((out / "eval" / "usefulness.json").read_text())
+# the settings above, as run; the paper's policy is a 3B model playing up to 30 turns
+config = {"policy": Path(stage1).name, "model": "smollm2-135m", "split": "eval_seen", "num_tasks": 8, "group": 4,
+          "temperature": 0.7, "max_tokens": 12, "max_turns": 3, "skill_max_tokens": 128, "rerun_tasks": 8,
+          "rerun_episodes_per_task": 2, "seed": 0, "skills_eval": u.get("config", {})}
+write_result("skill_usefulness", config,
+             {k: u.get(k) for k in ("rows", "rerun", "pairs", "episodes", "counts", "wall_s")},
+             paper={"model": "Qwen2.5-3B-Instruct", "max_turns": 30},
+             labels={"model": "base model", "max_turns": "max turns"}, started_at=started, results_dir=results_dir)
+EOF

@@ -11,6 +11,8 @@ update time is what checkpointing costs, the peak RSS is what it saves.
 
     .venv/bin/python bench/update_memory.py              # ~5 min on 2 cores
     .venv/bin/python bench/update_memory.py --repeats 2
+
+Every run goes to ``docs/results/update_memory.json`` (``--results-dir``).
 """
 
 from __future__ import annotations
@@ -27,6 +29,12 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run as a script: bench/ is on the path, its package is not
+from bench import results as bench_results  # noqa: E402
+
+# the paper's iteration: 16 tasks x 8 episodes of up to 30 turns with a 3B model (on GPUs)
+PAPER = {"model": "Qwen2.5-3B-Instruct", "tasks_per_iteration": 16, "group_size": 8, "max_turns": 30}
+LABELS = {"model": "model", "tasks_per_iteration": "tasks/update", "group_size": "group size", "max_turns": "max turns"}
 CHILD = (
     "import json, resource, sys\n"
     "from seed_agents.cli import main\n"
@@ -68,13 +76,15 @@ def run_side(checkpointing: bool, i: int, tmp: Path, args: argparse.Namespace) -
     return side
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--repeats", type=int, default=1, help="Pairs of runs (off, on).")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=2, help="Torch threads per run.")
-    args = ap.parse_args()
+    bench_results.add_results_args(ap)
+    args = ap.parse_args(argv)
+    started = bench_results.now()
     sides: dict[bool, list[dict]] = {False: [], True: []}
     with tempfile.TemporaryDirectory() as d:
         for i in range(args.repeats):
@@ -85,6 +95,17 @@ def main() -> int:
     print(f"\nmedian of {args.repeats}: peak RSS off {med[False]['peak_rss_gb']:.2f} GB, on {med[True]['peak_rss_gb']:.2f} GB "
           f"(on/off {med[True]['peak_rss_gb'] / med[False]['peak_rss_gb']:.2f}); update off {med[False]['update_s']:.1f} s, "
           f"on {med[True]['update_s']:.1f} s (on/off {med[True]['update_s'] / med[False]['update_s']:.2f})")
+    shared = config(Path("out"), False, args)  # the settings both sides share, flattened for the header
+    bench_results.write_result(
+        "update_memory", {**bench_results.config_of(args), "model": Path(str(args.model)).name,
+                          "tasks_per_iteration": shared["tasks_per_iteration"],
+                          "group_size": shared["runner"]["group_size"], "max_turns": shared["agent"]["max_turns"],
+                          "train_config": {k: v for k, v in shared.items() if k != "out"}},
+        {"runs": [s for gc in (False, True) for s in sides[gc]],
+         "median": {"off" if not gc else "on": m for gc, m in med.items()},
+         "rss_on_over_off": med[True]["peak_rss_gb"] / med[False]["peak_rss_gb"],
+         "update_on_over_off": med[True]["update_s"] / med[False]["update_s"]},
+        paper=PAPER, labels=LABELS, started_at=started, results_dir=args.results_dir)
     return 0
 
 

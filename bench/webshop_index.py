@@ -24,6 +24,9 @@ the queries got the same top 50 from both.
     .venv/bin/python bench/webshop_index.py --products 100000      # ~1 min
     .venv/bin/python bench/webshop_index.py                        # full size, synthetic
     .venv/bin/python bench/webshop_index.py --data-dir ~/webshop/data
+
+Writes its figures and every query's latency to ``docs/results/webshop_index.json``
+(``webshop_index_data.json`` with ``--data-dir``; ``--results-dir``).
 """
 
 from __future__ import annotations
@@ -39,9 +42,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench import results as bench_results  # noqa: E402
 from tools.webshop.search import BM25Index, reference_search  # noqa: E402
 
 FULL_CATALOG = 1_181_436  # products in WebShop's items_shuffle.json
+# the original WebShop: its full catalog, its own text, Lucene; the header names what differs
+PAPER = {"products": FULL_CATALOG, "source": "WebShop items_shuffle.json"}
+LABELS = {"products": "documents", "source": "text"}
 
 
 def peak_rss_gb() -> float:
@@ -70,9 +77,10 @@ def synthetic_docs(n: int, words: int, zipf: ZipfWords) -> Iterator[str]:
         yield " ".join(zipf.sample(words))
 
 
-def time_searches(searches: list[Callable[[str], list[int]]], queries: list[str]) -> list[tuple[float, float, list[list[int]]]]:
-    """Per search function: (median, p95) latency in seconds and each query's results. The
-    functions take turns on every query, so load on the machine hits them alike."""
+def time_searches(searches: list[Callable[[str], list[int]]],
+                  queries: list[str]) -> list[tuple[float, float, list[list[int]], list[float]]]:
+    """Per search function: (median, p95) latency in seconds, each query's results and each
+    query's latency. The functions take turns on every query, so load on the machine hits them alike."""
     lat: list[list[float]] = [[] for _ in searches]
     results: list[list[list[int]]] = [[] for _ in searches]
     for q in queries:
@@ -82,8 +90,8 @@ def time_searches(searches: list[Callable[[str], list[int]]], queries: list[str]
             lat[i].append(time.perf_counter() - t0)
     out = []
     for ls, rs in zip(lat, results):
-        ls.sort()
-        out.append((statistics.median(ls), ls[min(len(ls) - 1, int(0.95 * len(ls)))], rs))
+        s = sorted(ls)
+        out.append((statistics.median(s), s[min(len(s) - 1, int(0.95 * len(s)))], rs, ls))
     return out
 
 
@@ -96,7 +104,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--queries", type=int, default=200)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--data-dir", dest="data_dir", type=Path, default=None, help="Real WebShop data instead.")
+    bench_results.add_results_args(p)
     args = p.parse_args(argv)
+    started = bench_results.now()
 
     if args.data_dir is not None:
         from tools.webshop.catalog import load_webshop
@@ -135,6 +145,16 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  numpy scorer     median {fast[0] * 1000:8.1f} ms, p95 {fast[1] * 1000:8.1f} ms")
     print(f"  reference loop   median {slow[0] * 1000:8.1f} ms, p95 {slow[1] * 1000:8.1f} ms")
     print(f"  speedup          x{slow[0] / fast[0]:.1f} (median); same top 50 on {same}/{len(queries)} queries")
+    config = {**bench_results.config_of(args), "products": n_docs,
+              "source": "synthetic Zipf text" if args.data_dir is None else PAPER["source"]}
+    bench_results.write_result(
+        "webshop_index" if args.data_dir is None else "webshop_index_data", config,
+        {"documents": n_docs, "indexed_words": n_words, "build_s": build_s, "documents_per_s": n_docs / build_s,
+         "words_per_s": n_words / build_s, "peak_rss_gb_before_build": rss0, "peak_rss_gb_after_build": rss1,
+         "queries": len(queries), "numpy_median_ms": fast[0] * 1000, "numpy_p95_ms": fast[1] * 1000,
+         "reference_median_ms": slow[0] * 1000, "reference_p95_ms": slow[1] * 1000, "speedup_median": slow[0] / fast[0],
+         "same_top50": same, "numpy_ms": [x * 1000 for x in fast[3]], "reference_ms": [x * 1000 for x in slow[3]]},
+        paper=PAPER, labels=LABELS, started_at=started, results_dir=args.results_dir)
     return 0
 
 

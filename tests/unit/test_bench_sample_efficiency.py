@@ -4,6 +4,7 @@ its printed claim wrong while every training run is fine."""
 from __future__ import annotations
 
 import importlib.util
+import json
 from pathlib import Path
 
 import pytest
@@ -84,7 +85,56 @@ def test_paired_differences_are_taken_seed_by_seed(bench):
     line = bench.paired_line("seed", seed, "grpo_stage1", base)
     # per seed: +0.25, -0.25, 0 (seed 3 has no partner)
     assert "+0.000 ± 0.250 over 3 seeds (1 higher, 1 lower, 1 equal)" in line
+    assert "95% bootstrap CI [-0.250, +0.250]" in line and "no effect to detect" in line
     assert "paired by seed" in bench.report({"grpo_stage1": base, "seed": seed}, 0.5)
+
+
+def test_each_seed_variant_is_compared_with_grpo_from_its_own_start(bench):
+    s = {m: bench.summarize_method({0: curve((0, 0.0), (8, 0.25 * k)), 1: curve((0, 0.0), (8, 0.25 * k + 0.125)),
+                                    2: curve((0, 0.0), (8, 0.25 * k))}, 0.5)
+         for k, m in enumerate(["grpo", "grpo_stage1", "seed", "seed_no_stage1"])}
+    assert set(bench.paired(s)) == {"seed - grpo_stage1", "seed_no_stage1 - grpo"}
+    p = bench.paired(s)["seed_no_stage1 - grpo"]  # +0.375 on every seed: no spread, the minimum 2 seeds
+    assert (p.n, p.mean, p.ci, p.seeds_needed) == (3, pytest.approx(0.375), pytest.approx((0.375, 0.375)), 2)
+    text = bench.report(s, 0.5)
+    assert "seed_no_stage1 - grpo: +0.375" in text and "seed - grpo_stage1: +0.125" in text
+    assert "seed - grpo:" not in text and "to detect it (paired t, alpha 0.05, power 0.8): 2 seeds" in text
+
+
+def test_raw_results_keep_every_evaluation_point_of_every_seed(bench, tmp_path):
+    from bench.results import load_result, write_result
+
+    runs = []
+    for m, rates in (("grpo_stage1", (0.0, 0.25)), ("seed", (0.0, 0.5))):
+        for seed in (0, 1):
+            out = tmp_path / f"{m}-s{seed}"
+            out.mkdir()
+            out.joinpath("eval.jsonl").write_text("".join(
+                json.dumps({"episodes_consumed": 8 * i, "success_rate": r + seed / 12, "invalid_action_rate": 0.5})
+                + "\n" for i, r in enumerate(rates)))
+            runs.append({"method": m, "seed": seed, "out": str(out), "rc": 0, "wall_s": 12.5})
+    runs.append({"method": "seed", "seed": 2, "out": str(tmp_path / "missing"), "rc": 1, "wall_s": 3.0})
+    summary = {m: bench.summarize_method({r["seed"]: bench.read_curve(r["out"]) for r in runs
+                                          if r["method"] == m and r["rc"] == 0}, 0.5) for m in ("grpo_stage1", "seed")}
+    args = bench.build_parser().parse_args(["--out", str(tmp_path), "--seeds", "0", "1", "2"])
+    raw = bench.raw_results(["grpo_stage1", "seed"], runs, summary, 60.0)
+    path = write_result("sample_efficiency", bench.run_config(args), raw, paper=bench.PAPER,
+                        labels=bench.PAPER_LABELS, results_dir=tmp_path / "results")
+    r = load_result(path)
+    assert [p["success_rate"] for p in r.results["curves"]["seed"]["1"]] == pytest.approx([1 / 12, 0.5 + 1 / 12])
+    assert set(r.results["curves"]["seed"]) == {"0", "1"}  # the failed run has no curve, and says so in runs
+    assert r.results["runs"][-1] == {"method": "seed", "seed": 2, "rc": 1, "wall_s": 3.0, "reused": None}
+    assert r.results["paired"]["seed - grpo_stage1"]["mean"] == pytest.approx(0.125)
+    assert r.departures() == bench.departures(args)  # the header a table prints comes from the stored config
+    assert str(tmp_path) not in path.read_text()  # no machine paths in a committed file
+    # the README's table renders from exactly these keys, the departures in its header
+    spec = importlib.util.spec_from_file_location("readme_tables", ROOT / "scripts" / "readme_tables.py")
+    tables = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tables)
+    text = tables.render("<!-- results:sample_efficiency -->\n<!-- /results:sample_efficiency -->", {r.name: r})
+    assert "KL coef 0 (paper 0.01)" in text and "seeds 0, 1, 2" in text
+    assert "| `seed` | 0.042 ± 0.059 | 0.292 ± 0.059 | 0.542 ± 0.059 | +0.500 ± 0.000 | 2/2 (at 8, 8 episodes) |" in text
+    assert "`seed - grpo_stage1`: +0.125 ± 0.000 over 2 seeds (2 higher, 0 lower, 0 equal); 95% bootstrap CI [+0.125, +0.125]" in text
 
 
 def test_behaviour_table_reads_invalid_rates_and_training_metrics(bench, tmp_path):

@@ -21,8 +21,9 @@ def test_zipf_words_are_seeded_and_rank_ordered():
     assert 6 < counts["w0"] / counts["w9"] < 16
 
 
-def test_the_bench_prints_its_figures(capsys):
-    assert bench.main(["--products", "300", "--words", "20", "--vocab", "500", "--queries", "5"]) == 0
+def test_the_bench_prints_its_figures(capsys, tmp_path):
+    assert bench.main(["--products", "300", "--words", "20", "--vocab", "500", "--queries", "5",
+                       "--results-dir", str(tmp_path)]) == 0  # never over the committed docs/results
     out = capsys.readouterr().out
     assert "documents        300" in out and "documents/s" in out and "p95" in out
     assert "same top 50 on 5/5 queries" in out  # the numpy scorer agrees with the reference loop

@@ -1,0 +1,263 @@
+"""The README's result tables, rendered from the committed results in docs/results/.
+
+A figure typed by hand from a script's output drifts from the run it came from; here every
+table between ``<!-- results:NAME -->`` and ``<!-- /results:NAME -->`` in README.md is
+printed from ``docs/results/NAME*.json`` (written by ``bench/results.py``). Each table
+opens with where its figures came from (file, commit, date, machine load) and every
+setting of the run that differs from the paper's, read from the file's config.
+
+    .venv/bin/python scripts/readme_tables.py           # rewrite the tables in README.md
+    .venv/bin/python scripts/readme_tables.py --check   # exit 1 if a README figure differs from its file
+
+Only the text between markers is touched; a marker whose results are missing is an error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run as a script: scripts/ is on the path, the repo root is not
+
+from bench.results import RESULTS_DIR, Result, load_results  # noqa: E402
+
+MARKER = re.compile(r"(<!-- results:(?P<name>[a-z0-9_]+) -->\n)(?P<body>.*?)(<!-- /results:(?P=name) -->)", re.S)
+
+
+class TablesError(Exception):
+    """A marker without results, or results a renderer cannot read: one line for the user."""
+
+
+# -- shared pieces ------------------------------------------------------------------------
+
+def f(x: Any, spec: str = ".3f") -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def source_line(r: Result, what: str = "") -> str:
+    """Where the figures come from, then each departure from the paper's settings."""
+    rev = r.code.get("git_rev")
+    code = "commit unknown" if not rev else f"commit {rev[:7]}" + (" + uncommitted changes" if r.code.get("dirty") else "")
+    m = r.machine
+    load = f", load {m['load_avg_1m']:.1f} at the start" if m.get("load_avg_1m") is not None else ""
+    day = (r.started_at or r.ended_at or "")[:10]
+    diff = r.departures()
+    paper = (f"Differs from the paper: {'; '.join(diff)}." if diff else "Every compared setting is the paper's.")
+    return (f"*`docs/results/{r.name}.json`{': ' + what if what else ''} ({code}, {day}, "
+            f"{m.get('cpus_usable', m.get('cpu_count'))} CPUs{load}). {paper}*")
+
+
+def table(head: list[str], rows: list[list[str]]) -> list[str]:
+    return ["| " + " | ".join(head) + " |", "|" + "---|" * len(head), *("| " + " | ".join(r) + " |" for r in rows)]
+
+
+def goal_words(value: float, goal: float, at_most: bool) -> str:
+    """``met`` or ``missed by`` the unrounded gap, to two significant digits: a ratio that
+    prints as 1.300 against a goal of <= 1.3 can still be a miss, and then says so."""
+    ok = value <= goal if at_most else value >= goal
+    return f"goal {'<=' if at_most else '>='} {goal:g}: " + ("met" if ok else f"missed by {abs(value - goal):.2g}")
+
+
+def one(results: dict[str, Result], name: str) -> Result:
+    if name not in results:
+        raise TablesError(f"no docs/results/{name}.json for the README's {name} table; run its benchmark first")
+    return results[name]
+
+
+# -- one renderer per table ---------------------------------------------------------------
+
+def capture_overhead(results: dict[str, Result]) -> list[str]:
+    runs = [r for n, r in sorted(results.items(), key=lambda kv: kv[0] != "capture_overhead_fake")
+            if n.startswith("capture_overhead_")]
+    if not runs:
+        raise TablesError("no docs/results/capture_overhead_*.json; run bench/capture_overhead.py first")
+    lines, rows = [], []
+    for r in runs:
+        c, x = r.config, r.results
+        lines.append(source_line(r, f"{c['episodes']} episodes x {c['max_turns']} turns, concurrency "
+                                    f"{c['concurrency']}, median of {len(x['repeats'])} interleaved repeats") + "  ")
+        backend = {"fake": "fake (no model: framework cost alone)", "local": f"{c['model']}, local backend",
+                   "vllm": f"{c['model']}, vLLM server"}[c["backend"]]
+        rows.append([backend, f"{x['plain_eps_median']:.3f} ep/s", f"{x['graph_eps_median']:.3f} ep/s",
+                     f"{x['ratio']:.3f}",  # the goal is end to end: without a model there is nothing to meet
+                     "- (no model)" if c["backend"] == "fake" else goal_words(x["ratio"], x["goal"], at_most=False)])
+    lines[-1] = lines[-1].rstrip()
+    return [*lines, "", *table(["backend", "plain loop", "graph + capture", "ratio", "goal"], rows)]
+
+
+def seed_overhead(results: dict[str, Result]) -> list[str]:
+    r = one(results, "seed_overhead")
+    c, x = r.config, r.results
+    n = len(x["repeats"])
+    what = (f"{c['env']}, {c['tasks']} tasks x {c['group']} episodes, {c['max_turns']} turns, "
+            f"{x['rows']} rows, teacher prompts on {x['rows_with_teacher']}/{x['rows']} rows ({c['skill_coverage']})")
+    return [source_line(r, what), "",
+            *table(["update (median of %d, interleaved)" % n, "seconds", "of which scoring"],
+                   [["GRPO (lambda 0)", f"{x['grpo_update_s']:.1f}", f"{x['grpo_score_s']:.1f} (reference)"],
+                    [f"SEED (lambda {c['opd_coef']:g})", f"{x['seed_update_s']:.1f}",
+                     f"{x['seed_score_s']:.1f} (teacher + reference)"],
+                    ["ratio SEED/GRPO", f"{x['ratio']:.3f}", goal_words(x["ratio"], x["goal"], at_most=True)]]),
+            "", f"Analyzer: {x['analyzer_calls']} calls, busy {x['analyzer_busy_s']:.1f} s "
+                f"({x['analyzer_busy_s'] / x['iteration_s']:.0%} of the iteration: collect {x['collect_s']:.1f} s "
+                f"+ SEED update), in flight {x['analyzer_wall_s'] / x['iteration_s']:.0%} of its wall time."]
+
+
+def gateway_overhead(results: dict[str, Result]) -> list[str]:
+    r = one(results, "gateway_overhead")
+    c, x = r.config, r.results
+    lat = x["latency"]
+    names = {"vllm-chat": "vLLM chat endpoint", "vllm-ids": "vLLM `/v1/completions`, token ids + logprobs",
+             "gateway": "through the gateway (stored)"}
+    what = f"{c['calls']} sequential calls per path, max {c['max_tokens']} tokens, greedy"
+    out = [source_line(r, what), "",
+           *table(["path", "p50 ms", "p99 ms", "mean ms"],
+                  [[names[k], f"{lat[k]['p50_ms']:.1f}", f"{lat[k]['p99_ms']:.1f}", f"{lat[k]['mean_ms']:.1f}"]
+                   for k in names]),
+           ""]
+    g = lat["gateway"]
+    ratios = [f"vs {names[b]}: p50 x{g['p50_ms'] / lat[b]['p50_ms']:.2f} ({g['p50_ms'] - lat[b]['p50_ms']:+.1f} ms), "
+              f"p99 x{g['p99_ms'] / lat[b]['p99_ms']:.2f}" for b in ("vllm-ids", "vllm-chat")]
+    out.append("Through the gateway " + "; ".join(ratios) + ".")
+    shape = x["store_call_shape"]
+    out += ["", *table([f"store inserts/s ({shape['prompt_tokens']} prompt + {shape['completion_tokens']} completion "
+                        f"tokens, {c['store_calls']} calls a run)", "1 writer", "4 writers"],
+                       [[label, *(f(v.get(k), ".0f") if v.get(k) is not None else "unavailable" for k in ("1", "4"))]
+                        for label, v in x["store_inserts_per_s"].items()])]
+    return out
+
+
+def update_memory(results: dict[str, Result]) -> list[str]:
+    r = one(results, "update_memory")
+    c, x = r.config, r.results
+    med = x["median"]
+    pairs = len(x["runs"]) // 2
+    rows = [[side, f"{med[side]['peak_rss_gb']:.2f} GB", f"{med[side]['update_s']:.1f} s"] for side in ("off", "on")]
+    rows.append(["on/off", f"{x['rss_on_over_off']:.2f}x", f"{x['update_on_over_off']:.2f}x"])
+    return [source_line(r, f"one training iteration per run, median of {pairs} alternating pair(s), "
+                           f"{c['threads']} torch threads"), "",
+            *table(["gradient checkpointing", "peak RSS", "update time"], rows)]
+
+
+def webshop_index(results: dict[str, Result]) -> list[str]:
+    r = one(results, "webshop_index")
+    c, x = r.config, r.results
+    what = (f"{c['source']}, {x['documents']:,} documents" +
+            (f" x {c['words']} words, Zipf s={c['zipf']:g} over {c['vocab']:,} words" if c.get("data_dir") is None else "")
+            + f", {x['queries']} queries")
+    return [source_line(r, what), "",
+            *table(["build (one core)", "documents/s", "indexed words/s", "peak RSS before / after the build"],
+                   [[f"{x['build_s']:.1f} s", f"{x['documents_per_s']:,.0f}", f"{x['words_per_s']:,.0f}",
+                     f"{x['peak_rss_gb_before_build']:.2f} / {x['peak_rss_gb_after_build']:.2f} GB"]]),
+            "",
+            *table(["search, top 50", "median ms", "p95 ms"],
+                   [["numpy scorer (the index's)", f"{x['numpy_median_ms']:.1f}", f"{x['numpy_p95_ms']:.1f}"],
+                    ["plain-Python reference loop", f"{x['reference_median_ms']:.1f}", f"{x['reference_p95_ms']:.1f}"]]),
+            "", f"Speedup x{x['speedup_median']:.1f} (median); the same top 50 on {x['same_top50']}/{x['queries']} queries."]
+
+
+def sample_efficiency(results: dict[str, Result]) -> list[str]:
+    r = one(results, "sample_efficiency")
+    c, x = r.config, r.results
+    s = x["summary"]
+    th = c["threshold"]
+
+    def ms(v: list[float]) -> str:
+        return f"{v[0]:.3f} ± {v[1]:.3f}"
+
+    final_at = max((p["episodes"] for m in s.values() for p in m["curve"]), default=0)
+    rows = []
+    for m, v in s.items():
+        reached = [f"{e}" for e in v["to_threshold"].values() if e is not None]
+        rows.append([f"`{m}`", ms(v["start"]), ms(v["area"]), ms(v["final"]), f"{v['gain'][0]:+.3f} ± {v['gain'][1]:.3f}",
+                     v["reached"] + (f" (at {', '.join(reached)} episodes)" if reached else "")])
+    what = (f"TextWorld eval_seen, {c['eval_tasks']} games per seed, greedy; {c['iterations']} updates of "
+            f"{c['tasks_per_iteration']} tasks x {c['group']} episodes; seeds {', '.join(map(str, c['seeds']))}; "
+            f"mean ± sd over seeds")
+    out = [source_line(r, what), "",
+           *table(["method", "start", "mean over the curve", f"final ({final_at} episodes)", "final - start",
+                   f"seeds reaching {th:g}"], rows), ""]
+    for name, p in x["paired"].items():
+        ci = "n/a" if p["ci"] is None else f"[{p['ci'][0]:+.3f}, {p['ci'][1]:+.3f}]"
+        need = "no effect to detect" if p["seeds_needed"] is None else f"{p['seeds_needed']} seeds"
+        out.append(f"- paired by seed, `{name}`: {p['mean']:+.3f} ± {p['sd']:.3f} over {p['n']} seeds ({p['higher']} "
+                   f"higher, {p['lower']} lower, {p['equal']} equal); 95% bootstrap CI {ci}; to detect it "
+                   f"(paired t, alpha 0.05, power 0.8): {need}")
+    return out
+
+
+def skill_usefulness(results: dict[str, Result]) -> list[str]:
+    r = one(results, "skill_usefulness")
+    c, x = r.config, r.results
+    rows = []
+    for row in x["rows"]:
+        rerun = (f"{f(row.get('rerun_success_with'), '.2f')} / {f(row.get('rerun_success_without'), '.2f')}"
+                 if row.get("rerun_episodes") else "-")
+        rows.append([row["analyzer"], f"{row['valid']}/{row['examples']}", f(row.get("delta_success"), "+.3f"),
+                     f(row.get("delta_failure"), "+.3f"), f(row.get("margin"), "+.3f"),
+                     f"{f(row.get('paired_win_rate'), '.2f')} ({row.get('n_pairs', 0)})", rerun])
+    what = (f"policy {c['policy']}, {c['num_tasks']} {c['split']} games x {c['group']} episodes at T={c['temperature']:g}; "
+            f"re-run {c['rerun_tasks']} tasks x {c['rerun_episodes_per_task']} episodes")
+    return [source_line(r, what), "",
+            *table(["analyzer", "valid skills", "shift on successes", "shift on failures", "margin (want > 0)",
+                    "paired wins (pairs)", "re-run success with / without"], rows)]
+
+
+RENDERERS: dict[str, Callable[[dict[str, Result]], list[str]]] = {
+    "capture_overhead": capture_overhead, "seed_overhead": seed_overhead, "gateway_overhead": gateway_overhead,
+    "update_memory": update_memory, "webshop_index": webshop_index, "sample_efficiency": sample_efficiency,
+    "skill_usefulness": skill_usefulness}
+
+
+# -- the README ---------------------------------------------------------------------------
+
+def render(readme: str, results: dict[str, Result]) -> str:
+    """``readme`` with every marked section replaced by its rendered table."""
+    def sub(m: re.Match[str]) -> str:
+        name = m.group("name")
+        if name not in RENDERERS:
+            raise TablesError(f"README marker results:{name} has no renderer in scripts/readme_tables.py")
+        try:
+            body = RENDERERS[name](results)
+        except (KeyError, TypeError, IndexError) as e:
+            raise TablesError(f"docs/results for {name} lack a figure the table needs ({type(e).__name__}: {e})") from e
+        return m.group(1) + "\n".join(body) + "\n" + m.group(4)
+
+    return MARKER.sub(sub, readme)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--check", action="store_true", help="Change nothing; exit 1 if a table differs from its results.")
+    ap.add_argument("--readme", type=Path, default=ROOT / "README.md")
+    ap.add_argument("--results-dir", dest="results_dir", type=Path, default=RESULTS_DIR)
+    args = ap.parse_args(argv)
+    try:
+        current = args.readme.read_text(encoding="utf-8")
+        new = render(current, load_results(args.results_dir))
+    except (TablesError, OSError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    sections = [m.group("name") for m in MARKER.finditer(current)]
+    if args.check:
+        if new != current:
+            sys.stdout.writelines(difflib.unified_diff(current.splitlines(True), new.splitlines(True),
+                                                       "README.md", "README.md (from docs/results)"))
+            print(f"README.md's result tables differ from docs/results; run {Path(__file__).name} to regenerate",
+                  file=sys.stderr)
+            return 1
+        print(f"README.md matches docs/results ({len(sections)} tables: {', '.join(sections)})")
+        return 0
+    if new != current:
+        args.readme.write_text(new, encoding="utf-8")
+    print(f"{'rewrote' if new != current else 'unchanged'}: {len(sections)} tables ({', '.join(sections)})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,141 @@
+"""The README's result tables say what docs/results say: a hand-edited figure, or a result
+file re-written without regenerating the README, fails here."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from bench.results import load_result, write_result
+
+ROOT = Path(__file__).resolve().parents[2]
+spec = importlib.util.spec_from_file_location("readme_tables", ROOT / "scripts" / "readme_tables.py")
+tables = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(tables)
+
+
+def test_the_real_readme_matches_the_committed_results(capsys):
+    assert tables.main(["--check"]) == 0, capsys.readouterr().out[-3000:]
+    assert "tables:" in capsys.readouterr().out
+
+
+@pytest.fixture
+def copy(tmp_path):
+    """The real README and results, copied: edits here never touch the repo's."""
+    shutil.copy(ROOT / "README.md", tmp_path / "README.md")
+    shutil.copytree(ROOT / "docs" / "results", tmp_path / "results")
+    return tmp_path
+
+
+def args(d: Path, *extra: str) -> list[str]:
+    return ["--readme", str(d / "README.md"), "--results-dir", str(d / "results"), *extra]
+
+
+def marked(text: str) -> list[tuple[str, str]]:
+    return [(m.group("name"), m.group("body")) for m in tables.MARKER.finditer(text)]
+
+
+def test_a_hand_edited_figure_is_caught_and_regenerating_restores_it(copy, capsys):
+    readme = (copy / "README.md").read_text()
+    sections = marked(readme)
+    assert sections, "README.md has no results markers"
+    name, body = sections[0]
+    figure = next(tok for tok in body.split() if tok[:1].isdigit() and "." in tok)  # first decimal figure
+    edited = body.replace(figure, "9" + figure, 1)
+    (copy / "README.md").write_text(readme.replace(body, edited, 1))
+    assert tables.main(args(copy, "--check")) == 1
+    assert "9" + figure in capsys.readouterr().out  # the diff shows the edited line
+    assert tables.main(args(copy)) == 0
+    assert (copy / "README.md").read_text() == readme
+
+
+def test_a_result_file_rewritten_without_regenerating_is_caught(copy):
+    path = next(p for p in sorted((copy / "results").glob("*.json")) if p.stem.startswith("capture_overhead_"))
+    doc = json.loads(path.read_text())
+    doc["results"]["ratio"] += 0.1
+    path.write_text(json.dumps(doc))
+    assert tables.main(args(copy, "--check")) == 1
+
+
+def test_text_outside_the_markers_is_never_touched(copy):
+    readme = (copy / "README.md").read_text()
+    name, body = marked(readme)[0]
+    (copy / "README.md").write_text(readme.replace(body, "stale\n", 1) + "\nhand-written 1.23 stays\n")
+    assert tables.main(args(copy)) == 0
+    assert (copy / "README.md").read_text() == readme + "\nhand-written 1.23 stays\n"
+
+
+def test_a_marker_without_results_is_one_clear_error(tmp_path, capsys):
+    (tmp_path / "results").mkdir()
+    (tmp_path / "README.md").write_text("x\n<!-- results:seed_overhead -->\nold\n<!-- /results:seed_overhead -->\n")
+    assert tables.main(args(tmp_path, "--check")) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "no docs/results/seed_overhead.json" in err
+
+
+def test_a_miss_reads_as_a_miss_even_where_the_ratio_rounds_to_the_goal():
+    assert tables.goal_words(54.9 / 42.1, 1.3, at_most=True) == "goal <= 1.3: missed by 0.004"
+    assert tables.goal_words(1.3004, 1.3, at_most=True) == "goal <= 1.3: missed by 0.0004"  # prints as 1.300
+    assert tables.goal_words(1.3, 1.3, at_most=True) == "goal <= 1.3: met"
+    assert tables.goal_words(0.899, 0.9, at_most=False) == "goal >= 0.9: missed by 0.001"
+
+
+def render(tmp_path: Path, name: str) -> str:
+    readme = f"<!-- results:{name} -->\n<!-- /results:{name} -->\n"
+    return tables.render(readme, {p.stem: load_result(p) for p in (tmp_path / "results").glob("*.json")})
+
+
+def test_seed_overhead_table_header_names_the_departures_and_the_miss(tmp_path):
+    bench = importlib.util.spec_from_file_location("bench_seed_overhead", ROOT / "bench" / "seed_overhead.py")
+    so = importlib.util.module_from_spec(bench)
+    bench.loader.exec_module(so)
+    config = {"model": "smollm2-135m", "env": "textworld", "tasks": 2, "group": 2, "max_turns": 2, "max_tokens": 16,
+              "opd_coef": 0.01, "skill_coverage": "full", "repeats": 2}
+    res = {"repeats": [{}, {}], "seed_update_s": 54.9, "grpo_update_s": 42.1, "seed_score_s": 20.0, "grpo_score_s": 9.0,
+           "ratio": 54.9 / 42.1, "goal": 1.3, "collect_s": 40.0, "rows": 12, "rows_with_teacher": 12,
+           "analyzer_calls": 4, "analyzer_busy_s": 30.0, "analyzer_wall_s": 20.0, "iteration_s": 94.9}
+    write_result("seed_overhead", config, res, paper=so.PAPER, labels=so.LABELS, results_dir=tmp_path / "results")
+    text = render(tmp_path, "seed_overhead")
+    assert ("Differs from the paper: model smollm2-135m (paper Qwen2.5-3B-Instruct); tasks/update 2 (paper 16); "
+            "group size 2 (paper 8); max turns 2 (paper 30); max response tokens 16 (paper 512).") in text
+    assert "| ratio SEED/GRPO | 1.304 | goal <= 1.3: missed by 0.004 |" in text
+
+
+def test_update_memory_and_skill_usefulness_render_from_their_scripts_keys(tmp_path):
+    side = {"checkpointing": False, "peak_rss_gb": 12.27, "update_s": 25.5, "rows": 20.0}
+    write_result("update_memory", {"model": "smollm2-135m", "threads": 2, "tasks_per_iteration": 2, "group_size": 4,
+                                   "max_turns": 3},
+                 {"runs": [side, {**side, "checkpointing": True}],
+                  "median": {"off": {"peak_rss_gb": 12.27, "update_s": 25.5}, "on": {"peak_rss_gb": 7.07, "update_s": 26.4}},
+                  "rss_on_over_off": 7.07 / 12.27, "update_on_over_off": 26.4 / 25.5},
+                 paper={"model": "Qwen2.5-3B-Instruct", "max_turns": 30}, results_dir=tmp_path / "results")
+    text = render(tmp_path, "update_memory")
+    assert "| on/off | 0.58x | 1.04x |" in text and "max_turns 3 (paper 30)" in text
+    row = {"analyzer": "rule-based-textworld", "examples": 32, "valid": 32, "delta_success": -0.09,
+           "delta_failure": -0.118, "margin": 0.028, "paired_win_rate": 0.75, "n_pairs": 16,
+           "rerun_success_with": 0.125, "rerun_success_without": 0.125, "rerun_episodes": 16}
+    write_result("skill_usefulness", {"policy": "stage1", "num_tasks": 8, "split": "eval_seen", "group": 4,
+                                      "temperature": 0.7, "rerun_tasks": 8, "rerun_episodes_per_task": 2},
+                 {"rows": [row]}, results_dir=tmp_path / "results")
+    assert ("| rule-based-textworld | 32/32 | -0.090 | -0.118 | +0.028 | 0.75 (16) | 0.12 / 0.12 |"
+            in render(tmp_path, "skill_usefulness"))
+
+
+def test_the_writer_is_stable_portable_and_works_outside_a_checkout(tmp_path):
+    from bench import results
+
+    assert results.code_version(tmp_path) == {"git_rev": None, "dirty": None}  # no git here: no failure
+    cfg = {"out": ROOT / "runs" / "x", "model": str(tmp_path / "weights" / "m"), "lr": 2e-5 / 3, "bad": float("nan")}
+    a = write_result("r", cfg, {"xs": [1 / 3]}, results_dir=tmp_path, ended_at="t")
+    first = a.read_text()
+    write_result("r", cfg, {"xs": [1 / 3]}, results_dir=tmp_path, ended_at="t")
+    b = json.loads(a.read_text())
+    assert b["config"] == {"out": "runs/x", "model": "m", "lr": 6.66667e-06, "bad": None}
+    assert b["results"] == {"xs": [0.333333]} and b["machine"]["cpu_count"] >= 1
+    assert "versions" in b["machine"] and "torch" in b["machine"]["versions"]
+    strip = lambda t: {k: v for k, v in json.loads(t).items() if k != "machine"}  # noqa: E731 (load moves)
+    assert strip(a.read_text()) == strip(first)
