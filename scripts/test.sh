@@ -11,6 +11,12 @@ if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 && command -v apt-get >
   (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null) \
     || echo "WARNING: could not install postgresql; the PostgreSQL store tests will fail" >&2
 fi
-export SEED_AGENTS_REQUIRE_VLLM=1 SEED_AGENTS_REQUIRE_POSTGRES=1
+# The report page (seed-agents report, the gateway's /dashboard) is tested in a real
+# headless browser: Debian's chromium.
+if ! command -v chromium >/dev/null && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
+  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null) \
+    || echo "WARNING: could not install chromium; the browser tests will fail" >&2
+fi
+export SEED_AGENTS_REQUIRE_VLLM=1 SEED_AGENTS_REQUIRE_POSTGRES=1 SEED_AGENTS_REQUIRE_BROWSER=1
 export SEED_AGENTS_VLLM_PYTHON="$PWD/.venv-vllm/bin/python"
 exec .venv/bin/python -m pytest -q -rs "$@"

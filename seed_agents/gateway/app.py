@@ -36,6 +36,9 @@ follow the store's promoted version (``seed_agents.gateway.policy``): a promotio
 rollback reaches new requests within ``refresh_s``, requests in flight keep the version
 they started with, and ``PUT /v1/admin/policy`` is refused (409). Without it, an admin
 switches by hand with that PUT.
+
+Watching (admin role): ``GET /metrics`` (Prometheus) and ``GET /dashboard`` (the store's
+HTML report); see ``seed_agents.observe``.
 """
 
 from __future__ import annotations
@@ -62,11 +65,13 @@ from seed_agents.gateway.errors import GatewayError, bad_request, not_found
 from seed_agents.gateway.feedback import RewardIn, load_verifiers, run_verifiers
 from seed_agents.gateway.judge import LLMJudge
 from seed_agents.gateway.policy import PolicyResolver
-from seed_agents.gateway.recording import Recorder, Turn
+from seed_agents.gateway.recording import Turn
 from seed_agents.gateway.render import ChatRequest, Renderer, Reply, parse_reply, parse_request
 from seed_agents.gateway.security import KeyRing, RedactingFilter, Redactor, Role, presented_key
 from seed_agents.gateway.streaming import DeltaBuilder
 from seed_agents.gateway.upstream import Upstream
+from seed_agents.observe import routes as observe_routes
+from seed_agents.observe.metrics import GatewayMetrics, MeteredRecorder
 from seed_agents.store import TraceStore
 from seed_agents.types import Completion, new_id
 
@@ -96,7 +101,8 @@ class Gateway:
         self.keys = KeyRing.from_config(cfg.security)
         self.redactor = Redactor.from_config(cfg.security, extra_literals=[*self.keys.values, *upstream.secret_values])
         self.stats: Counter[str] = Counter()
-        self.recorder = Recorder(store, self.renderer, self.redactor, self.stats)
+        self.metrics = GatewayMetrics(store, upstream, self.stats)
+        self.recorder = MeteredRecorder(store, self.renderer, self.redactor, self.stats, self.metrics)
         self.verifiers = load_verifiers(cfg.verifiers)
         self.judge = LLMJudge(cfg.judge, redact=self.redactor.text) if cfg.judge else None
         self._judge_locks: dict[str, asyncio.Lock] = {}
@@ -137,6 +143,7 @@ def build_app(config: GatewayConfig, store: TraceStore, upstream: Upstream, *, t
     _add_chat_routes(app, gw)
     _add_feedback_routes(app, gw)
     _add_admin_routes(app, gw)
+    observe_routes.install(app, gw.metrics, store, [Depends(_require(gw, Role.ADMIN))])
     return app
 
 
