@@ -299,6 +299,93 @@ class StoreSuite:
             assert all(store.get_session(sid).consumed_by == update_id for sid in got)  # type: ignore[union-attr]
         assert store.claim_sessions(ids, "late") == []
 
+    # ------------------------------------------------------- continual-loop cycles
+
+    def test_cycles_claim_each_session_exactly_once_under_racing_loops(self, store: TraceStore) -> None:
+        """8 loops (one model name each: a name has one open cycle) claim 4 at a time until
+        nothing is left: every trainable session in exactly one cycle, flagged ones never,
+        and sessions another trainer consumed are skipped."""
+        ids = [finished_session(store, f"s{i:02d}") for i in range(40)]
+        store.flag_session("s07", "secret seen")
+        assert store.claim_sessions(["s11"], "train-run") == ["s11"]
+        claimed: dict[str, list[str]] = {}
+
+        def loop(i: int, barrier: threading.Barrier) -> None:
+            name, got = f"model-{i}", []
+            barrier.wait()
+            while (started := store.start_cycle(name, base_version=0, limit=4)) is not None:
+                cycle, sids = started
+                assert 1 <= len(sids) <= 4 and store.cycle_sessions(cycle.cycle_id) == sids
+                got += sids
+                store.finish_training(cycle.cycle_id, path=f"/adapters/{cycle.cycle_id}")
+                store.advance_cycle(cycle.cycle_id, ("trained",), "decided")  # the loop loads and decides here
+            claimed[name] = got
+
+        run_threads(8, loop)
+        everything = [sid for got in claimed.values() for sid in got]
+        assert sorted(everything) == sorted(set(ids) - {"s07", "s11"})
+        states = store.claim_states()
+        assert set(states) == set(everything) and {s for _, s, _ in states.values()} == {"trained"}
+        for sid in everything:
+            cycle_id, _, _ = states[sid]
+            assert store.get_session(sid).consumed_by == f"cycle-{cycle_id}"  # type: ignore[union-attr]
+        assert store.queue_lengths().model_dump() == {"unclaimed": 0, "claimed": 0, "trained": 38, "unusable": 0}
+
+    def test_a_cycle_moves_through_its_states_once(self, store: TraceStore) -> None:
+        for i in range(5):
+            finished_session(store, f"s{i}")
+        finished_session(store, "unrewarded", reward=None)
+        VersionRegistry(store).bootstrap("m", served_name="base")
+        cycle, sids = store.start_cycle("m", base_version=0, limit=3)  # type: ignore[misc]
+        assert (cycle.state, cycle.attempts, sids) == ("claimed", 1, ["s0", "s1", "s2"])
+        assert store.queue_lengths().model_dump() == {"unclaimed": 2, "claimed": 3, "trained": 0, "unusable": 0}
+        with pytest.raises(StoreError, match="unfinished cycle"):
+            store.start_cycle("m", base_version=0, limit=3)
+        assert store.open_cycle("m") == cycle and store.open_cycle("other") is None
+        assert store.resume_cycle(cycle.cycle_id, base_version=0).attempts == 2
+        with pytest.raises(StoreError, match="'claimed'; it can move to 'decided' only from 'loaded'"):
+            store.advance_cycle(cycle.cycle_id, ("loaded",), "decided")
+
+        trained, version = store.finish_training(cycle.cycle_id, path="/a/1", unusable={"s1": "unreplayable"})
+        assert (trained.state, trained.candidate_version) == ("trained", version.version) and version.version == 1
+        assert (version.status, version.metadata["served_name"], version.metadata["cycle"]) == ("candidate", "m-v1", cycle.cycle_id)
+        assert VersionRegistry(store).pending("m") == [version]
+        with pytest.raises(StoreError, match="is 'trained'"):  # a second training of the same cycle
+            store.finish_training(cycle.cycle_id, path="/a/2")
+        assert len(store.model_versions("m")) == 2  # base + one candidate, not two
+        assert store.cycle_sessions(cycle.cycle_id, "trained") == ["s0", "s2"]
+        assert store.claim_states(["s1"]) == {"s1": (cycle.cycle_id, "unusable", "unreplayable")}
+        loaded = store.advance_cycle(cycle.cycle_id, ("trained",), "loaded", metadata={"served_as": "m-v1"})
+        assert loaded.metadata == {"served_as": "m-v1"}
+        decision = VersionRegistry(store).record_decision("m", 1, promote_verdict(), baseline=0)
+        done = store.advance_cycle(cycle.cycle_id, ("loaded",), "decided", decision_id=decision.decision_id)
+        assert done.state == "decided" and store.open_cycle("m") is None
+        assert store.queue_lengths().model_dump() == {"unclaimed": 2, "claimed": 0, "trained": 2, "unusable": 1}
+
+        nxt, rest = store.start_cycle("m", base_version=1, limit=10)  # type: ignore[misc]
+        assert rest == ["s3", "s4"] and nxt.cycle_id != cycle.cycle_id
+        assert store.finish_training(nxt.cycle_id, path="/a/2")[1].version == 2
+        assert [c.state for c in store.cycles("m")] == ["decided", "trained"]
+        assert store.start_cycle("x", base_version=None, limit=5) is None  # nothing waits: nothing written
+        assert [c.name for c in store.cycles()] == ["m", "m"]
+
+    def test_release_gives_sessions_back_and_skip_retires_them(self, store: TraceStore) -> None:
+        for i in range(4):
+            finished_session(store, f"s{i}")
+        first, sids = store.start_cycle("m", base_version=None, limit=2)  # type: ignore[misc]
+        released = store.release_cycle(first.cycle_id, "the server died")
+        assert released.state == "released" and released.metadata["released"] == {"reason": "the server died", "sessions": 2}
+        assert store.claim_states() == {} and all(store.get_session(s).consumed_by is None for s in sids)  # type: ignore[union-attr]
+        again, sids2 = store.start_cycle("m", base_version=None, limit=2)  # type: ignore[misc]
+        assert sids2 == sids  # the same sessions, now in a new cycle
+        with pytest.raises(StoreError, match="have no reason to be unusable"):
+            store.skip_cycle(again.cycle_id, {"s0": "unreplayable"})
+        skipped = store.skip_cycle(again.cycle_id, {"s0": "unreplayable", "s1": "unreplayable"})
+        assert skipped.state == "skipped" and store.model_versions("m") == []
+        _, sids3 = store.start_cycle("m", base_version=None, limit=5)  # type: ignore[misc]
+        assert sids3 == ["s2", "s3"]  # unusable sessions are never claimed again
+        assert store.queue_lengths().model_dump() == {"unclaimed": 0, "claimed": 2, "trained": 0, "unusable": 2}
+
     def test_concurrent_writers_lose_and_duplicate_nothing(self, store: TraceStore) -> None:
         def writer(i: int, barrier: threading.Barrier) -> None:
             barrier.wait()

@@ -184,6 +184,46 @@ def create_app(*, api_key: str | None = None, title: str = "Library") -> FastAPI
     return app
 
 
+# ------------------------------------------------------------ tasks with verifiable outcomes
+
+LIBRARY_TASKS: tuple[dict[str, Any], ...] = (
+    {"task_id": "borrow-dune", "data": {"question": "Please borrow the book 'Dune' for member ann.",
+                                         "expect": {"operation": "borrow_book", "args": {"book_id": 1, "member_id": "ann"}}}},
+    {"task_id": "borrow-hobbit", "data": {"question": "Borrow 'The Hobbit' for member bob for 7 days.",
+                                           "expect": {"operation": "borrow_book", "args": {"book_id": 2, "member_id": "bob"}}}},
+    {"task_id": "year-foundation", "data": {"question": "In which year was 'Foundation' by Isaac Asimov published?",
+                                             "expect": {"answer_contains": "1951"}}},
+    {"task_id": "author-spqr", "data": {"question": "Who wrote the book 'SPQR'?", "expect": {"answer_contains": "Beard"}}},
+    {"task_id": "borrow-earthsea", "data": {"question": "Member cy wants to borrow 'A Wizard of Earthsea'.",
+                                             "expect": {"operation": "borrow_book", "args": {"book_id": 7, "member_id": "cy"}}}},
+    {"task_id": "year-selfish-gene", "data": {"question": "When was 'The Selfish Gene' published?",
+                                               "expect": {"answer_contains": "1976"}}},
+)
+"""Library tasks whose outcome a verifier can check (``library_reward``): a borrow with the
+right book and member that the service accepted, or an answer that holds a fact."""
+
+
+def library_reward(task: Any, state: dict[str, Any]) -> float:
+    """1.0 when the episode did what ``task.data["expect"]`` says, else 0.0. Verifiable from
+    the agent's own messages: a tool call of the expected operation with (at least) the
+    expected arguments whose tool result was not an error, or a final answer containing
+    the expected text. Works the same against production, a sandbox or a recording."""
+    from langchain_core.messages import AIMessage, ToolMessage
+
+    expect = task.data.get("expect", {})
+    messages = state.get("messages", [])
+    if "answer_contains" in expect:
+        return float(str(expect["answer_contains"]).lower() in str(state.get("answer", "")).lower())
+    wanted, args = expect.get("operation"), expect.get("args", {})
+    accepted = {m.tool_call_id for m in messages if isinstance(m, ToolMessage) and m.status != "error"}
+    for m in messages:
+        for call in m.tool_calls if isinstance(m, AIMessage) else ():
+            if call["name"] == wanted and call.get("id") in accepted and \
+                    all(call["args"].get(k) == v for k, v in args.items()):
+                return 1.0
+    return 0.0
+
+
 class DemoServer:
     """An app (default: a fresh library) under uvicorn on a loopback port, in a daemon thread.
 
@@ -227,15 +267,75 @@ class DemoServer:
         self.stop()
 
 
+async def play_traffic(store: Any, llm: Any, base_url: str, recordings: Any, *, sessions: int, max_turns: int = 4,
+                       system_prompt: str | None = None, start: int = 0) -> list[str]:
+    """Users of the deployed agent: ``sessions`` library tasks (cycling ``LIBRARY_TASKS``)
+    played against the live service at ``base_url``. Each session's calls go into the
+    store (``StoreSink``), its HTTP exchanges into ``recordings/<session>.jsonl`` (record
+    mode), its verifier reward (``library_reward``, source ``verifier``) and, in its
+    metadata, the task and the recording: what the continual loop's shadow replays need."""
+    from pathlib import Path
+
+    from graphs.tool_agent import build_tool_agent
+    from seed_agents.runner import EpisodeRunner, RunnerConfig
+    from seed_agents.store import StoreSink
+    from seed_agents.types import Task
+    from tools.openapi import load_spec, openapi_tools
+    from tools.replay import Recording, ReplayConfig, ReplayTransport
+
+    spec = load_spec(f"{base_url}/openapi.json", allow_hosts=["127.0.0.1"])
+    sink, out = StoreSink(store), Path(recordings)
+    sids = []
+    for i in range(start, start + sessions):
+        task = Task.model_validate(LIBRARY_TASKS[i % len(LIBRARY_TASKS)])
+        path = out / f"traffic-{i:05d}.jsonl"
+        transport = ReplayTransport(ReplayConfig(mode="record"), Recording(path=path))
+        tools = openapi_tools(spec, base_url=base_url, allow_hosts=["127.0.0.1"], transport=transport)
+        graph = build_tool_agent(llm, tools, system_prompt=system_prompt, max_turns=max_turns)
+        runner = EpisodeRunner(graph, RunnerConfig(progress=False), reward_fn=library_reward, sink=sink)
+        traj = await runner.run_episode(task, f"traffic-{task.task_id}", 0)
+        await transport.aclose()
+        sid = traj.trajectory_id
+        if store.get_session(sid) is None:  # an episode that made no call left no session
+            continue
+        store.add_reward(sid, traj.reward, source="verifier")
+        store.merge_session_metadata(sid, {"task": task.model_dump(mode="json"), "recording": str(path.resolve())})
+        sids.append(sid)
+    return sids
+
+
 def main(argv: list[str] | None = None) -> None:
-    """Serve the library in the foreground (the demo's "production" or "sandbox" service)."""
+    """Serve the library in the foreground (the demo's "production" or "sandbox" service);
+    with ``--traffic-store URL``, instead play user traffic against a running one."""
     import uvicorn
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--api-key-env", help="require X-Api-Key equal to this environment variable's value")
+    parser.add_argument("--traffic-store", help="play traffic against http://HOST:PORT into this store URL, then exit")
+    parser.add_argument("--traffic-sessions", type=int, default=12, help="sessions of traffic to play")
+    parser.add_argument("--traffic-model", default="smollm2-135m", help="the model serving the traffic (local backend)")
+    parser.add_argument("--traffic-recordings", default="runs/continual-demo/recordings", help="where HTTP recordings go")
     args = parser.parse_args(argv)
+    if args.traffic_store:
+        import asyncio
+
+        from seed_agents.backends.local import LocalBackend
+        from seed_agents.chat_model import SeedChatModel
+        from seed_agents.store import TraceStore
+        from seed_agents.types import SamplingParams
+
+        backend = LocalBackend(args.traffic_model)
+        llm = SeedChatModel(backend=backend, tokenizer=backend.tokenizer, model_name="library-agent",
+                            sampling=SamplingParams(max_tokens=96, temperature=0.7))
+        with TraceStore.open(args.traffic_store) as store:
+            start = len(store.sessions())
+            sids = asyncio.run(play_traffic(store, llm, f"http://{args.host}:{args.port}", args.traffic_recordings,
+                                            sessions=args.traffic_sessions, start=start))
+            rewards = [store.session_reward(s) or 0.0 for s in sids]
+        print(f"{len(sids)} sessions recorded, mean verifier reward {sum(rewards) / max(1, len(rewards)):.2f}")
+        return
     key = os.environ.get(args.api_key_env) if args.api_key_env else None
     if args.api_key_env and not key:
         parser.error(f"--api-key-env names {args.api_key_env}, which is not set")

@@ -1,4 +1,7 @@
-"""``seed-agents versions``: see and steer which model version serves a deployed agent.
+"""``seed-agents continual`` and ``seed-agents versions``: run the loop; see and steer
+which model version serves a deployed agent.
+
+    seed-agents continual --config FILE [--cycles N | --once] [--store URL]
 
     seed-agents versions list     [--store URL] [--model NAME]
     seed-agents versions promote N [--store URL] [--model NAME] [--reason TEXT]
@@ -24,7 +27,19 @@ _SUMMARY_WIDTH = 100
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    """Register ``versions`` (with ``list``, ``promote``, ``rollback``) on ``sub``."""
+    """Register ``continual`` and ``versions`` (with ``list``, ``promote``, ``rollback``) on ``sub``."""
+    c = sub.add_parser("continual", help="The continual loop: train on rewarded sessions, gate, promote or reject.",
+                       description="Claim rewarded sessions, replay them in shadow mode, train a LoRA candidate "
+                                   "from the promoted version, evaluate both on the canary set and promote only "
+                                   "what the gate passes. One line per cycle. Safe to kill -9 and restart: an "
+                                   "unfinished cycle is resumed from the state the store holds.")
+    c.add_argument("--config", required=True, help="YAML of seed_agents.continual.config.ContinualConfig.")
+    c.add_argument("--store", help="Override the config's store URL.")
+    how_long = c.add_mutually_exclusive_group()
+    how_long.add_argument("--cycles", type=int, metavar="N", help="Stop after N cycles (waiting for sessions between).")
+    how_long.add_argument("--once", action="store_true", help="Run at most one cycle, then exit (0 also when none waits).")
+    c.set_defaults(func=cmd_continual)
+
     p = sub.add_parser("versions", help="Model versions: list them, promote one (operator override), roll back.",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     vsub = p.add_subparsers(dest="versions_command", required=True, metavar="SUBCOMMAND")
@@ -45,6 +60,22 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     q.add_argument("--reason", help="Why; stored with the decision.")
     common(q)
     q.set_defaults(func=cmd_rollback)
+
+
+def cmd_continual(args: argparse.Namespace) -> int:
+    from seed_agents.config import ConfigError, load_config
+    from seed_agents.continual.config import ContinualConfig
+    from seed_agents.continual.loop import ContinualLoop
+
+    if args.cycles is not None and args.cycles < 1:
+        raise ConfigError(f"--cycles must be >= 1, got {args.cycles}")
+    cfg = load_config(ContinualConfig, args.config, {"store": args.store})
+    loop = ContinualLoop(cfg, log=lambda line: print(line, flush=True))
+    try:
+        loop.run(args.cycles, once=args.once)
+    finally:
+        loop.close()
+    return 0
 
 
 def cmd_list(args: argparse.Namespace) -> int:

@@ -31,7 +31,7 @@ from seed_agents.store import (
     SessionRecord,
     TraceStore,
 )
-from seed_agents.store.schema import calls, decisions, model_versions, rewards, sessions
+from seed_agents.store.schema import calls, claims, decisions, model_versions, rewards, sessions
 from seed_agents.store.store import DecisionRecord
 from seed_agents.tool_calls import parse_tool_calls
 from seed_agents.types import LLMCall, Skill
@@ -42,7 +42,9 @@ QUEUES: dict[str, str] = {
     "open": "sessions still receiving calls (not ended)",
     "awaiting_reward": "ended sessions with calls and no reward yet",
     "ready_to_train": "ended, rewarded, not trained on, not flagged: what the next update may take",
+    "in_cycle": "sessions a continual cycle has claimed and not finished with (replays, update, canary)",
     "trained": "sessions an update has consumed (each at most once)",
+    "unusable": "claimed sessions a cycle could not replay (no recorded task or recording)",
     "flagged": "sessions kept out of training (a secret seen, an infrastructure fault)",
     "candidates_undecided": "trained versions waiting for the gate's decision",
 }
@@ -125,20 +127,26 @@ def queue_lengths(store: TraceStore) -> dict[str, int]:
     """How much work waits where (names and meanings in ``QUEUES``), in one statement.
 
     ``ready_to_train`` uses the conditions of ``TraceStore.trainable_sessions`` under the
-    default ``RewardPolicy`` (a test keeps them equal). The continual loop's claims (taken
-    by an update that has not finished) are not in today's tables; they join here once
-    the store has them.
+    default ``RewardPolicy`` (a test keeps them equal). A continual cycle marks the
+    sessions it claims consumed at once (so ``train --from-store`` never takes them too);
+    ``trained`` counts only those whose cycle got past its update, ``in_cycle`` the rest,
+    ``unusable`` those it could not replay.
     """
     has_reward = sa.exists().where(rewards.c.session_id == sessions.c.session_id)
     has_calls = sa.exists().where(calls.c.session_id == sessions.c.session_id)
     ended = sessions.c.ended_at.is_not(None)
     flagged = sessions.c.flagged_reason.is_not(None)
+    claim_state = sa.select(claims.c.state).where(claims.c.session_id == sessions.c.session_id).scalar_subquery()
+    in_cycle = claim_state == "claimed"
+    unusable = claim_state == "unusable"
     consumed = sessions.c.consumed_by.is_not(None)
     conditions = {
         "open": ~ended,
         "awaiting_reward": sa.and_(ended, has_calls, ~has_reward, ~flagged),
         "ready_to_train": sa.and_(ended, has_calls, has_reward, ~consumed, ~flagged),
-        "trained": consumed,
+        "in_cycle": sa.and_(consumed, sa.func.coalesce(in_cycle, False)),
+        "trained": sa.and_(consumed, ~sa.func.coalesce(in_cycle, False), ~sa.func.coalesce(unusable, False)),
+        "unusable": sa.func.coalesce(unusable, False),
         "flagged": flagged,
     }
     session_counts = sa.select(*[sa.func.coalesce(sa.func.sum(sa.case((c, 1), else_=0)), 0).label(k)

@@ -6,7 +6,8 @@ takes any older database there, one transaction for the whole run, so a crash mi
 leaves the database at its old version, never in between.
 
 Rule for the next schema change: before editing a ``Table`` below, freeze the migration
-that creates it (migration 1, or 2 for ``decisions``: copy today's definitions into it),
+that creates it (migration 1, 2 for ``decisions``, 4 for ``cycles``/``claims``: copy
+today's definitions into it),
 then append migration N that alters existing tables.
 Opening a database whose version is newer than ``len(MIGRATIONS)`` is refused: this code
 would misread tables it does not know.
@@ -150,6 +151,43 @@ decisions = sa.Table(
     sa.Index("ix_decisions_name_id", "name", "id"),
 )
 
+# The continual loop's cycles and the sessions each one claimed (added by migration 4).
+# A cycle is a small state machine that survives kill -9: ``claimed`` (its sessions are
+# taken) -> ``trained`` (its candidate version is stored) -> ``loaded`` (the candidate is
+# in the server) -> ``decided`` (the gate's decision is stored); or ``released`` (its
+# sessions went back to the queue) or ``skipped`` (none of its sessions could be
+# replayed). A claim is a session's one-way ticket: at most one row per session, ever
+# (the primary key), in state ``claimed``, then ``trained`` or ``unusable``.
+cycles = sa.Table(
+    "cycles", metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("name", sa.String(128), nullable=False),
+    sa.Column("state", sa.String(16), nullable=False),
+    sa.Column("base_version", sa.Integer, nullable=True),
+    sa.Column("candidate_version", sa.Integer, nullable=True),
+    sa.Column("decision_id", sa.Integer, sa.ForeignKey("decisions.id"), nullable=True),
+    sa.Column("attempts", sa.Integer, nullable=False),
+    sa.Column("created_at", sa.Double, nullable=False),
+    sa.Column("updated_at", sa.Double, nullable=False),
+    sa.Column("metadata", sa.JSON, nullable=False),
+    sa.Index("ix_cycles_name_state", "name", "state"),
+)
+
+claims = sa.Table(
+    "claims", metadata,
+    sa.Column("session_id", ID, sa.ForeignKey("sessions.session_id"), primary_key=True),
+    sa.Column("cycle_id", sa.Integer, sa.ForeignKey("cycles.id"), nullable=False, index=True),
+    sa.Column("state", sa.String(16), nullable=False),
+    sa.Column("reason", sa.Text, nullable=True),
+    sa.Column("claimed_at", sa.Double, nullable=False),
+    sa.Column("updated_at", sa.Double, nullable=False),
+)
+
+# At most one unfinished cycle per model name (migration 4): a restarted loop resumes
+# that one, and a second loop on the same name cannot open another beside it.
+ONE_OPEN_CYCLE_INDEX = "uq_cycles_one_open"
+OPEN_CYCLE_STATES = ("claimed", "trained", "loaded")
+
 # At most one promoted version per name, enforced by the database itself (migration 2).
 # Raw DDL rather than an ``sa.Index`` on ``model_versions``: migration 1 creates that table
 # from its current definition and would otherwise create the index too early.
@@ -204,7 +242,16 @@ def _true_literal(conn: Connection) -> str:
     return "1" if conn.dialect.name == "sqlite" else "TRUE"
 
 
-MIGRATIONS: list[Migration] = [_v1_initial, _v2_decisions, _v3_call_complete]
+def _v4_cycles(conn: Connection) -> None:
+    """Version 4: the continual loop's ``cycles`` and ``claims`` (see their definitions).
+    Sessions consumed before (``train --from-store``) keep ``consumed_by`` and get no
+    claim: the loop takes only sessions nobody consumed."""
+    metadata.create_all(conn, tables=[cycles, claims])
+    states = ", ".join(f"'{s}'" for s in OPEN_CYCLE_STATES)
+    conn.execute(sa.text(f"CREATE UNIQUE INDEX IF NOT EXISTS {ONE_OPEN_CYCLE_INDEX} ON cycles (name) WHERE state IN ({states})"))
+
+
+MIGRATIONS: list[Migration] = [_v1_initial, _v2_decisions, _v3_call_complete, _v4_cycles]
 
 
 def stored_version(conn: Connection) -> int:

@@ -132,3 +132,17 @@ def test_cli_refuses_a_missing_store_without_creating_it(tmp_path):
         _run(["report", "--store", "nonsense://", "--out", str(tmp_path / "r.html")])
     with pytest.raises(SystemExit):
         _run(["status", "--window", "soon"])
+
+
+def test_queue_lengths_follow_a_continual_cycle(store, filled):
+    """A cycle's claimed sessions are ``in_cycle`` until its update ends; then ``trained``,
+    or ``unusable`` where the cycle could not replay them."""
+    before = queue_lengths(store)
+    cycle, claimed = store.start_cycle("cycle-test", base_version=None, limit=3)
+    q = queue_lengths(store)
+    assert len(claimed) == 3
+    assert q["in_cycle"] == 3 and q["ready_to_train"] == before["ready_to_train"] - 3
+    assert q["trained"] == before["trained"] and q["unusable"] == 0
+    store.finish_training(cycle.cycle_id, path="runs/adapters/x", unusable={claimed[0]: "no recording"})
+    q = queue_lengths(store)
+    assert q["in_cycle"] == 0 and q["unusable"] == 1 and q["trained"] == before["trained"] + 2

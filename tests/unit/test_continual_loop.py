@@ -1,0 +1,156 @@
+"""The continual loop end to end on CPU: a tiny random model (local backend), the demo
+library service as production, shadow replays, a LoRA update per cycle, the canary on a
+fresh in-process library per episode, the gate, and the store's accounting.
+
+The tiny model writes gibberish, so every episode scores 0 on both sides: the gate sees
+a zero difference and promotes (a copy is "not worse"); the point here is the plumbing and
+the exactly-once bookkeeping. The verdicts themselves are tested in test_gate.py.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("trl")
+
+from seed_agents.continual.config import ContinualConfig  # noqa: E402
+from seed_agents.continual.loop import ContinualLoop, cycle_overview  # noqa: E402
+from seed_agents.store import TraceStore  # noqa: E402
+from seed_agents.types import LLMCall, Task  # noqa: E402
+from tools.demo_service import LIBRARY_TASKS, DemoServer, library_reward  # noqa: E402
+
+
+def seed_sessions(store: TraceStore, n: int, *, start: int = 0, task: bool = True) -> list[str]:
+    """``n`` ended, rewarded sessions of library tasks, as the gateway and a verifier leave them."""
+    sids = []
+    for i in range(start, start + n):
+        spec = LIBRARY_TASKS[i % len(LIBRARY_TASKS)]
+        sid = store.create_session(f"sess-{i:03d}", task_key=spec["task_id"], metadata={"task": spec} if task else {})
+        store.add_call(sid, LLMCall(call_id=f"call-{i:03d}", messages=[{"role": "user", "content": spec["data"]["question"]}],
+                                    prompt_ids=[1, 2, 3], completion_ids=[4], logprobs=[-0.5]))
+        store.add_reward(sid, float(i % 2), source="user")
+        store.end_session(sid)
+        sids.append(sid)
+    return sids
+
+
+def make_config(tmp_path: Path, tiny_model_dir: str, prod_url: str, **over: Any) -> ContinualConfig:
+    canary = tmp_path / "canary.jsonl"
+    canary.write_text("".join(json.dumps(t) + "\n" for t in LIBRARY_TASKS[:2]))
+    raw: dict[str, Any] = {
+        "name": "library-agent", "store": f"sqlite:///{tmp_path / 'traces.db'}", "out": str(tmp_path / "run"),
+        "backend": {"kind": "local", "model": tiny_model_dir},
+        "sampling": {"max_tokens": 6, "temperature": 1.0},
+        "skills": {"source": "self", "max_tokens": 16},
+        "trainer": {"learning_rate": 1e-3, "lora_r": 4, "kl_coef": 0.0, "gradient_checkpointing": False},
+        "runner": {"concurrency": 4, "progress": False},
+        "agent": {"tools": {"base_url": prod_url, "allow_hosts": ["127.0.0.1"]}, "max_turns": 2,
+                  "reward": "tools.demo_service:library_reward"},
+        "replay": {"mode": "shadow", "read_source": "live", "live_reads_per_s": 50},
+        "sessions_per_cycle": 2, "group_size": 2,
+        "canary": {"tasks": str(canary), "seeds": 1, "sandbox_app": "tools.demo_service:create_app"},
+        "gate": {"min_tasks": 2, "resamples": 200},
+        **over,
+    }
+    return ContinualConfig.model_validate(raw)
+
+
+@pytest.fixture
+def prod() -> Iterator[DemoServer]:
+    with DemoServer() as server:
+        yield server
+
+
+def test_cycles_claim_train_gate_and_account_for_every_session(tmp_path, tiny_model_dir, prod, capsys):
+    cfg = make_config(tmp_path, tiny_model_dir, prod.url)
+    store = TraceStore.open(cfg.store)
+    sids = seed_sessions(store, 3) + seed_sessions(store, 1, start=3, task=False)  # the last one cannot be replayed
+    lines: list[str] = []
+    loop = ContinualLoop(cfg, store=store, log=lines.append)
+    outcomes = loop.run(cycles=2)
+
+    assert [o.state for o in outcomes] == ["decided", "decided"]
+    claims = store.claim_states()
+    assert set(claims) == set(sids)  # every session claimed, each by exactly one cycle
+    assert [cid for cid, _, _ in claims.values()].count(outcomes[0].cycle_id) == 2
+    assert claims["sess-003"][1:] == ("unusable", "no task recorded with the session (metadata['task']): it cannot be replayed")
+    assert sorted(s for s, (_, state, _) in claims.items() if state == "trained") == sids[:3]
+    queue, cycles = cycle_overview(store, cfg.name)
+    assert queue.model_dump() == {"unclaimed": 0, "claimed": 0, "trained": 3, "unusable": 1}
+    assert [(c.state, c.attempts, c.base_version, c.candidate_version) for c in cycles] == [
+        ("decided", 1, 0, 1), ("decided", 1, 1, 2)]  # the second cycle trains from the first's promoted adapter
+
+    decisions = {d.version: d for d in loop.registry.decisions(cfg.name)}
+    for c in cycles:
+        d = decisions[c.candidate_version]
+        assert d.decision_id == c.decision_id and d.actor == "gate"
+        assert d.evidence["gate"]["n_tasks"] == 2 and d.evidence["baseline"] == c.base_version
+    assert loop.registry.pending(cfg.name) == []
+    assert loop.registry.resolve(cfg.name).version == 2  # type: ignore[union-attr]
+    v2 = next(v for v in store.model_versions(cfg.name) if v.version == 2)
+    assert Path(v2.path, "adapter_model.safetensors").is_file() and v2.metadata["served_name"] == "library-agent-v2"
+
+    replays = [json.loads(x) for x in (cfg.out / "cycles" / str(cycles[0].cycle_id) / "replays.jsonl").read_text().splitlines()]
+    assert len(replays) == 4 and {r["metadata"]["session_id"] for r in replays} == {"sess-000", "sess-001"}
+    assert all(r["calls"] and r["calls"][0]["policy_version"] == 0 for r in replays)  # played by the promoted version
+    assert prod.log.mutating() == 0  # no replay or canary episode wrote to production
+    assert len(lines) == 2 and lines[0].startswith(f"cycle {cycles[0].cycle_id}: 2 sessions -> 4 replays")
+    assert "promote" in lines[0] and lines[1].endswith("s)") and "v2 serves" in lines[1]
+
+    assert loop.step() is None  # nothing waits: no cycle opened
+    assert len(store.cycles(cfg.name)) == 2
+    loop.close()
+
+
+def test_a_resumed_cycle_keeps_its_sessions_and_never_decides_without_a_canary(tmp_path, tiny_model_dir, prod):
+    """State by state, as a restarted process finds it (the SIGKILL test does it for real)."""
+    cfg = make_config(tmp_path, tiny_model_dir, prod.url)
+    store = TraceStore.open(cfg.store)
+    seed_sessions(store, 4)
+    loop = ContinualLoop(cfg, store=store, log=lambda _: None)
+    # a process claimed 2 sessions and died mid-replay: the restart trains on those 2, no others
+    cycle, mine = store.start_cycle(cfg.name, base_version=0, limit=2)  # type: ignore[misc]
+    outcome = loop.step()
+    assert outcome is not None and outcome.cycle_id == cycle.cycle_id and outcome.resumed_from == "claimed"
+    assert sorted(store.cycle_sessions(cycle.cycle_id, "trained")) == sorted(mine)
+    assert store.get_cycle(cycle.cycle_id).attempts == 2
+
+    # the next one died after its candidate was loaded: the restart evaluates, then decides
+    nxt, _ = store.start_cycle(cfg.name, base_version=1, limit=2)  # type: ignore[misc]
+    store.finish_training(nxt.cycle_id, path=str(Path(store.model_versions(cfg.name)[1].path)))
+    store.advance_cycle(nxt.cycle_id, ("trained",), "loaded")
+    assert loop.registry.resolve(cfg.name).version == 1  # type: ignore[union-attr] - the loaded candidate does not serve
+    outcome = loop.step()
+    assert outcome is not None and outcome.resumed_from == "loaded" and outcome.decision is not None
+    assert outcome.decision.n_tasks == 2  # decided on a complete canary made after the restart
+    assert store.get_cycle(nxt.cycle_id).state == "decided"
+    loop.close()
+
+
+def test_library_reward_checks_the_outcome() -> None:
+    from langchain_core.messages import AIMessage, ToolMessage
+
+    task = Task.model_validate(LIBRARY_TASKS[0])
+    call = {"name": "borrow_book", "args": {"book_id": 1, "member_id": "ann", "days": 14}, "id": "t1"}
+    ok = [AIMessage("", tool_calls=[call]), ToolMessage('{"id": 1}', tool_call_id="t1")]
+    failed = [AIMessage("", tool_calls=[call]), ToolMessage("HTTP 409", tool_call_id="t1", status="error")]
+    wrong = [AIMessage("", tool_calls=[{**call, "args": {"book_id": 2, "member_id": "ann"}}]), ok[1]]
+    assert [library_reward(task, {"messages": m}) for m in (ok, failed, wrong, [])] == [1.0, 0.0, 0.0, 0.0]
+    year = Task.model_validate(LIBRARY_TASKS[2])
+    assert library_reward(year, {"answer": "It came out in 1951."}) == 1.0 and library_reward(year, {"answer": "1950"}) == 0.0
+
+
+def test_config_errors_are_one_line(tmp_path, tiny_model_dir) -> None:
+    from seed_agents.config import ConfigError, load_config
+
+    path = tmp_path / "c.yaml"
+    path.write_text(json.dumps({"store": "sqlite:///x.db", "agent": {"tools": {}, "reward": "m:f"},
+                                "canary": {"tasks": "t.jsonl"}, "trainer": {"lora_r": None}}))
+    with pytest.raises(ConfigError, match="lora_r is required") as info:
+        load_config(ContinualConfig, path, {})
+    assert "\n" not in str(info.value)
