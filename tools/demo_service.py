@@ -5,8 +5,11 @@ writes change (borrowing a book makes it unavailable), read and write operations
 way to prove what reached it. ``create_app()`` builds that service (FastAPI, so the spec
 at ``/openapi.json`` is generated from the same code that serves it) and every request it
 receives is counted in ``app.state.log`` (also ``GET /admin/requests``, left out of the
-spec so no agent tool is generated for it): a test reads the log of the *production*
-instance to show that training replays sent it 0 mutating requests.
+spec so no agent tool is generated for it), by method and by origin: a test reads the log
+of the *production* instance to show that training replays sent it 0 mutating requests.
+The origin is the ``X-Demo-Origin`` request header (``OriginTransport`` sets it under any
+httpx client); the demo's traffic generator marks its requests, and whatever else reaches
+production arrives unmarked, so the loop's replays need no demo-specific code to be counted.
 
 ``DemoServer`` runs an app under uvicorn on a loopback port in a background thread;
 ``python -m tools.demo_service --port 8000`` serves it in the foreground.
@@ -15,14 +18,17 @@ instance to show that training replays sent it 0 mutating requests.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import secrets
 import threading
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal, Self
 
+import httpx
 from fastapi import FastAPI, HTTPException, Query, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
@@ -31,6 +37,8 @@ from seed_agents.serve import free_port
 
 Genre = Literal["fiction", "science", "history", "fantasy"]
 READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+ORIGIN_HEADER = "x-demo-origin"
+UNMARKED = "unmarked"
 
 
 class Book(BaseModel):
@@ -68,28 +76,79 @@ CATALOG: tuple[Book, ...] = (
 )
 
 
+@dataclass(frozen=True)
+class LoggedRequest:
+    """One request as the service saw it."""
+
+    method: str
+    path: str
+    origin: str  # the X-Demo-Origin header, else UNMARKED
+    at: float  # unix time of arrival
+
+
 class RequestLog:
-    """Every request the service received, as ``(method, path)``, in arrival order."""
+    """Every request the service received, in arrival order."""
 
     def __init__(self) -> None:
-        self._entries: list[tuple[str, str]] = []
+        self._entries: list[LoggedRequest] = []
         self._lock = threading.Lock()
 
-    def record(self, method: str, path: str) -> None:
+    def record(self, method: str, path: str, origin: str = UNMARKED) -> None:
         with self._lock:
-            self._entries.append((method.upper(), path))
+            self._entries.append(LoggedRequest(method.upper(), path, origin or UNMARKED, time.time()))
 
-    def entries(self) -> list[tuple[str, str]]:
+    def requests(self) -> list[LoggedRequest]:
         with self._lock:
             return list(self._entries)
+
+    def entries(self) -> list[tuple[str, str]]:
+        """``(method, path)`` per request."""
+        return [(r.method, r.path) for r in self.requests()]
 
     def counts(self) -> Counter[str]:
         """``{"GET /books": 3, "POST /loans": 1, ...}``."""
         return Counter(f"{m} {p}" for m, p in self.entries())
 
-    def mutating(self) -> int:
-        """Requests with a method other than GET/HEAD/OPTIONS."""
-        return sum(m not in READ_METHODS for m, _ in self.entries())
+    def by_origin(self) -> dict[str, dict[str, int]]:
+        """``{"traffic": {"GET": 5, "POST": 2}, "unmarked": {"GET": 3}}``."""
+        out: dict[str, Counter[str]] = {}
+        for r in self.requests():
+            out.setdefault(r.origin, Counter())[r.method] += 1
+        return {origin: dict(sorted(c.items())) for origin, c in sorted(out.items())}
+
+    def mutating(self, *, origin: str | None = None, exclude: tuple[str, ...] = ()) -> int:
+        """Requests with a method other than GET/HEAD/OPTIONS (of one origin, or of every
+        origin but those in ``exclude``)."""
+        return sum(r.method not in READ_METHODS for r in self.requests()
+                   if (origin is None or r.origin == origin) and r.origin not in exclude)
+
+
+class OriginTransport(httpx.AsyncBaseTransport, httpx.BaseTransport):
+    """An httpx transport that stamps ``X-Demo-Origin: <origin>`` on every request it passes
+    to ``inner`` (default: the network), so the service's log can say who sent what."""
+
+    def __init__(self, origin: str, inner: httpx.AsyncBaseTransport | httpx.BaseTransport | None = None) -> None:
+        self.origin = origin
+        self._async = inner if isinstance(inner, httpx.AsyncBaseTransport) else (None if inner else httpx.AsyncHTTPTransport())
+        self._sync = inner if isinstance(inner, httpx.BaseTransport) else (None if inner else httpx.HTTPTransport())
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        assert self._sync is not None, "OriginTransport: the inner transport is async only"
+        request.headers[ORIGIN_HEADER] = self.origin
+        return self._sync.handle_request(request)
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        assert self._async is not None, "OriginTransport: the inner transport is sync only"
+        request.headers[ORIGIN_HEADER] = self.origin
+        return await self._async.handle_async_request(request)
+
+    def close(self) -> None:
+        if self._sync is not None:
+            self._sync.close()
+
+    async def aclose(self) -> None:
+        if self._async is not None:
+            await self._async.aclose()
 
 
 class Library:
@@ -138,7 +197,7 @@ def create_app(*, api_key: str | None = None, title: str = "Library") -> FastAPI
 
     @app.middleware("http")
     async def log_and_authorize(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
-        app.state.log.record(request.method, request.url.path)
+        app.state.log.record(request.method, request.url.path, request.headers.get(ORIGIN_HEADER, UNMARKED))
         public = request.url.path in ("/openapi.json", "/admin/requests")
         if api_key and not public and not secrets.compare_digest(request.headers.get("x-api-key", ""), api_key):
             return JSONResponse({"detail": "missing or wrong X-Api-Key"}, status_code=401)
@@ -179,7 +238,7 @@ def create_app(*, api_key: str | None = None, title: str = "Library") -> FastAPI
     @app.get("/admin/requests", include_in_schema=False)
     def requests_received() -> dict[str, Any]:
         log: RequestLog = app.state.log
-        return {"entries": [list(e) for e in log.entries()], "mutating": log.mutating()}
+        return {"entries": [list(e) for e in log.entries()], "mutating": log.mutating(), "by_origin": log.by_origin()}
 
     return app
 
@@ -267,41 +326,127 @@ class DemoServer:
         self.stop()
 
 
+@dataclass(frozen=True)
+class ViaGateway:
+    """Users reach the agent's model through a capture gateway (``seed-agents gateway``):
+    each session gets its own ``ChatOpenAI`` with ``X-Session-Id`` and ``X-Task-Key``
+    headers, so the gateway stores its calls token-exactly under that session, and the
+    verifier's reward and the session's end are posted to the gateway's feedback routes."""
+
+    url: str  # the gateway's base URL, without /v1
+    model: str  # the public model name the gateway serves (it resolves the promoted version)
+    temperature: float = 0.7
+    max_tokens: int = 96
+
+    def chat_model(self, session_id: str, task_key: str, client: httpx.AsyncClient) -> Any:
+        """``client``: an HTTP client of the running event loop. ChatOpenAI's default one is
+        cached process-wide, and its pooled connections die with the loop that opened them
+        (each ``asyncio.run`` of the caller is a new loop)."""
+        from langchain_openai import ChatOpenAI
+
+        return ChatOpenAI(model=self.model, base_url=f"{self.url}/v1", api_key="unused", temperature=self.temperature,
+                          max_tokens=self.max_tokens, max_retries=2, timeout=600, http_async_client=client,
+                          default_headers={"X-Session-Id": session_id, "X-Task-Key": task_key})
+
+    def reward_and_end(self, session_id: str, reward: float) -> None:
+        with httpx.Client(base_url=self.url, timeout=60) as client:
+            client.post(f"/v1/sessions/{session_id}/reward", json={"value": reward, "source": "verifier",
+                                                                  "comment": "tools.demo_service:library_reward"}).raise_for_status()
+        self.end(session_id)
+
+    def end(self, session_id: str) -> None:
+        with httpx.Client(base_url=self.url, timeout=60) as client:
+            client.post(f"/v1/sessions/{session_id}/end").raise_for_status()
+
+
 async def play_traffic(store: Any, llm: Any, base_url: str, recordings: Any, *, sessions: int, max_turns: int = 4,
-                       system_prompt: str | None = None, start: int = 0) -> list[str]:
+                       system_prompt: str | None = None, start: int = 0, return_loans: bool = True) -> list[str]:
     """Users of the deployed agent: ``sessions`` library tasks (cycling ``LIBRARY_TASKS``)
-    played against the live service at ``base_url``. Each session's calls go into the
-    store (``StoreSink``), its HTTP exchanges into ``recordings/<session>.jsonl`` (record
+    played against the live service at ``base_url``, their requests marked with origin
+    ``traffic``. ``llm`` is a chat model (its calls go into the store in process, through
+    ``StoreSink``) or a ``ViaGateway`` (the gateway stores them). Each session leaves in
+    the store: its calls, its HTTP exchanges in ``recordings/traffic-<i>.jsonl`` (record
     mode), its verifier reward (``library_reward``, source ``verifier``) and, in its
-    metadata, the task and the recording: what the continual loop's shadow replays need."""
+    metadata, the task and the recording: what the continual loop's shadow replays need.
+
+    With ``return_loans`` the member brings every book a session borrowed back right after
+    it (origin ``members``), so production's state is the same for every session and
+    success rates of different versions compare."""
     from pathlib import Path
 
+    from seed_agents.store import StoreSink
+    from tools.openapi import load_spec
+
+    spec = load_spec(f"{base_url}/openapi.json", allow_hosts=["127.0.0.1"], transport=OriginTransport("traffic"))
+    out = Path(recordings)
+    gateway = llm if isinstance(llm, ViaGateway) else None
+    sink = None if gateway else StoreSink(store)
+    sids: list[str] = []
+    http = httpx.AsyncClient(timeout=600) if gateway else None
+    try:
+        for i in range(start, start + sessions):
+            sid = await _one_session(store, llm, gateway, http, sink, spec, base_url, out, i, max_turns=max_turns,
+                                     system_prompt=system_prompt, return_loans=return_loans)
+            if sid is not None:
+                sids.append(sid)
+    finally:
+        if http is not None:
+            await http.aclose()
+    return sids
+
+
+async def _one_session(store: Any, llm: Any, gateway: ViaGateway | None, http: httpx.AsyncClient | None, sink: Any,
+                       spec: dict[str, Any], base_url: str, out: Any, i: int, *, max_turns: int,
+                       system_prompt: str | None, return_loans: bool) -> str | None:
+    """Traffic session ``i``; its session id once rewarded, None when it faulted or made no call."""
     from graphs.tool_agent import build_tool_agent
     from seed_agents.runner import EpisodeRunner, RunnerConfig
-    from seed_agents.store import StoreSink
-    from seed_agents.types import Task
-    from tools.openapi import load_spec, openapi_tools
+    from seed_agents.types import Task, new_id
+    from tools.openapi import openapi_tools
     from tools.replay import Recording, ReplayConfig, ReplayTransport
 
-    spec = load_spec(f"{base_url}/openapi.json", allow_hosts=["127.0.0.1"])
-    sink, out = StoreSink(store), Path(recordings)
-    sids = []
-    for i in range(start, start + sessions):
-        task = Task.model_validate(LIBRARY_TASKS[i % len(LIBRARY_TASKS)])
-        path = out / f"traffic-{i:05d}.jsonl"
-        transport = ReplayTransport(ReplayConfig(mode="record"), Recording(path=path))
-        tools = openapi_tools(spec, base_url=base_url, allow_hosts=["127.0.0.1"], transport=transport)
-        graph = build_tool_agent(llm, tools, system_prompt=system_prompt, max_turns=max_turns)
-        runner = EpisodeRunner(graph, RunnerConfig(progress=False), reward_fn=library_reward, sink=sink)
-        traj = await runner.run_episode(task, f"traffic-{task.task_id}", 0)
-        await transport.aclose()
+    task = Task.model_validate(LIBRARY_TASKS[i % len(LIBRARY_TASKS)])
+    path = out / f"traffic-{i:05d}.jsonl"
+    live = OriginTransport("traffic")
+    transport = ReplayTransport(ReplayConfig(mode="record"), Recording(path=path), live=live)
+    tools = openapi_tools(spec, base_url=base_url, allow_hosts=["127.0.0.1"], transport=transport)
+    sid = f"traffic-{i:05d}-{new_id()[:8]}"
+    model = gateway.chat_model(sid, task.task_id, http) if gateway is not None and http is not None else llm
+    graph = build_tool_agent(model, tools, system_prompt=system_prompt, max_turns=max_turns)
+    runner = EpisodeRunner(graph, RunnerConfig(progress=False), reward_fn=library_reward, sink=sink)
+    traj = await runner.run_episode(task, f"traffic-{task.task_id}", 0)
+    await live.aclose()
+    if return_loans:
+        await _return_loans(base_url, path)
+    if gateway is None:
         sid = traj.trajectory_id
-        if store.get_session(sid) is None:  # an episode that made no call left no session
-            continue
+    if traj.fault is not None:  # an infrastructure fault says nothing about the policy: never rewarded
+        print(f"traffic session {sid} ({task.task_id}): {traj.fault.value} fault, not rewarded: "
+              f"{' '.join(str(traj.error).split())[:300]}", flush=True)
+        if gateway is not None and store.get_session(sid) is not None:
+            await asyncio.to_thread(gateway.end, sid)
+        return None
+    if store.get_session(sid) is None:  # an episode that made no call left no session
+        return None
+    if gateway is not None:
+        await asyncio.to_thread(gateway.reward_and_end, sid, traj.reward)
+    else:
         store.add_reward(sid, traj.reward, source="verifier")
-        store.merge_session_metadata(sid, {"task": task.model_dump(mode="json"), "recording": str(path.resolve())})
-        sids.append(sid)
-    return sids
+    store.merge_session_metadata(sid, {"task": task.model_dump(mode="json"), "recording": str(path.resolve())})
+    return sid
+
+
+async def _return_loans(base_url: str, recording: Any) -> None:
+    """Return the loans a session's recording shows it made (the members' own requests)."""
+    import json
+
+    from tools.replay import Recording
+
+    loans = [json.loads(e.response)["id"] for e in Recording.load(recording, append=False).exchanges
+             if e.method == "POST" and e.url.endswith("/loans") and e.status == 201]
+    async with httpx.AsyncClient(base_url=base_url, transport=OriginTransport("members"), timeout=30) as client:
+        for loan_id in loans:
+            await client.post(f"/loans/{loan_id}/return")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -319,8 +464,6 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--traffic-recordings", default="runs/continual-demo/recordings", help="where HTTP recordings go")
     args = parser.parse_args(argv)
     if args.traffic_store:
-        import asyncio
-
         from seed_agents.backends.local import LocalBackend
         from seed_agents.chat_model import SeedChatModel
         from seed_agents.store import TraceStore

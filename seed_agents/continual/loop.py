@@ -165,12 +165,17 @@ class VLLMServing:
     """A running vLLM server with runtime LoRA (``--enable-lora``,
     ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``): each version is an adapter under its own
     served name (a same-name reload could serve stale prefix-cache blocks); version 0 is
-    the base model's served name."""
+    the base model's served name. One ``VLLMBackend`` per served name, kept until the
+    version is unloaded: a canary asks for a backend per episode, and each backend owns a
+    connection pool."""
 
     def __init__(self, cfg: Any, tokenizer: Any) -> None:
         self.cfg, self.tokenizer = cfg, tokenizer
+        self._backends: dict[str, Any] = {}
 
     def load(self, version: ModelVersionRecord) -> str:
+        """POST the adapter (again: a restarted server forgets runtime adapters; vLLM
+        answers 400 "has already been loaded" when it still has it, which is fine)."""
         name = served_name_of(version)
         if version.path:
             self._post("/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(Path(version.path).resolve())},
@@ -180,16 +185,28 @@ class VLLMServing:
     def backend(self, version: ModelVersionRecord) -> Any:
         from seed_agents.backends.vllm import VLLMBackend
 
-        return VLLMBackend(self.cfg.base_url, self.load(version), max_concurrency=self.cfg.max_concurrency,
-                           timeout_s=self.cfg.timeout_s, max_retries=self.cfg.max_retries,
-                           policy_version=version.version)
+        name = served_name_of(version)
+        if name not in self._backends:
+            self.load(version)
+            self._backends[name] = VLLMBackend(self.cfg.base_url, name, max_concurrency=self.cfg.max_concurrency,
+                                               timeout_s=self.cfg.timeout_s, max_retries=self.cfg.max_retries,
+                                               policy_version=version.version)
+        return self._backends[name]
 
     def unload(self, version: ModelVersionRecord) -> None:
+        backend = self._backends.pop(served_name_of(version), None)
+        if backend is not None:
+            backend.close()
         if version.path:
-            try:
-                self._post("/v1/unload_lora_adapter", {"lora_name": served_name_of(version)}, ok_if="not found")
+            try:  # vLLM 0.32 answers 404 "... cannot be found" for a name it does not hold
+                self._post("/v1/unload_lora_adapter", {"lora_name": served_name_of(version)}, ok_if="be found")
             except Exception as e:  # noqa: BLE001 - a leftover adapter only costs memory
                 print(f"could not unload {served_name_of(version)} ({' '.join(str(e).split())}); it stays loaded")
+
+    def close(self) -> None:
+        for backend in self._backends.values():
+            backend.close()
+        self._backends.clear()
 
     def _post(self, path: str, body: dict[str, Any], *, ok_if: str) -> None:
         """POST to the server; a 400/404 whose text says ``ok_if`` (already loaded, not
