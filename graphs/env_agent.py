@@ -5,6 +5,11 @@ it travels in ``config["configurable"]["env"]``. Invalid actions are not fatal: 
 says so, the agent sees the feedback on its next turn, and the count lands in the
 trajectory. Env calls run in worker threads so many episodes can share one event loop.
 
+Each turn is also recorded as data (``seed_agents.envs.EnvStep``: the observation, the
+admissible commands, the reply, the command sent, the env's verdict) under
+``metadata["env_steps"]``, with the first observation under ``metadata["first_observation"]``;
+an env suite's offline analyzer reads those instead of the prompt text.
+
 Two prompt layouts:
 - ``history="window"`` (default, the paper's): every turn is one fresh prompt holding
   the last ``history_window`` (observation, action) pairs; rows are step-level.
@@ -22,7 +27,7 @@ from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, System
 from langchain_core.runnables import RunnableConfig
 from langgraph.graph import END, START, StateGraph
 
-from seed_agents.envs import EnvObservation, TextEnv
+from seed_agents.envs import ENV_STEPS_KEY, FIRST_OBSERVATION_KEY, EnvObservation, EnvStep, TextEnv
 from seed_agents.types import StopReason, Task
 
 SYSTEM_PROMPT = (
@@ -39,13 +44,14 @@ class EnvAgentState(TypedDict, total=False):
     history: list[tuple[str, str]]  # (observation, action) pairs already played
     messages: list[BaseMessage]  # chat layout only
     action: str
+    reply: str  # the model's raw reply of the current turn
     steps: int
     invalid_actions: int
     reward: float
     done: bool
     success: bool
     stop_reason: StopReason
-    metadata: dict[str, Any]
+    metadata: dict[str, Any]  # the env's info, plus the structured turns (ENV_STEPS_KEY)
 
 
 def parse_action(text: str, admissible: list[str]) -> str:
@@ -111,7 +117,9 @@ def build_env_agent(
 
     async def observe(state: EnvAgentState, config: RunnableConfig) -> EnvAgentState:
         obs = await asyncio.to_thread(_env(config).reset)
-        return {**_apply(obs, {}), "history": [], "messages": [], "steps": 0, "invalid_actions": 0}
+        update = _apply(obs, {})
+        update["metadata"] = {**update["metadata"], FIRST_OBSERVATION_KEY: obs.text, ENV_STEPS_KEY: []}
+        return {**update, "history": [], "messages": [], "steps": 0, "invalid_actions": 0}
 
     def prompt(state: EnvAgentState) -> list[BaseMessage]:
         turn = render_turn(state["observation"], state["admissible"])
@@ -131,7 +139,7 @@ def build_env_agent(
         messages = prompt(state)
         reply = await llm.ainvoke(messages)
         text = reply.content if isinstance(reply.content, str) else str(reply.content)
-        update: EnvAgentState = {"action": parse_action(text, state["admissible"])}
+        update: EnvAgentState = {"action": parse_action(text, state["admissible"]), "reply": text}
         if history == "chat":
             update["messages"] = [*messages[1:], AIMessage(text)]
         return update
@@ -140,6 +148,12 @@ def build_env_agent(
         obs = await asyncio.to_thread(_env(config).step, state["action"])
         steps = state["steps"] + 1
         update = _apply(obs, state)
+        # what an offline analyzer reads (EnvSuite.offline_analyzer): the turn as data, not prompt text
+        turn = EnvStep(observation=state["observation"], admissible_actions=state["admissible"],
+                       reply=state.get("reply", ""), action=state["action"], invalid=obs.invalid,
+                       reward=obs.reward, done=obs.done)
+        recorded = state.get("metadata", {}).get(ENV_STEPS_KEY, [])
+        update["metadata"][ENV_STEPS_KEY] = [*recorded, turn.model_dump()]
         update["steps"] = steps
         update["invalid_actions"] = state["invalid_actions"] + int(obs.invalid)
         update["history"] = [*state["history"], (state["observation"], state["action"])]

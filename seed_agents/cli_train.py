@@ -3,12 +3,14 @@
     tasks -> (runner: agent graph + hindsight node, G episodes per task)
           -> rows + teacher prompts -> SEEDTrainer step -> weight sync -> next iteration
 
-The CLI imports this module only for `train`, so its imports cost nothing elsewhere; it is
-the composition root for training,
-the one place that joins seed_agents, graphs, tools (via entry points) and trainers.
-The run directory holds metrics.jsonl, trajectories.jsonl, skills.jsonl, checkpoints/
-and learning_curve.png; ``--resume`` continues from the last checkpoint and first drops
-trace records of iterations the checkpoint does not contain, so nothing is duplicated.
+It is the composition root: the builders every command uses (``open_backend``,
+``open_chat_model``, ``agent_config``; ``seed-agents eval`` plays with them too) and the
+one place that joins seed_agents, graphs, tools (via entry points) and trainers. It never
+imports ``seed_agents.cli``; the CLI imports it only inside the commands that run, so
+``seed-agents --help`` costs no transformers import. The run directory holds
+metrics.jsonl, trajectories.jsonl, skills.jsonl, checkpoints/ and learning_curve.png;
+``--resume`` continues from the last checkpoint and first drops trace records of
+iterations the checkpoint does not contain, so nothing is duplicated.
 """
 
 from __future__ import annotations
@@ -22,9 +24,12 @@ from typing import Any
 from transformers import TrainerCallback
 
 from seed_agents.aio import run_sync
-from seed_agents.config import ConfigError, TrainConfig
+from seed_agents.config import (AgentConfig, BackendConfig, ConfigError, EvalConfig, TrainConfig, agent_fields_given,
+                                with_suite_defaults)
+from seed_agents.envs import EnvSuite
 from seed_agents.faults import crash_point
 from seed_agents.runner import check_fault_budget
+from seed_agents.types import SamplingParams
 
 TRACE_FILES = ("metrics.jsonl", "trajectories.jsonl", "skills.jsonl", "eval.jsonl", "eval_trajectories.jsonl")
 
@@ -59,15 +64,15 @@ def read_tasks(path: Path) -> list[Any]:
 
     try:
         lines = Path(path).read_text(encoding="utf-8").splitlines()
-    except OSError as e:
-        raise ConfigError(f"cannot read tasks file {path}: {e.strerror or e}; check the tasks path in the config") from None
+    except OSError as err:
+        raise ConfigError(f"cannot read tasks file {path}: {err.strerror or err}; check the tasks path in the config") from None
     tasks = []
-    for i, line in enumerate(lines, 1):
+    for number, line in enumerate(lines, 1):
         if line.strip():
             try:
                 tasks.append(Task.model_validate_json(line))
-            except ValueError as e:
-                raise ConfigError(f"{path}:{i}: not a Task record ({first_error(e)}); write one JSON object per "
+            except ValueError as err:
+                raise ConfigError(f"{path}:{number}: not a Task record ({first_error(err)}); write one JSON object per "
                                   f"line: {{\"task_id\": ..., \"data\": {{...}}}}") from None
     if not tasks:
         raise ConfigError(f"{path} holds no tasks; write one Task record per line")
@@ -106,8 +111,8 @@ def open_store_tasks(cfg: TrainConfig, out: Path, resume: bool) -> tuple[Any, li
         if resume and (out / STORE_TASKS).exists():
             return store, read_tasks(out / STORE_TASKS)
         tasks = store_tasks(store, store_policy(cfg), min_sessions=2)
-    except StoreError as e:
-        raise ConfigError(f"--from-store: {e}") from None
+    except StoreError as err:
+        raise ConfigError(f"--from-store: {err}") from None
     need = cfg.iterations * cfg.tasks_per_iteration
     if len(tasks) < need:
         raise ConfigError(f"--from-store: the store has {len(tasks)} task keys with at least 2 trainable sessions; "
@@ -116,12 +121,12 @@ def open_store_tasks(cfg: TrainConfig, out: Path, resume: bool) -> tuple[Any, li
     return store, tasks
 
 
-def initial_weights(b: Any) -> str:
+def initial_weights(backend: BackendConfig) -> str:
     """The weights a run starts from: ``backend.weights``; else, in-process, the model
     itself; else (a server) the local copy named by ``tokenizer``, then the served name."""
-    if b.weights:
-        return b.weights
-    return b.model if b.kind == "local" else (b.tokenizer or b.model)
+    if backend.weights:
+        return backend.weights
+    return backend.model if backend.kind == "local" else (backend.tokenizer or backend.model)
 
 
 COMPLETE_MARKER = "seed_agents_complete"
@@ -163,18 +168,18 @@ def plot_learning_curve(out: Path) -> Path | None:
     if not rows:
         return None
     # x = updates applied when the episodes were played: iteration i samples after i updates
-    it = [r["iteration"] for r in rows]
+    iterations = [r["iteration"] for r in rows]
     fig, ax = plt.subplots(1, 2, figsize=(10, 3.5))
-    ax[0].plot(it, [r["success_rate"] for r in rows], marker="o", label="training success")
-    ax[0].plot(it, [r.get("skill_parse_rate", 0.0) for r in rows], marker=".", label="skill parse rate")
+    ax[0].plot(iterations, [r["success_rate"] for r in rows], marker="o", label="training success")
+    ax[0].plot(iterations, [r.get("skill_parse_rate", 0.0) for r in rows], marker=".", label="skill parse rate")
     evals = [json.loads(x) for x in (out / "eval.jsonl").read_text().splitlines() if x.strip()] if (out / "eval.jsonl").exists() else []
     if evals:
         ax[0].plot([r["updates"] for r in evals], [r["success_rate"] for r in evals], marker="s", label="held-out success")
     ax[0].set_xlabel("updates applied")
     ax[0].set_ylim(-0.05, 1.05)
     ax[0].legend()
-    ax[1].plot(it, [r.get("loss/ppo", 0.0) for r in rows], marker="o", label="PPO loss")
-    ax[1].plot(it, [r.get("loss/opd", 0.0) for r in rows], marker=".", label="OPD loss")
+    ax[1].plot(iterations, [r.get("loss/ppo", 0.0) for r in rows], marker="o", label="PPO loss")
+    ax[1].plot(iterations, [r.get("loss/opd", 0.0) for r in rows], marker=".", label="OPD loss")
     ax[1].set_xlabel("iteration")
     ax[1].legend()
     fig.tight_layout()
@@ -194,6 +199,7 @@ def run_train(cfg: TrainConfig, resume: bool = False) -> dict[str, Any]:
     # the model and the server are known to be good --------------------------------------
     out = Path(cfg.out)
     checkpoint, done_steps = check_run_dir(out, resume)
+    check_report_to(cfg.trainer.report_to)
     src = load_task_source(cfg, out, resume)
 
     # -- the run dir: written from here on ------------------------------------------------
@@ -284,8 +290,8 @@ def load_task_source(cfg: TrainConfig, out: Path, resume: bool) -> TaskSource:
     if cfg.graph is not None:
         try:
             src.build_graph, src.reward_fn = load_object(cfg.graph.build), load_object(cfg.graph.reward)
-        except ValueError as e:
-            raise ConfigError(f"graph: {e}; fix graph.build / graph.reward ('pkg.module:name')") from None
+        except ValueError as err:
+            raise ConfigError(f"graph: {err}; fix graph.build / graph.reward ('pkg.module:name')") from None
         if src.store is None:
             src.tasks = read_tasks(cfg.graph.tasks)[: cfg.num_tasks]
         if len(src.tasks) < cfg.tasks_per_iteration:
@@ -298,13 +304,13 @@ def load_task_source(cfg: TrainConfig, out: Path, resume: bool) -> TaskSource:
         if src.store is None:
             src.tasks = suite_tasks(src.suite, cfg.env, cfg.split, cfg.num_tasks)
     if cfg.eval is not None:  # the periodic held-out eval's, checked now rather than after an update
-        e = cfg.eval
-        src.eval_tasks = (read_tasks(e.tasks)[: e.num_tasks] if e.tasks is not None
-                          else suite_tasks(src.suite, cfg.env, e.split, e.num_tasks))
+        held_out = cfg.eval
+        src.eval_tasks = (read_tasks(held_out.tasks)[: held_out.num_tasks] if held_out.tasks is not None
+                          else suite_tasks(src.suite, cfg.env, held_out.split, held_out.num_tasks))
     check_backend(cfg.backend, weights=initial_weights(cfg.backend))
     if cfg.skills.source in ("external", "frozen") and cfg.skills.analyzer is not None:
         check_backend(cfg.skills.analyzer, flag="skills.analyzer.model")
-    if src.suite is not None and src.store is None and hasattr(src.suite, "prepare"):
+    if src.suite is not None and src.store is None:
         print(f"preparing {len(src.tasks)} {cfg.env} tasks ({cfg.split}) ...", flush=True)
         src.suite.prepare(src.tasks)
     return src
@@ -328,56 +334,53 @@ def build_policy(cfg: TrainConfig, out: Path) -> Policy:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from seed_agents.backends import make_backend
     from seed_agents.backends.local import LocalBackend
     from seed_agents.chat_model import SeedChatModel
     from seed_agents.models import resolve_model
     from seed_agents.stage1.auto import stage1_model
     from trainers.weight_sync import FullWeightSync, InProcessSync, LoRASync
 
-    b = cfg.backend
+    served = cfg.backend
     stage1_dir = stage1_model(cfg)
-    weights = str(stage1_dir) if stage1_dir is not None else resolve_model(initial_weights(b))
-    tokenizer = AutoTokenizer.from_pretrained(resolve_model(b.tokenizer) if b.tokenizer else weights)
+    weights = str(stage1_dir) if stage1_dir is not None else resolve_model(initial_weights(served))
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model(served.tokenizer) if served.tokenizer else weights)
     model = AutoModelForCausalLM.from_pretrained(weights, dtype=torch.float32)
     if cfg.trainer.lora_r:
         from peft import LoraConfig, get_peft_model
 
         model = get_peft_model(model, LoraConfig(r=cfg.trainer.lora_r, lora_alpha=cfg.trainer.lora_alpha,
                                                  target_modules="all-linear", task_type="CAUSAL_LM"))
-    if b.kind == "local":
-        backend: Any = LocalBackend(model, tokenizer=tokenizer, max_batch_size=b.max_batch_size)
+    if served.kind == "local":  # the trainer's own model samples: every update is live at once
+        backend: Any = LocalBackend(model, tokenizer=tokenizer, max_batch_size=served.max_batch_size)
         sync: Any = InProcessSync(backend)
     else:
-        backend, _ = make_backend(b)
-        if not backend.health():
-            raise ConfigError(f"no vLLM server answers at {b.base_url}; start one with `seed-agents serve --model {b.model}`")
+        backend, _ = open_backend(served)
         lora = cfg.sync == "lora" or (cfg.sync == "auto" and cfg.trainer.lora_r)
-        sync = LoRASync(backend, out / "weights") if lora else FullWeightSync(backend, out / "weights", method=b.reload_method)
-    llm = SeedChatModel(backend=backend, tokenizer=tokenizer, sampling=cfg.sampling, model_name=b.model)
+        sync = (LoRASync(backend, out / "weights") if lora
+                else FullWeightSync(backend, out / "weights", method=served.reload_method))
+    llm = SeedChatModel(backend=backend, tokenizer=tokenizer, sampling=cfg.sampling, model_name=served.model)
     return Policy(weights=weights, tokenizer=tokenizer, model=model, backend=backend, sync=sync, llm=llm)
 
 
-def build_analyzer(cfg: TrainConfig, policy: Policy) -> Any:
+def build_analyzer(cfg: TrainConfig, policy: Policy, suite: Any = None) -> Any:
     """Who writes the hindsight skills: the policy itself (SEED), another model (external),
-    a frozen copy of the initial policy, or the offline rule-based analyzer."""
-    from seed_agents.backends import make_backend
+    a frozen copy of the initial policy, or the env suite's offline analyzer (``suite``)."""
     from seed_agents.backends.local import LocalBackend
     from seed_agents.chat_model import SeedChatModel
 
-    s = cfg.skills
-    if s.source == "rule_based":
-        from seed_agents.stage1.analyzers import RuleBasedTextWorldAnalyzer
-
-        return RuleBasedTextWorldAnalyzer()
-    if s.source not in ("external", "frozen"):
+    skills = cfg.skills
+    if skills.source == "rule_based":
+        offline = suite.offline_analyzer() if suite is not None else None
+        if offline is None:
+            raise ConfigError(f"skills.source rule_based: the env {cfg.env!r} offers no offline analyzer; "
+                              f"use self, external or frozen")
+        return offline
+    if skills.source not in ("external", "frozen"):
         return policy.llm
-    if s.analyzer is not None:
-        a_backend, a_tok = make_backend(s.analyzer)
-    else:  # a frozen copy of the initial policy
-        a_backend = LocalBackend(policy.weights, max_batch_size=cfg.backend.max_batch_size)
-        a_tok = a_backend.tokenizer
-    return SeedChatModel(backend=a_backend, tokenizer=a_tok, model_name="analyzer")
+    if skills.analyzer is not None:
+        return open_chat_model(skills.analyzer, model_name="analyzer")
+    frozen = LocalBackend(policy.weights, max_batch_size=cfg.backend.max_batch_size)  # a copy of the initial policy
+    return SeedChatModel(backend=frozen, tokenizer=frozen.tokenizer, model_name="analyzer")
 
 
 def build_rollout(cfg: TrainConfig, src: TaskSource, policy: Policy, out: Path) -> Any:
@@ -388,33 +391,75 @@ def build_rollout(cfg: TrainConfig, src: TaskSource, policy: Policy, out: Path) 
     from seed_agents.skills import SystemBlockInjector, TaskLineInjector
     from trainers.rollout import GraphRollout
 
-    s = cfg.skills
-    injector = TaskLineInjector() if s.injector == "task_line" else SystemBlockInjector()
-    analyzer = build_analyzer(cfg, policy)
+    skills = cfg.skills
+    injector = TaskLineInjector() if skills.injector == "task_line" else SystemBlockInjector()
+    analyzer = build_analyzer(cfg, policy, src.suite)
     if src.store is not None:
         from trainers.store_rollout import StoreRollout
 
         return StoreRollout(src.store, policy.llm, run_id=store_run_id(out), policy=store_policy(cfg),
-                            skills=s.source, analyzer=analyzer, injector=injector, merge_rows=cfg.trainer.merge_rows,
-                            skill_max_tokens=s.max_tokens, min_words=s.min_words, max_words=s.max_words, out_dir=out)
-    graph = src.make_graph(policy.llm, agent_config(cfg, src))
-    if s.source != "none":
+                            skills=skills.source, analyzer=analyzer, injector=injector,
+                            merge_rows=cfg.trainer.merge_rows, skill_max_tokens=skills.max_tokens,
+                            min_words=skills.min_words, max_words=skills.max_words, out_dir=out)
+    graph = src.make_graph(policy.llm, agent_config(cfg, src.suite))
+    if skills.source != "none":
         # graph agents are judged by their reward; the analyzer needs the outcome before it
         reward_fn = src.reward_fn
         success_fn = (lambda state: reward_fn(state["task"], state) >= 1.0) if cfg.graph is not None else None
-        graph = with_hindsight(graph, analyzer, success_fn=success_fn, max_tokens=s.max_tokens,
-                               min_words=s.min_words, max_words=s.max_words)
-    runner = EpisodeRunner(graph, cfg.runner, make_env=src.make_env, reward_fn=src.reward_fn, make_input=src.make_input)
-    return GraphRollout(runner, policy.llm, skills=s.source, injector=injector, merge_rows=cfg.trainer.merge_rows,
+        graph = with_hindsight(graph, analyzer, success_fn=success_fn, max_tokens=skills.max_tokens,
+                               min_words=skills.min_words, max_words=skills.max_words)
+    runner = EpisodeRunner(graph, cfg.runner, make_env=src.make_env, reward_fn=src.reward_fn, make_input=src.make_input,
+                           seed=rollout_seed(cfg.seed, cfg.backend))
+    return GraphRollout(runner, policy.llm, skills=skills.source, injector=injector, merge_rows=cfg.trainer.merge_rows,
                         out_dir=out)
 
 
-def agent_config(cfg: TrainConfig, src: TaskSource) -> Any:
-    """The agent options: the user's, then the env suite's protocol defaults (ALFWorld's 30 turns ...)."""
-    from seed_agents.cli import agent_fields_given
-    from seed_agents.config import with_suite_defaults
+def rollout_seed(seed: int, backend: BackendConfig) -> int | None:
+    """The runner seed that makes rollouts reproducible (``EpisodeRunner(seed=)``): the
+    run's seed on the local backend; None on vLLM, whose 0.32 CPU build crashes on
+    concurrent seeded requests (docs/reproducibility.md)."""
+    return seed if backend.kind == "local" else None
 
-    return with_suite_defaults(cfg.agent, getattr(src.suite, "agent_defaults", None), agent_fields_given(cfg))
+
+def agent_config(cfg: EvalConfig | TrainConfig, suite: EnvSuite | None) -> AgentConfig:
+    """The agent options: the user's, then the env suite's protocol defaults (ALFWorld's 30 turns ...)."""
+    return with_suite_defaults(cfg.agent, (suite.agent_defaults if suite is not None else None), agent_fields_given(cfg))
+
+
+def open_backend(config: BackendConfig) -> tuple[Any, Any]:
+    """(backend, tokenizer) for ``config``; a vLLM server must answer ``/health`` now, so a
+    server that died after the preflight check fails here, before any episode is played."""
+    from seed_agents.backends import BackendUnavailable, make_backend
+
+    backend, tokenizer = make_backend(config)
+    if config.kind == "vllm" and not backend.health():
+        backend.close()
+        raise BackendUnavailable(f"no vLLM server answers at {config.base_url}; start one with "
+                                 f"`seed-agents serve --model {config.model}`")
+    return backend, tokenizer
+
+
+def open_chat_model(config: BackendConfig, sampling: SamplingParams | None = None, *, model_name: str | None = None) -> Any:
+    """A ``SeedChatModel`` over ``open_backend(config)``: the policy of ``eval``, an external
+    analyzer. The caller closes ``llm.backend``."""
+    from seed_agents.chat_model import SeedChatModel
+
+    backend, tokenizer = open_backend(config)
+    return SeedChatModel(backend=backend, tokenizer=tokenizer, sampling=sampling or SamplingParams(),
+                         model_name=model_name or config.model)
+
+
+def check_report_to(integrations: list[str]) -> None:
+    """Each ``trainer.report_to`` integration's package is installed (transformers would
+    raise only once training starts)."""
+    if not integrations:
+        return
+    from transformers.integrations import get_available_reporting_integrations
+
+    missing = sorted(set(integrations) - set(get_available_reporting_integrations()))
+    if missing:
+        raise ConfigError(f"trainer.report_to: {', '.join(missing)} is not installed here; pip install it "
+                          f"(e.g. pip install {missing[0]}) or remove it from report_to")
 
 
 def seed_config(cfg: TrainConfig, out: Path) -> Any:
@@ -423,15 +468,15 @@ def seed_config(cfg: TrainConfig, out: Path) -> Any:
 
     from trainers.seed_trainer import SEEDConfig
 
-    G, t = cfg.runner.group_size, cfg.trainer
+    group, trainer = cfg.runner.group_size, cfg.trainer
     return SEEDConfig(
-        output_dir=str(out / "checkpoints"), per_device_train_batch_size=cfg.tasks_per_iteration * G,
-        num_generations=G, max_steps=cfg.iterations, learning_rate=t.learning_rate, beta=t.kl_coef,
-        entropy_coef=t.entropy_coef, epsilon=t.clip_eps, max_grad_norm=t.max_grad_norm, opd_coef=t.opd_coef,
-        opd_beta=t.opd_beta, advantage_norm=t.advantage_norm, use_cpu=not torch.cuda.is_available(), bf16=False,
-        gradient_checkpointing=t.gradient_checkpointing,
-        report_to=[], logging_steps=1, save_strategy="steps", save_steps=1, save_total_limit=2, seed=cfg.seed,
-        disable_tqdm=True,
+        output_dir=str(out / "checkpoints"), per_device_train_batch_size=cfg.tasks_per_iteration * group,
+        num_generations=group, max_steps=cfg.iterations, learning_rate=trainer.learning_rate, beta=trainer.kl_coef,
+        entropy_coef=trainer.entropy_coef, epsilon=trainer.clip_eps, max_grad_norm=trainer.max_grad_norm,
+        opd_coef=trainer.opd_coef, gate_sharpness=trainer.gate_sharpness, advantage_norm=trainer.advantage_norm,
+        use_cpu=not torch.cuda.is_available(), bf16=False, gradient_checkpointing=trainer.gradient_checkpointing,
+        report_to=list(trainer.report_to), run_name=out.name, logging_steps=1, save_strategy="steps", save_steps=1,
+        save_total_limit=2, seed=cfg.seed, disable_tqdm=True,
     )
 
 
@@ -442,14 +487,15 @@ def build_periodic_eval(cfg: TrainConfig, src: TaskSource, policy: Policy, out: 
 
     if cfg.eval is None:
         return None
-    e = cfg.eval
-    if src.suite is not None and hasattr(src.suite, "prepare"):
+    held_out = cfg.eval
+    if src.suite is not None:
         src.suite.prepare(src.eval_tasks)
     eval_llm = SeedChatModel(backend=policy.backend, tokenizer=policy.tokenizer, model_name=cfg.backend.model,
-                             sampling=cfg.sampling.model_copy(update={"temperature": e.temperature}))
-    runner = EpisodeRunner(src.make_graph(eval_llm, agent_config(cfg, src)),
-                           cfg.runner.model_copy(update={"group_size": e.group_size}),
-                           make_env=src.make_env, reward_fn=src.reward_fn, make_input=src.make_input)
+                             sampling=cfg.sampling.model_copy(update={"temperature": held_out.temperature}))
+    runner = EpisodeRunner(src.make_graph(eval_llm, agent_config(cfg, src.suite)),
+                           cfg.runner.model_copy(update={"group_size": held_out.group_size}),
+                           make_env=src.make_env, reward_fn=src.reward_fn, make_input=src.make_input,
+                           seed=rollout_seed(cfg.seed, cfg.backend))
     episodes_per_update = cfg.tasks_per_iteration * cfg.runner.group_size * world_size
 
     def evaluate(updates: int) -> None:
@@ -470,19 +516,20 @@ def run_periodic_eval(runner: Any, tasks: list[Any], updates: int, episodes: int
     t0 = time.perf_counter()
     with capture(eval_after_updates=updates):
         trajs = run_sync(runner.run(tasks, group_prefix=f"eval{updates}"))
-    s = summarize(trajs, time.perf_counter() - t0)
+    summary = summarize(trajs, time.perf_counter() - t0)
     with JsonlSink(out / "eval_trajectories.jsonl") as sink:
-        for t in trajs:
-            t.metadata["iteration"] = updates - 1
-            sink.write("trajectory", t)
+        for traj in trajs:
+            traj.metadata["iteration"] = updates - 1
+            sink.write("trajectory", traj)
     check_fault_budget(trajs, runner.config.max_fault_fraction, what=f"held-out episodes after {updates} updates")
     row = {"iteration": updates - 1, "updates": updates, "episodes_consumed": episodes,
-           **{k: s[k] for k in ("episodes", "episodes_measured", "faults", "success_rate", "mean_reward", "mean_steps",
-                                "invalid_action_rate", "errors", "success_by_type", "wall_s")}}
-    with (out / "eval.jsonl").open("a", encoding="utf-8") as f:
-        f.write(json.dumps(row) + "\n")
-    print(f"eval after {updates:>3} updates ({episodes} training episodes): success {s['success_rate']:.2f}  "
-          f"reward {s['mean_reward']:.2f}  ({s['episodes']} held-out episodes, {s['wall_s']:.0f}s)", flush=True)
+           **{k: summary[k] for k in ("episodes", "episodes_measured", "faults", "success_rate", "mean_reward",
+                                      "mean_steps", "invalid_action_rate", "errors", "success_by_type", "wall_s")}}
+    with (out / "eval.jsonl").open("a", encoding="utf-8") as file:
+        file.write(json.dumps(row) + "\n")
+    print(f"eval after {updates:>3} updates ({episodes} training episodes): success {summary['success_rate']:.2f}  "
+          f"reward {summary['mean_reward']:.2f}  ({summary['episodes']} held-out episodes, {summary['wall_s']:.0f}s)",
+          flush=True)
     return row
 
 
@@ -504,9 +551,9 @@ class _SyncAndLog(TrainerCallback):
         """Rank 0 only; the other ranks wait for it at their next collective."""
         if self.evaluate is None or not state.is_world_process_zero:
             return
-        n = state.global_step
-        if (n == 0 and self.at_start) or (n > 0 and (n % self.every == 0 or n == self.last)):
-            self.evaluate(n)
+        updates = state.global_step
+        if (updates == 0 and self.at_start) or (updates > 0 and (updates % self.every == 0 or updates == self.last)):
+            self.evaluate(updates)
 
     def _sync(self, state: Any, model: Any) -> None:
         from trainers.weight_sync import InProcessSync
@@ -548,8 +595,8 @@ class _SyncAndLog(TrainerCallback):
             return
         row = {"iteration": state.global_step - 1, **logs, "policy_version_after": self.backend.policy_version,
                "time/sync_s": self.sync_s}
-        with (self.out / "metrics.jsonl").open("a", encoding="utf-8") as f:
-            f.write(json.dumps(row) + "\n")
+        with (self.out / "metrics.jsonl").open("a", encoding="utf-8") as file:
+            file.write(json.dumps(row) + "\n")
         print(f"iter {row['iteration']:>3}  success {logs['success_rate']:.2f}  reward {logs.get('reward', 0):.2f}  "
               f"parse {logs.get('skill_parse_rate', 0):.2f}  ppo {logs.get('loss/ppo', 0):+.4f}  "
               f"opd {logs.get('loss/opd', 0):+.4f}  gate {logs.get('opd/gate', 0):.2f}  v{self.backend.policy_version}", flush=True)

@@ -1,7 +1,15 @@
-"""Typed configs, one per concern, composed. Field descriptions are the CLI help."""
+"""Typed configs, one per concern, composed. Field descriptions are the CLI help:
+``seed-agents eval`` and ``train`` generate their flags from these models (``seed_agents.cli``).
+
+The paper's coefficients live here once (``PAPER``), torch-free, so the configs, the pure
+loss functions (``seed_agents.distill``) and the TRL config (``trainers.seed_trainer``) all
+read the same numbers.
+"""
 
 from __future__ import annotations
 
+import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -9,6 +17,26 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from seed_agents.runner import RunnerConfig
 from seed_agents.types import SamplingParams
+
+
+@dataclass(frozen=True)
+class SEEDCoefficients:
+    """Coefficients of the SEED objective (``seed_agents.distill.seed_objective``); the
+    defaults are the paper's. ``lam=0`` is plain GRPO.
+
+    ``gate_sharpness`` scales the OPD gate ``sigmoid(gate_sharpness * (l_skill - l_theta))``;
+    the paper calls it beta, a name TRL already gives the KL coefficient (``kl`` here)."""
+
+    clip_eps: float = 0.2
+    entropy: float = 0.001
+    lam: float = 0.01
+    kl: float = 0.01
+    gate_sharpness: float = 5.0
+
+
+PAPER = SEEDCoefficients()
+PAPER_LEARNING_RATE = 1e-6
+"""The paper's RL learning rate (its SFT stage uses 5e-6)."""
 
 
 class BackendConfig(BaseModel):
@@ -62,17 +90,19 @@ class EvalConfig(BaseModel):
     episodes: int = Field(8, ge=1, le=100000, description="Total episodes = tasks x group; must be a multiple of group.")
     seed: int = Field(0, description="Seed for sampling and env shuffles.")
     out: Path = Field(Path("runs/eval"), description="Output directory.")
-    backend: BackendConfig = Field(default_factory=BackendConfig)
-    sampling: SamplingParams = Field(default_factory=lambda: SamplingParams(max_tokens=24, temperature=0.7))
-    runner: RunnerConfig = Field(default_factory=lambda: RunnerConfig(group_size=1))
-    agent: AgentConfig = Field(default_factory=AgentConfig)
-    env_options: dict[str, Any] = Field(default_factory=dict, description="Extra keyword arguments for the env suite.")
+    backend: BackendConfig = BackendConfig()
+    # nested defaults are instances, not factories, so `--help` can print each field's
+    # default (pydantic copies them for every config)
+    sampling: SamplingParams = SamplingParams(max_tokens=24, temperature=0.7)
+    runner: RunnerConfig = RunnerConfig(group_size=1)
+    agent: AgentConfig = AgentConfig()
+    env_options: dict[str, Any] = Field({}, description="Extra keyword arguments for the env suite.")
 
     @model_validator(mode="after")
     def _groups(self) -> EvalConfig:
-        g = self.runner.group_size
-        if self.episodes % g:
-            raise ValueError(f"episodes ({self.episodes}) must be a multiple of group ({g})")
+        group = self.runner.group_size
+        if self.episodes % group:
+            raise ValueError(f"episodes ({self.episodes}) must be a multiple of group ({group})")
         return self
 
     @property
@@ -97,12 +127,12 @@ def validation_message(err: ValidationError, source: str = "config", model: type
     """Every problem of ``err`` on one line: ``field: message (got value)``, with a
     "did you mean" for a misspelt key when ``model`` says which keys exist."""
     parts = []
-    for e in err.errors():
-        loc = tuple(str(x) for x in e["loc"])
-        msg = e["msg"].removeprefix("Value error, ")
-        got = e.get("input")
+    for problem in err.errors():
+        loc = tuple(str(x) for x in problem["loc"])
+        msg = problem["msg"].removeprefix("Value error, ")
+        got = problem.get("input")
         part = f"{'.'.join(loc)}: {msg}" if loc else msg
-        if e["type"] == "extra_forbidden":
+        if problem["type"] == "extra_forbidden":
             close = _close_keys(model, loc)
             part += f" (did you mean {' or '.join(repr(k) for k in close)}?)" if close else ""
         elif got is not None and not isinstance(got, dict | list):
@@ -116,10 +146,10 @@ def first_error(err: Exception) -> str:
     """A short one-line reason for a record that did not parse (pydantic's own text spans
     several lines and ends with a URL)."""
     if isinstance(err, ValidationError) and err.errors():
-        e = err.errors()[0]
-        loc = ".".join(str(x) for x in e["loc"])
+        first = err.errors()[0]
+        loc = ".".join(str(x) for x in first["loc"])
         more = f" (+{err.error_count() - 1} more)" if err.error_count() > 1 else ""
-        return f"{loc + ': ' if loc else ''}{e['msg']}{more}"
+        return f"{loc + ': ' if loc else ''}{first['msg']}{more}"
     return " ".join(str(err).split())
 
 
@@ -146,7 +176,7 @@ class SkillConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    source: Literal["self", "external", "frozen", "rule_based", "none"] = Field("self", description="self: SEED; none: plain GRPO; external: another model writes skills (OPID-style); frozen: the initial policy, never synced; rule_based: the offline TextWorld analyzer (skills read off the trajectory, an ablation).")
+    source: Literal["self", "external", "frozen", "rule_based", "none"] = Field("self", description="self: SEED; none: plain GRPO; external: another model writes skills (OPID-style); frozen: the initial policy, never synced; rule_based: the env suite's offline analyzer (EnvSuite.offline_analyzer: skills read off the trajectory, an ablation).")
     injector: Literal["system", "task_line"] = Field("system", description="system: a delimited block in the system message; task_line: after 'Your task is to:' (ALFWorld).")
     min_words: int = Field(5, ge=1, description="Shorter skills are rejected.")
     max_words: int = Field(120, ge=5, description="Longer skills are rejected.")
@@ -154,23 +184,46 @@ class SkillConfig(BaseModel):
     analyzer: BackendConfig | None = Field(None, description="Backend of the external/frozen analyzer (default: a local copy of the initial policy).")
 
 
+class RenamedConfigKey(FutureWarning):
+    """A config key that still loads under its old name; the CLI shows it as one line."""
+
+
+ReportTo = Literal["azure_ml", "clearml", "codecarbon", "comet_ml", "dagshub", "dvclive", "flyte", "kubeflow", "mlflow",
+                   "neptune", "swanlab", "tensorboard", "trackio", "wandb"]
+"""The integrations transformers' ``report_to`` knows (tests/unit/test_report_to.py checks them
+against transformers' own table); each needs its package installed (checked before a run)."""
+
+
 class TrainerConfig(BaseModel):
     """Optimization; names follow TRL's GRPOConfig where they exist."""
 
     model_config = ConfigDict(extra="forbid")
 
-    learning_rate: float = Field(1e-6, gt=0, le=1.0, description="Paper: 1e-6 (use larger for tiny CPU demos).")
-    opd_coef: float = Field(0.01, ge=0, description="lambda; 0 turns SEED into GRPO.")
-    opd_beta: float = Field(5.0, gt=0, description="Gate sharpness.")
-    kl_coef: float = Field(0.01, ge=0, description="KL(pi || pi_ref) coefficient.")
-    entropy_coef: float = Field(0.001, ge=0, description="Entropy bonus.")
-    clip_eps: float = Field(0.2, gt=0, lt=1, description="PPO clip range.")
+    learning_rate: float = Field(PAPER_LEARNING_RATE, gt=0, le=1.0, description="Paper: 1e-6 (use larger for tiny CPU demos).")
+    opd_coef: float = Field(PAPER.lam, ge=0, description="lambda, the weight of the gated OPD term; 0 turns SEED into GRPO.")
+    gate_sharpness: float = Field(PAPER.gate_sharpness, gt=0, description="Sharpness of the OPD gate sigmoid(s * (teacher - student logprob)); the paper's beta (formerly opd_beta).")
+    kl_coef: float = Field(PAPER.kl, ge=0, description="KL(pi || pi_ref) coefficient (TRL's beta).")
+    entropy_coef: float = Field(PAPER.entropy, ge=0, description="Entropy bonus.")
+    clip_eps: float = Field(PAPER.clip_eps, gt=0, lt=1, description="PPO clip range.")
     max_grad_norm: float = Field(1.0, gt=0, description="Gradient clipping.")
     advantage_norm: Literal["mean_std", "mean"] = Field("mean_std", description="Group advantage normalization.")
     merge_rows: bool = Field(True, description="Merge calls whose tokens continue into one row.")
     gradient_checkpointing: bool = Field(True, description="Recompute activations in backward: less memory for a little more compute (SmolLM2 iteration on 2 cores, bench/update_memory.py: peak RSS 12.3 -> 7.1 GB, update time x1.03; TRL's default is on too).")
     lora_r: int | None = Field(None, ge=1, le=512, description="Train a LoRA adapter of this rank instead of full weights.")
     lora_alpha: int = Field(32, ge=1, description="LoRA alpha.")
+    report_to: list[ReportTo] = Field([], description="Where TRL also sends the training metrics (loss/ppo, loss/opd, opd/gate, success_rate, ...): tensorboard writes <out>/checkpoints/runs/; wandb, mlflow, trackio ... read their usual environment variables. metrics.jsonl is always written.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed_keys(cls, data: Any) -> Any:
+        """``opd_beta`` (until 0.1) is ``gate_sharpness``: ``beta`` is TRL's KL coefficient."""
+        if isinstance(data, dict) and "opd_beta" in data:
+            if "gate_sharpness" in data:
+                raise ValueError("opd_beta is the old name of gate_sharpness; keep only gate_sharpness")
+            warnings.warn("trainer.opd_beta is deprecated: rename it to trainer.gate_sharpness (same meaning)",
+                          RenamedConfigKey, stacklevel=2)
+            data = {("gate_sharpness" if key == "opd_beta" else key): value for key, value in data.items()}
+        return data
 
 
 class GraphConfig(BaseModel):
@@ -215,7 +268,7 @@ class StoreSourceConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     url: str = Field(description="Trace store URL: sqlite:///path/traces.db or postgresql://user@host/db.")
-    precedence: list[str] = Field(default_factory=lambda: ["verifier", "user", "judge"], description="Reward sources, most trusted first: the first source a session has sets its reward.")
+    precedence: list[str] = Field(["verifier", "user", "judge"], description="Reward sources, most trusted first: the first source a session has sets its reward.")
     combine: Literal["first", "mean", "last"] = Field("first", description="How several rewards of the chosen source merge.")
 
 
@@ -246,19 +299,19 @@ class TrainConfig(BaseModel):
     iterations: int = Field(3, ge=1, description="Optimizer updates (paper: 150).")
     seed: int = Field(0, description="Seed of everything.")
     out: Path = Field(Path("runs/train"), description="Run directory.")
-    backend: BackendConfig = Field(default_factory=BackendConfig)
-    sampling: SamplingParams = Field(default_factory=lambda: SamplingParams(max_tokens=16, temperature=0.7))
-    runner: RunnerConfig = Field(default_factory=lambda: RunnerConfig(group_size=4))
     # Defaults are the embedded CPU demo (configs/textworld_smollm2_cpu.yaml); the paper's
-    # settings are in configs/paper_textworld_qwen2.5-3b.yaml.
-    agent: AgentConfig = Field(default_factory=lambda: AgentConfig(max_turns=3, history="chat"))
-    skills: SkillConfig = Field(default_factory=lambda: SkillConfig(max_tokens=128))
-    trainer: TrainerConfig = Field(default_factory=lambda: TrainerConfig(learning_rate=1e-5))
+    # settings are in configs/paper_textworld_qwen2.5-3b.yaml. Instances, so `--help` shows them.
+    backend: BackendConfig = BackendConfig()
+    sampling: SamplingParams = SamplingParams(max_tokens=16, temperature=0.7)
+    runner: RunnerConfig = RunnerConfig(group_size=4)
+    agent: AgentConfig = AgentConfig(max_turns=3, history="chat")
+    skills: SkillConfig = SkillConfig(max_tokens=128)
+    trainer: TrainerConfig = TrainerConfig(learning_rate=1e-5)
     sync: Literal["auto", "full", "lora"] = Field("auto", description="vLLM weight sync; auto: lora when trainer.lora_r is set, else full.")
-    env_options: dict[str, Any] = Field(default_factory=dict, description="Extra keyword arguments for the env suite.")
+    env_options: dict[str, Any] = Field({}, description="Extra keyword arguments for the env suite.")
     graph: GraphConfig | None = Field(None, description="Train this graph on these tasks instead of the env suite.")
     store: StoreSourceConfig | None = Field(None, description="Train on recorded sessions from a trace store instead of playing episodes (`--from-store URL`).")
-    stage1: Stage1Config = Field(default_factory=Stage1Config)
+    stage1: Stage1Config = Stage1Config()
     eval: PeriodicEvalConfig | None = Field(None, description="Held-out evaluation during training (eval.jsonl); off when absent.")
 
     @model_validator(mode="after")
@@ -271,15 +324,20 @@ class TrainConfig(BaseModel):
             raise ValueError("sync: lora needs trainer.lora_r")
         if self.store is not None and self.skills.source not in ("self", "external", "frozen", "none"):
             raise ValueError(f"skills.source {self.skills.source!r} cannot run on stored sessions; use self, external, frozen or none")
-        if self.skills.source == "rule_based" and (self.graph is not None or self.env != "textworld"):
-            raise ValueError("skills.source: rule_based is the offline TextWorld analyzer (env: textworld); "
-                             "elsewhere use self, external or frozen")
+        if self.skills.source == "rule_based" and self.graph is not None:  # the env's offline analyzer: checked when it loads
+            raise ValueError("skills.source: rule_based is an env suite's offline analyzer, and a graph has no env suite; "
+                             "use self, external or frozen")
         if self.eval is not None:
             if self.graph is not None and self.eval.tasks is None:
                 raise ValueError("eval: graph training needs eval.tasks (a JSONL of held-out tasks)")
             if self.graph is None and self.eval.split == self.split:
                 raise ValueError(f"eval.split must differ from the training split ({self.split!r}): evaluate on held-out tasks")
         return self
+
+
+def agent_fields_given(cfg: EvalConfig | TrainConfig) -> set[str]:
+    """The agent fields the user set (YAML or flags); the rest may take suite defaults."""
+    return set(cfg.agent.model_fields_set) if "agent" in cfg.model_fields_set else set()
 
 
 def with_suite_defaults(agent: AgentConfig, defaults: dict[str, Any] | None, given: set[str]) -> AgentConfig:
@@ -292,35 +350,76 @@ def with_suite_defaults(agent: AgentConfig, defaults: dict[str, Any] | None, giv
 
 
 def load_config(model: type[BaseModel], path: str | Path | None, overrides: dict[str, Any]) -> Any:
-    """YAML file (optional) + dotted overrides -> validated config, or one ConfigError."""
+    """Defaults < YAML file (optional) < ``overrides`` -> validated config, or one ConfigError.
+
+    ``overrides`` are the command-line flags: dotted keys (``{"runner.group_size": 2}``) or
+    nested mappings (``{"runner": {"group_size": 2}}``, what the generated CLI gives), merged
+    into the file key by key; None means "not given"."""
     import yaml
 
     raw: dict[str, Any] = {}
     if path:
         try:
             raw = yaml.safe_load(Path(path).read_text()) or {}
-        except OSError as e:
-            raise ConfigError(f"cannot read config {path}: {e.strerror or e}; check the --config path") from None
-        except yaml.YAMLError as e:
-            mark = getattr(e, "problem_mark", None)
+        except OSError as err:
+            raise ConfigError(f"cannot read config {path}: {err.strerror or err}; check the --config path") from None
+        except yaml.YAMLError as err:
+            mark = getattr(err, "problem_mark", None)
             where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
-            problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+            problem = getattr(err, "problem", None) or str(err).splitlines()[0]
             raise ConfigError(f"{path} is not valid YAML{where}: {problem}; fix the file") from None
         if not isinstance(raw, dict):
             raise ConfigError(f"{path}: expected a mapping of config keys at the top level, got {type(raw).__name__}; "
                               f"write `key: value` lines")
-    for dotted, value in overrides.items():
-        if value is None:
-            continue
-        d = raw
-        *parents, leaf = dotted.split(".")
-        for p in parents:
-            child = d.setdefault(p, {})
-            if not isinstance(child, dict):  # e.g. `runner: 3` in the YAML, then --group
-                raise ConfigError(f"{path}: {p} must be a mapping of its fields, got {child!r}; fix the file")
-            d = child
-        d[leaf] = value
+    _merge(raw, overrides, path)
+    _keep_command_defaults(model, raw)
     try:
         return model.model_validate(raw)
-    except ValidationError as e:
-        raise ConfigError(validation_message(e, str(path) if path else "arguments", model)) from None
+    except ValidationError as err:
+        raise ConfigError(validation_message(err, str(path) if path else "arguments", model)) from None
+
+
+def _merge(into: dict[str, Any], overrides: dict[str, Any], path: str | Path | None) -> None:
+    """Set every non-None value of ``overrides`` in ``into`` (in place), one key at a time."""
+    for dotted, value in overrides.items():
+        value = _given(value)
+        if value is None:
+            continue
+        section = into
+        *parents, leaf = dotted.split(".")
+        for name in parents:
+            child = section.setdefault(name, {})
+            if not isinstance(child, dict):  # e.g. `runner: 3` in the YAML, then --group
+                raise ConfigError(f"{path}: {name} must be a mapping of its fields, got {child!r}; fix the file")
+            section = child
+        if isinstance(value, dict) and isinstance(section.get(leaf), dict):
+            _merge(section[leaf], value, path)
+        elif isinstance(value, dict) and leaf in section and section[leaf] is not None:
+            raise ConfigError(f"{path}: {leaf} must be a mapping of its fields, got {section[leaf]!r}; fix the file")
+        else:
+            section[leaf] = value
+
+
+def _keep_command_defaults(model: type[BaseModel], raw: dict[str, Any]) -> None:
+    """A section given in part keeps the command's own defaults for the rest (in place).
+
+    Commands set some sections' defaults themselves (``EvalConfig.sampling`` is
+    ``SamplingParams(max_tokens=24, ...)``, not the class default 64); without this, one
+    field given (``--temperature 0.3``) would rebuild the section from its class and
+    silently change the others. ``agent`` is left alone: its unset fields take the env
+    suite's protocol defaults (``with_suite_defaults``), which need to see what was given."""
+    for name, field in model.model_fields.items():
+        section = raw.get(name)
+        if name == "agent" or not isinstance(section, dict) or not isinstance(field.default, BaseModel):
+            continue
+        raw[name] = {**field.default.model_dump(exclude_unset=True), **section}
+
+
+def _given(value: Any) -> Any:
+    """``value`` without its None entries and the sections left empty: None (not given) or
+    an empty section would replace a default section (``TrainConfig.skills`` is not
+    ``SkillConfig()``)."""
+    if not isinstance(value, dict):
+        return value
+    kept = {key: pruned for key, item in value.items() if (pruned := _given(item)) is not None}
+    return kept or None

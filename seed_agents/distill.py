@@ -8,20 +8,26 @@ the OPD term) have mask 0 and contribute nothing.
 Objective per sampled token (DESIGN.md, "The algorithm"):
     L = L_ppo_clip(A) - c_ent * H + lambda * L_opd + c_kl * KL_k3(pi || pi_ref)
 with the gated on-policy distillation term
-    delta_t = stopgrad(l_skill_t - l_theta_t);  g_t = sigmoid(beta * delta_t)
+    delta_t = stopgrad(l_skill_t - l_theta_t);  g_t = sigmoid(gate_sharpness * delta_t)
     L_opd   = masked_mean(g_t * (stopgrad(l_skill_t) - l_theta_t))
 whose gradient is -g_t * grad l_theta_t: raise the probability of the sampled token
 where the skill-conditioned policy (the teacher) likes it more than the student does,
-softly gated so tokens the teacher dislikes are pushed less.
+softly gated so tokens the teacher dislikes are pushed less. ``gate_sharpness`` is the
+paper's beta, renamed because TRL's ``beta`` (``SEEDConfig.beta``) is the KL coefficient.
+The coefficients and their paper defaults are ``seed_agents.config.SEEDCoefficients``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Literal
 
 import torch
+
+from seed_agents.config import PAPER, SEEDCoefficients
+
+__all__ = ["SEEDCoefficients", "entropy_from_logits", "gated_opd_loss", "group_advantages", "kl_k3", "masked_mean",
+           "ppo_clip_loss", "seed_objective"]
 
 
 def masked_mean(x_B_T: torch.Tensor, mask_B_T: torch.Tensor) -> torch.Tensor:
@@ -50,10 +56,10 @@ def group_advantages(
     adv = torch.empty_like(rewards)
     for gid in dict.fromkeys(group_ids):
         idx = torch.tensor([i for i, g in enumerate(group_ids) if g == gid])
-        r = rewards[idx]
-        centered = r - r.mean()
+        group_rewards = rewards[idx]
+        centered = group_rewards - group_rewards.mean()
         if norm == "mean_std":
-            std = r.std() if len(r) > 1 else torch.tensor(0.0)
+            std = group_rewards.std() if len(group_rewards) > 1 else torch.tensor(0.0)
             centered = centered / (std + eps)
         adv[idx] = centered
     return adv
@@ -63,12 +69,12 @@ def gated_opd_loss(
     logp_student_B_T: torch.Tensor,
     logp_teacher_B_T: torch.Tensor,
     mask_B_T: torch.Tensor,
-    beta: float = 5.0,
+    gate_sharpness: float = PAPER.gate_sharpness,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(loss, mean gate). Gradient flows only through ``logp_student``."""
     teacher = logp_teacher_B_T.detach()
     delta = teacher - logp_student_B_T.detach()
-    gate = torch.sigmoid(beta * delta)
+    gate = torch.sigmoid(gate_sharpness * delta)
     loss = masked_mean(gate * (teacher - logp_student_B_T), mask_B_T)
     return loss, masked_mean(gate, mask_B_T)
 
@@ -78,7 +84,7 @@ def ppo_clip_loss(
     old_logp_B_T: torch.Tensor,
     advantages_B: torch.Tensor,
     mask_B_T: torch.Tensor,
-    clip_eps: float = 0.2,
+    clip_eps: float = PAPER.clip_eps,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(loss, clip fraction) of the PPO clipped surrogate, advantages broadcast per row."""
     ratio = torch.exp(logp_B_T - old_logp_B_T.detach())
@@ -99,17 +105,6 @@ def kl_k3(logp_B_T: torch.Tensor, ref_logp_B_T: torch.Tensor) -> torch.Tensor:
 def entropy_from_logits(logits_B_T_V: torch.Tensor) -> torch.Tensor:
     logp = logits_B_T_V.float().log_softmax(-1)
     return -(logp.exp() * logp).sum(-1)
-
-
-@dataclass(frozen=True)
-class SEEDCoefficients:
-    """Paper defaults; ``lam=0`` is plain GRPO."""
-
-    clip_eps: float = 0.2
-    entropy: float = 0.001
-    lam: float = 0.01
-    kl: float = 0.01
-    beta: float = 5.0
 
 
 def seed_objective(
@@ -142,7 +137,7 @@ def seed_objective(
         metrics["kl"] = kl.item()
     if teacher_logp_B_T is not None and coef.lam:
         opd_mask = mask_B_T if opd_mask_B_T is None else mask_B_T * opd_mask_B_T
-        opd, gate = gated_opd_loss(logp_B_T, teacher_logp_B_T, opd_mask, coef.beta)
+        opd, gate = gated_opd_loss(logp_B_T, teacher_logp_B_T, opd_mask, coef.gate_sharpness)
         loss = loss + coef.lam * opd
         metrics.update({"loss/opd": opd.item(), "opd/gate": gate.item(), "opd/tokens": float(opd_mask.sum().item())})
     metrics["loss/total"] = loss.item()

@@ -219,7 +219,7 @@ def faulty_train_config(tasks_path: str, model_dir: str, **overrides: Any) -> di
     }
 
 
-Answer = tuple[int, str, bytes]  # (HTTP status, content type, body)
+Answer = tuple[int, str, bytes] | tuple[int, str, bytes, dict[str, str]]  # (HTTP status, content type, body[, headers])
 
 
 class ScriptedServer:
@@ -256,9 +256,11 @@ class ScriptedServer:
                     threading.Thread(target=owner.die, daemon=True).start()
                     self.connection.close()
                     return
-                status, content_type, body = reply
+                status, content_type, body, *extra = reply
                 self.send_response(status)
                 self.send_header("Content-Type", content_type)
+                for name, value in (extra[0] if extra else {}).items():  # e.g. Retry-After
+                    self.send_header(name, value)
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
                 self.wfile.write(body)

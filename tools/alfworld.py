@@ -43,10 +43,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from seed_agents.envs import EnvObservation
+from seed_agents.envs import EnvObservation, EnvSuite
 from seed_agents.types import Task
+
+if TYPE_CHECKING:
+    from seed_agents.stage1.analyzers import Analyzer
 
 SPLITS = ("train", "valid_seen", "valid_unseen")
 DATA_SUBDIR = "json_2.1.1"
@@ -281,7 +284,7 @@ class AlfWorldEnv:
 # ---------------------------------------------------------------- the suite
 
 
-class AlfWorldSuite:
+class AlfWorldSuite(EnvSuite):
     """The ``alfworld`` env suite: manifest, one ``AlfWorldEnv`` per episode, the agent graph.
 
     ``data_dir`` defaults to ``$ALFWORLD_DATA``, then ``~/.cache/alfworld``; nothing is
@@ -348,3 +351,9 @@ class AlfWorldSuite:
         from graphs.alfworld import build_alfworld_agent
 
         return build_alfworld_agent(llm, **{**self.options, **options})
+
+    def offline_analyzer(self) -> Analyzer:
+        """Rule-based skills from the goal and the commands of each episode (``tools.alfworld_analyzer``)."""
+        from tools.alfworld_analyzer import AlfWorldAnalyzer
+
+        return AlfWorldAnalyzer()

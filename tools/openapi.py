@@ -24,13 +24,11 @@ have borrowed the book.
 
 from __future__ import annotations
 
-import email.utils
 import json
 import keyword
 import logging
 import os
 import re
-import time
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
@@ -56,6 +54,7 @@ from tenacity import (
 )
 
 from seed_agents.faults import EpisodeFault
+from seed_agents.http import retry_after_seconds  # the shared Retry-After reading
 from seed_agents.redact import redact
 
 log = logging.getLogger("tools.openapi")
@@ -670,22 +669,6 @@ def route_regex(template: str) -> re.Pattern[str]:
     """``/books/{id}`` -> a regex over raw (percent-encoded) paths; a parameter is one segment."""
     parts = re.split(r"(\{[^}/]+\})", template)
     return re.compile("".join("[^/]+" if p.startswith("{") else re.escape(p) for p in parts))
-
-
-def retry_after_seconds(value: str | None, now: float | None = None) -> float | None:
-    """Seconds to wait from a Retry-After header (delay-seconds or an HTTP date); None if absent or unparsable."""
-    if not value:
-        return None
-    value = value.strip()
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        pass
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    return max(0.0, when.timestamp() - (time.time() if now is None else now))
 
 
 # ------------------------------------------------------------------------------ helpers

@@ -35,10 +35,13 @@ import tempfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from seed_agents.envs import EnvObservation
+from seed_agents.envs import EnvObservation, EnvSuite
 from seed_agents.types import Task
+
+if TYPE_CHECKING:
+    from seed_agents.stage1.analyzers import Analyzer
 
 SPLITS = ("train", "eval_seen", "eval_unseen")
 MAX_TASKS_PER_SPLIT = 100_000
@@ -249,10 +252,12 @@ class TextWorldEnv:
 
 
 def default_cache_dir() -> Path:
-    return Path(os.environ.get("SEED_AGENTS_CACHE") or Path.home() / ".cache" / "seed-agents").expanduser()
+    from seed_agents.models import cache_dir  # $SEED_AGENTS_CACHE, resolved in one place
+
+    return cache_dir()
 
 
-class TextWorldSuite:
+class TextWorldSuite(EnvSuite):
     """The ``textworld`` env suite: manifest, cached games, and the env-agent graph.
 
     ``options`` are defaults for ``build_graph`` (e.g. ``max_steps``); options given to
@@ -287,3 +292,9 @@ class TextWorldSuite:
         from graphs.env_agent import build_env_agent
 
         return build_env_agent(llm, **{**self.options, **options})
+
+    def offline_analyzer(self) -> Analyzer:
+        """Rule-based skills from the episode's structured turns (``tools.textworld_analyzer``)."""
+        from tools.textworld_analyzer import TextWorldAnalyzer
+
+        return TextWorldAnalyzer()

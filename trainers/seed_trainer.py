@@ -30,22 +30,26 @@ import torch
 from trl import GRPOConfig, GRPOTrainer
 from trl.trainer.utils import RepeatSampler
 
+from seed_agents.config import PAPER, PAPER_LEARNING_RATE
 from seed_agents.distill import SEEDCoefficients, group_advantages, seed_objective
 from seed_agents.types import Row, Task, Trajectory
 
 
 @dataclass
 class SEEDConfig(GRPOConfig):
-    """GRPOConfig plus the SEED knobs. Defaults are the paper's (DESIGN.md) where TRL's differ."""
+    """GRPOConfig plus the SEED knobs. Defaults are the paper's (``seed_agents.config.PAPER``)
+    where TRL's differ. ``beta`` keeps TRL's meaning (the KL coefficient); the paper's gate
+    beta is ``gate_sharpness``."""
 
-    opd_coef: float = field(default=0.01, metadata={"help": "lambda: weight of the gated OPD term; 0 = plain GRPO."})
-    opd_beta: float = field(default=5.0, metadata={"help": "beta: sharpness of the sigmoid gate on (teacher - student)."})
+    opd_coef: float = field(default=PAPER.lam, metadata={"help": "lambda: weight of the gated OPD term; 0 = plain GRPO."})
+    gate_sharpness: float = field(default=PAPER.gate_sharpness, metadata={"help": "Sharpness of the sigmoid gate on (teacher - student) log-probs (the paper's beta)."})
     advantage_norm: Literal["mean_std", "mean"] = field(default="mean_std", metadata={"help": "Group advantage: (r-mean)/std (ALFWorld) or r-mean (WebShop)."})
     score_batch_size: int = field(default=4, metadata={"help": "Rows per forward when scoring teacher/reference log-probs."})
     # TRL fields with the paper's values
-    beta: float = field(default=0.01, metadata={"help": "KL(pi || pi_ref) coefficient (k3 estimator)."})
-    entropy_coef: float = field(default=0.001, metadata={"help": "Entropy bonus coefficient."})
-    learning_rate: float = field(default=1e-6, metadata={"help": "Paper: 1e-6."})
+    beta: float = field(default=PAPER.kl, metadata={"help": "KL(pi || pi_ref) coefficient (k3 estimator)."})
+    epsilon: float = field(default=PAPER.clip_eps, metadata={"help": "PPO clip range."})
+    entropy_coef: float = field(default=PAPER.entropy, metadata={"help": "Entropy bonus coefficient."})
+    learning_rate: float = field(default=PAPER_LEARNING_RATE, metadata={"help": "Paper: 1e-6."})
     loss_type: str = field(default="bnpo", metadata={"help": "Token-mean over the batch (the paper's masked token-mean)."})
     temperature: float = field(default=1.0, metadata={"help": "Scoring temperature; must be 1: backends return raw logprobs."})
     steps_per_generation: int | None = field(default=1, metadata={"help": "One optimizer step per rollout batch."})
@@ -60,8 +64,8 @@ class SEEDConfig(GRPOConfig):
         if self.num_generations and self.per_device_train_batch_size % self.num_generations:
             raise ValueError(f"per_device_train_batch_size ({self.per_device_train_batch_size}) must be a multiple of "
                              f"num_generations ({self.num_generations}): a group must not be split across ranks")
-        if self.opd_coef < 0 or self.opd_beta <= 0:
-            raise ValueError("opd_coef must be >= 0 and opd_beta > 0")
+        if self.opd_coef < 0 or self.gate_sharpness <= 0:
+            raise ValueError("opd_coef must be >= 0 and gate_sharpness > 0")
 
 
 class EpochSeededSampler(RepeatSampler):
@@ -104,13 +108,13 @@ def _env_reward(prompts: list[Any], completions: list[Any], **kwargs: Any) -> li
 def _pad(seqs: list[list[Any]], value: Any, left: bool, dtype: torch.dtype) -> torch.Tensor:
     width = max((len(s) for s in seqs), default=0)
     out = torch.full((len(seqs), width), value, dtype=dtype)
-    for i, s in enumerate(seqs):
-        if s:
-            t = torch.tensor(s, dtype=dtype)
+    for row, seq in enumerate(seqs):
+        if seq:
+            values = torch.tensor(seq, dtype=dtype)
             if left:
-                out[i, width - len(s):] = t
+                out[row, width - len(seq):] = values
             else:
-                out[i, : len(s)] = t
+                out[row, : len(seq)] = values
     return out
 
 
@@ -136,7 +140,7 @@ class SEEDTrainer(GRPOTrainer):
         super().__init__(model=model, reward_funcs=[_env_reward], args=args, train_dataset=train_dataset, **kwargs)
         self.rollout = rollout
         self.coef = SEEDCoefficients(clip_eps=args.epsilon, entropy=args.entropy_coef, lam=args.opd_coef,
-                                     kl=args.beta, beta=args.opd_beta)
+                                     kl=args.beta, gate_sharpness=args.gate_sharpness)
         self.last_batch: RolloutBatch | None = None
 
     def _get_train_sampler(self, dataset: Any = None) -> EpochSeededSampler:
@@ -159,15 +163,14 @@ class SEEDTrainer(GRPOTrainer):
         out = self.score_batch(batch)
         t_score = time.perf_counter() - t1
 
-        mode = "train"
-        m = self._metrics[mode]
-        for k, v in batch.metrics.items():
-            m[k].append(v)
+        metrics = self._metrics["train"]
+        for name, value in batch.metrics.items():
+            metrics[name].append(value)
         measured = [t.reward for t in batch.trajectories if t.fault is None]  # faults carry no reward
-        m["reward"].append(sum(measured) / len(measured) if measured else 0.0)
-        m["time/rollout_s"].append(t_rollout)
-        m["time/score_s"].append(t_score)
-        m["rows"].append(float(len(batch.rows)))
+        metrics["reward"].append(sum(measured) / len(measured) if measured else 0.0)
+        metrics["time/rollout_s"].append(t_rollout)
+        metrics["time/score_s"].append(t_score)
+        metrics["rows"].append(float(len(batch.rows)))
         return out
 
     def score_batch(self, batch: RolloutBatch) -> dict[str, torch.Tensor]:
@@ -234,7 +237,7 @@ class SEEDTrainer(GRPOTrainer):
             logps, inputs["old_per_token_logps"], inputs["advantages"], inputs["loss_mask"],
             entropy_B_T=entropies, ref_logp_B_T=inputs.get("ref_per_token_logps"),
             teacher_logp_B_T=inputs["teacher_per_token_logps"], opd_mask_B_T=inputs["opd_mask"], coef=self.coef)
-        for k, v in metrics.items():
-            self._metrics["train"][k].append(v)
+        for name, value in metrics.items():
+            self._metrics["train"][name].append(value)
         # like TRL's token-mean losses: scaled for gradient accumulation (HF auto-scaling is off)
         return loss / (self.current_gradient_accumulation_steps if self.model.training else 1.0)

@@ -106,3 +106,16 @@ class StreamingBackend(Backend, Protocol):
     def astream(self, prompt_ids: list[int], params: SamplingParams) -> AsyncIterator[CompletionPiece]:
         """Async ``stream`` (an async generator); ``aclose()`` stops the generation."""
         ...
+
+
+@runtime_checkable
+class ServedBackend(Backend, Protocol):
+    """A backend in front of a separate server (vLLM) that can be asked whether it is up,
+    so a command fails with one line before loading anything else. In-process backends
+    (local transformers, test fakes) are always up and are not ``ServedBackend``s."""
+
+    base_url: str
+
+    def health(self, timeout_s: float = 5.0) -> bool:
+        """True if the server answers its health check right now (no retries)."""
+        ...

@@ -1,10 +1,11 @@
 """Stage 1 on demand: the cached stage-1 model a SEED training run starts from.
 
 ``seed-agents train`` calls ``stage1_model(cfg)``. When stage 1 applies (``stage1.run:
-auto``, SEED's own skills, TextWorld, the local backend) it returns the folder of a model
-that is ``backend.model`` after skill SFT, building it first when no cached copy exists:
-``skills collect`` with the offline rule-based analyzer on the base policy's episodes,
-then ``skills sft``. The cache key covers every setting that changes the result, so a
+auto``, SEED's own skills, an env suite that offers an offline analyzer, the local
+backend) it returns the folder of a model that is ``backend.model`` after skill SFT,
+building it first when no cached copy exists: ``skills collect`` with the suite's offline
+analyzer (``EnvSuite.offline_analyzer()``: TextWorld's and ALFWorld's are rule-based) on
+the base policy's episodes, then ``skills sft``. The cache key covers every setting that changes the result, so a
 changed setting builds a new model instead of reusing a stale one. A finished build is
 marked by a ``DONE`` file written last; an interrupted build resumes (collect is
 resumable) or restarts its SFT, and a file lock keeps two runs from building it twice.
@@ -19,28 +20,39 @@ from pathlib import Path
 from typing import Any
 
 from seed_agents.config import TrainConfig
+from seed_agents.envs import EnvSuite
+from seed_agents.models import cache_dir
 
 STAGE1_RECIPE = 2  # bump when the recipe changes in a way the settings below do not show
 # (2: the offline analyzer's failure rules stopped quoting the failed commands)
 
 
-def applies(cfg: TrainConfig) -> tuple[bool, str]:
-    """(stage 1 runs, why or why not)."""
+def applies(cfg: TrainConfig, suite: EnvSuite | None = None) -> tuple[bool, str]:
+    """(stage 1 runs, why or why not). ``suite``: the run's env suite (default: loaded
+    from ``cfg.env``, only when every other condition holds)."""
     if cfg.stage1.run == "off":
         return False, "stage1.run is off"
     if cfg.skills.source != "self":
         return False, f"skills.source is {cfg.skills.source!r} (stage 1 trains the policy's own analyzer)"
     if cfg.store is not None:
         return False, "training on stored sessions starts from the weights that served them (backend.weights)"
-    if cfg.graph is not None or cfg.env != "textworld":
-        return False, ("the offline analyzer is TextWorld's; for other envs or graphs build a stage-1 model with "
+    if cfg.graph is not None:
+        return False, ("a graph has no env suite to analyze its episodes offline; build a stage-1 model with "
                        "`seed-agents skills collect --analyzer openai ...` and `skills sft`, then set backend.weights")
     if cfg.backend.kind != "local":
         return False, ("a vLLM server serves its own weights; build the stage-1 model with `seed-agents skills collect` "
                        "+ `skills sft` and serve it")
     if cfg.backend.weights is not None:
         return False, "backend.weights is set (the run starts from those weights)"
-    return True, "SEED on TextWorld with the local backend"
+    if suite is None:
+        from seed_agents.preflight import load_suite
+
+        suite = load_suite(cfg.env, seed=cfg.seed, options=cfg.env_options)
+    if suite.offline_analyzer() is None:
+        return False, (f"the env {cfg.env!r} offers no offline analyzer (EnvSuite.offline_analyzer); build a stage-1 "
+                       f"model with `seed-agents skills collect --analyzer openai ...` and `skills sft`, then set "
+                       f"backend.weights")
+    return True, f"SEED on {cfg.env} with its offline analyzer and the local backend"
 
 
 def cache_key(cfg: TrainConfig, base: str) -> str:
@@ -56,12 +68,13 @@ def cache_key(cfg: TrainConfig, base: str) -> str:
 
 
 def default_cache_dir() -> Path:
-    return Path(os.environ.get("SEED_AGENTS_CACHE") or Path.home() / ".cache" / "seed-agents").expanduser() / "stage1"
+    return cache_dir() / "stage1"
 
 
-def stage1_model(cfg: TrainConfig, log: Any = print) -> Path | None:
-    """The stage-1 model folder for ``cfg``, built if needed; None when stage 1 does not apply."""
-    ok, why = applies(cfg)
+def stage1_model(cfg: TrainConfig, log: Any = print, suite: EnvSuite | None = None) -> Path | None:
+    """The stage-1 model folder for ``cfg``, built if needed; None when stage 1 does not
+    apply. ``suite``: the run's env suite (default: loaded from ``cfg.env``)."""
+    ok, why = applies(cfg, suite)
     if not ok:
         if cfg.stage1.run == "auto" and cfg.skills.source == "self":
             log(f"stage 1 skipped: {why}")
@@ -80,13 +93,13 @@ def stage1_model(cfg: TrainConfig, log: Any = print) -> Path | None:
     with FileLock(str(root / ".lock")):
         if (root / "DONE").exists():  # built by another run while we waited
             return model_dir
-        log(f"stage 1: no cached stage-1 model; collecting skills (offline rule-based analyzer) and running SFT in {root}")
-        summary = build(cfg, base, root)
+        log(f"stage 1: no cached stage-1 model; collecting skills ({cfg.env}'s offline analyzer) and running SFT in {root}")
+        summary = build(cfg, base, root, suite)
         (root / "DONE").write_text(json.dumps(summary, indent=2, default=str))
     return model_dir
 
 
-def build(cfg: TrainConfig, base: str, root: Path) -> dict[str, Any]:
+def build(cfg: TrainConfig, base: str, root: Path, suite: EnvSuite | None = None) -> dict[str, Any]:
     """Collect with the offline analyzer, then SFT; returns both summaries."""
     import shutil
 
@@ -103,7 +116,7 @@ def build(cfg: TrainConfig, base: str, root: Path) -> dict[str, Any]:
         "agent": cfg.agent.model_dump(), "analyzer": {"kind": "rule_based"},
         "min_words": cfg.skills.min_words, "max_words": cfg.skills.max_words,
     })
-    collected = run_collect(collect)
+    collected = run_collect(collect, suite=suite)
     shutil.rmtree(root / "sft", ignore_errors=True)  # a half-finished SFT starts over
     sft = SFTRunConfig.model_validate({
         "examples": [str(root / "collect" / "examples.jsonl")], "model": base, "out": str(root / "sft"),

@@ -32,6 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from seed_agents.aio import run_sync
 from seed_agents.config import AgentConfig, BackendConfig, ConfigError, first_error, load_config
+from seed_agents.envs import EnvSuite, EpisodeRecord, as_env_suite
 from seed_agents.redact import redact
 from seed_agents.runner import RunnerConfig
 from seed_agents.stage1.analyzers import Analyzer, AnalyzerConfig, AnalyzerReply, PolicyAnalyzer, make_analyzer
@@ -93,10 +94,11 @@ def run_collect(cfg: CollectConfig, *, suite: Any = None, llm: Any = None, analy
             backend.close()
 
 
-def _preflight(cfg: CollectConfig, suite: Any, llm: Any, analyzer: Analyzer | None) -> Any:
+def _preflight(cfg: CollectConfig, suite: Any, llm: Any, analyzer: Analyzer | None) -> EnvSuite | None:
     """The checks that need no model loaded: ``out`` can be written and holds no other
-    episodes, the env and its split give the tasks, the model folders exist, the server
-    answers. Nothing is written. Returns the env suite (None with ``from_trajectories``)."""
+    episodes, the env and its split give the tasks, a ``rule_based`` analyzer exists for
+    the env, the model folders exist, the server answers. Nothing is written. Returns the
+    env suite (None with ``from_trajectories`` and an analyzer that needs no suite)."""
     from seed_agents.preflight import check_backend, check_out, load_suite, suite_tasks
 
     out = Path(cfg.out)
@@ -109,10 +111,15 @@ def _preflight(cfg: CollectConfig, suite: Any, llm: Any, analyzer: Analyzer | No
                               f"collect run")
         if traj_path.exists() and not filecmp.cmp(src, traj_path, shallow=False):
             raise ConfigError(f"{out} already holds other episodes (trajectories.jsonl); choose another --out")
-    else:
-        if suite is None:
-            suite = load_suite(cfg.env, seed=cfg.seed, options=cfg.env_options)
+    rule_based = analyzer is None and a.kind == "rule_based"
+    if suite is None and (cfg.from_trajectories is None or rule_based):
+        suite = load_suite(cfg.env, seed=cfg.seed, options=cfg.env_options)
+    suite = as_env_suite(suite) if suite is not None else None
+    if cfg.from_trajectories is None:
         suite_tasks(suite, cfg.env, cfg.split, cfg.num_tasks)
+    if rule_based and suite is not None and suite.offline_analyzer() is None:
+        raise ConfigError(f"--analyzer rule_based: the env {cfg.env!r} offers no offline analyzer; choose "
+                          f"--analyzer openai, langchain or policy")
     policy_llm_needed = cfg.from_trajectories is None or (analyzer is None and a.kind == "policy"
                                                           and a.backend is None and not a.model)
     if llm is None and policy_llm_needed:
@@ -122,7 +129,7 @@ def _preflight(cfg: CollectConfig, suite: Any, llm: Any, analyzer: Analyzer | No
     return suite
 
 
-def _collect(cfg: CollectConfig, suite: Any, llm: Any, analyzer: Analyzer | None, owned: list[Any],
+def _collect(cfg: CollectConfig, suite: EnvSuite | None, llm: Any, analyzer: Analyzer | None, owned: list[Any],
              t0: float) -> dict[str, Any]:
     out = Path(cfg.out)
     traj_path, ex_path = out / "trajectories.jsonl", out / "examples.jsonl"
@@ -144,7 +151,7 @@ def _collect(cfg: CollectConfig, suite: Any, llm: Any, analyzer: Analyzer | None
         llm = _policy_llm(cfg, owned)
     if analyzer is None:
         try:
-            analyzer = make_analyzer(a, llm=llm)
+            analyzer = make_analyzer(a, llm=llm, suite=suite)
         except ValueError as e:
             raise ConfigError(f"analyzer: {e}") from None
         if isinstance(analyzer, PolicyAnalyzer) and analyzer.close_backend:
@@ -218,51 +225,34 @@ def _policy_llm(cfg: CollectConfig, owned: list[Any]) -> Any:
     import torch
 
     from seed_agents.backends import BackendUnavailable, make_backend
+    from seed_agents.backends.base import ServedBackend
     from seed_agents.chat_model import SeedChatModel
 
     torch.manual_seed(cfg.seed)
     print(f"loading {cfg.backend.kind} backend for {cfg.backend.model} ...", flush=True)
     backend, tokenizer = make_backend(cfg.backend)
     owned.append(backend)
-    if hasattr(backend, "health") and not backend.health():
+    if isinstance(backend, ServedBackend) and not backend.health():
         raise BackendUnavailable(f"no vLLM server answers at {cfg.backend.base_url}; start one with "
                                  f"`seed-agents serve --model {cfg.backend.model}`")
     return SeedChatModel(backend=backend, tokenizer=tokenizer, sampling=cfg.sampling, model_name=cfg.backend.model)
 
 
-def _roll_out(cfg: CollectConfig, suite: Any, llm: Any, specs: list[tuple[Task, int]], path: Path) -> list[Trajectory]:
+def _roll_out(cfg: CollectConfig, suite: EnvSuite, llm: Any, specs: list[tuple[Task, int]], path: Path) -> list[Trajectory]:
     from seed_agents.capture import JsonlSink, capture
     from seed_agents.runner import EpisodeRunner
 
     tasks = list({t.task_id: t for t, _ in specs}.values())
-    if hasattr(suite, "prepare"):
-        print(f"preparing {len(tasks)} {cfg.env} tasks ({cfg.split}) ...", flush=True)
-        suite.prepare(tasks)
+    print(f"preparing {len(tasks)} {cfg.env} tasks ({cfg.split}) ...", flush=True)
+    suite.prepare(tasks)
     graph = suite.build_graph(llm, **cfg.agent.model_dump())
     print(f"rolling out {len(specs)} episodes ({len(tasks)} tasks, T={cfg.sampling.temperature:g}) ...", flush=True)
     with JsonlSink(path) as sink:
-        runner = EpisodeRunner(graph, cfg.runner, make_env=suite.make_env, sink=sink)
-        with capture(run=Path(cfg.out).name, split=cfg.split):
-            return run_sync(_play(runner, specs, cfg.runner))
-
-
-async def _play(runner: Any, specs: list[tuple[Task, int]], rc: RunnerConfig) -> list[Trajectory]:
-    """``EpisodeRunner.run`` for a subset of (task, sample) slots: a resumed run plays only these."""
-    slots = asyncio.Semaphore(rc.concurrency)
-    bar = _bar(len(specs), "episodes", rc.progress)
-
-    async def one(task: Task, i: int) -> Trajectory:
-        async with slots:
-            traj = await runner.run_episode(task, f"g-{task.task_id}", i)
-        if bar is not None:
-            bar.update(1)
-        return traj
-
-    try:
-        return list(await asyncio.gather(*(one(t, i) for t, i in specs)))
-    finally:
-        if bar is not None:
-            bar.close()
+        # seeded like training rollouts (reproducible on the local backend, see cli_train.rollout_seed)
+        runner = EpisodeRunner(graph, cfg.runner, make_env=suite.make_env, sink=sink,
+                               seed=cfg.seed if cfg.backend.kind == "local" else None)
+        with capture(run=Path(cfg.out).name, split=cfg.split):  # a resumed run plays only the missing slots
+            return run_sync(runner.run(tasks, only={(t.task_id, i) for t, i in specs}))
 
 
 # -- analysis ------------------------------------------------------------------------------------
@@ -288,7 +278,9 @@ async def _analyze_all(cfg: CollectConfig, analyzer: Analyzer, todo: list[Trajec
         messages = build_analyzer_messages(text, traj.success, steps, max_chars_per_step=cfg.max_chars_per_step,
                                            max_steps=cfg.max_steps)
         try:
-            reply = await analyzer.analyze(messages, steps=steps, success=traj.success, task_text=text)
+            episode = EpisodeRecord.from_metadata(traj.metadata, task_id=traj.task_id, success=traj.success,
+                                                  reward=traj.reward)
+            reply = await analyzer.analyze(messages, episode)
         except Exception as e:  # noqa: BLE001 - a broken analyzer fails this episode, not the run
             reply = AnalyzerReply(error=redact(f"{type(e).__name__}: {e}"))  # errors are written to summary.json
         cost += reply.cost_usd

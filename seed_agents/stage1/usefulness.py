@@ -41,6 +41,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from seed_agents.aio import run_sync
 from seed_agents.config import AgentConfig, ConfigError, first_error, load_config
+from seed_agents.envs import EnvSuite
 from seed_agents.types import LLMCall, SamplingParams, SkillExample, Task, Trajectory
 
 
@@ -350,7 +351,7 @@ def skilled_chat_model(base: Any, skill: str, injector: Any, sampling: SamplingP
                             injector=injector, tool_format=base.tool_format, model_name=base.model_name)
 
 
-def find_tasks(suite: Any, wanted: dict[str, str]) -> dict[str, Task]:
+def find_tasks(suite: EnvSuite, wanted: dict[str, str]) -> dict[str, Task]:
     """Task objects for ``{task_id: split}`` from the suite's manifests (fixed ids)."""
     found: dict[str, Task] = {}
     for split in sorted(set(wanted.values())):
@@ -368,7 +369,7 @@ def find_tasks(suite: Any, wanted: dict[str, str]) -> dict[str, Task]:
     return found
 
 
-def rerun_check(suite: Any, llm: Any, tasks: Sequence[Task], skills: dict[str, dict[str, list[str]]],
+def rerun_check(suite: EnvSuite, llm: Any, tasks: Sequence[Task], skills: dict[str, dict[str, list[str]]],
                 cfg: RerunConfig, injector: Any, seed: int = 0, sink: Any = None) -> dict[str, dict[str, Any]]:
     """Per analyzer: success on fresh episodes with its skills vs without, same seeds.
 
@@ -456,8 +457,7 @@ def run_usefulness(cfg: UsefulnessConfig) -> dict[str, Any]:
         if missing:
             print(f"re-run: {len(missing)} task(s) not in the {cfg.rerun.env} manifests, skipped: {missing[:5]}", flush=True)
         tasks = [found[t] for t in task_ids if t in found]
-        if hasattr(suite, "prepare"):
-            suite.prepare(tasks)
+        suite.prepare(tasks)
         backend = LocalBackend(model, tokenizer=tokenizer, max_batch_size=1)  # one request at a time: seeds reproduce
         llm = SeedChatModel(backend=backend, tokenizer=tokenizer, sampling=cfg.rerun.sampling, model_name=cfg.model)
         print(f"re-run: {len(tasks)} tasks x {cfg.rerun.episodes_per_task} episodes, with and without skills ...", flush=True)

@@ -72,6 +72,9 @@ def test_rule_based_skills_train_without_stage1_and_reach_the_teacher(tmp_path, 
     assert m["skill_parse_rate"] == 1.0 and m["opd/tokens"] > 0  # the teacher scored every action token
 
 
-def test_rule_based_skills_are_textworld_only():
-    with pytest.raises(ValueError, match="offline TextWorld analyzer"):
-        TrainConfig.model_validate({"env": "alfworld", "skills": {"source": "rule_based"}})
+def test_rule_based_skills_need_an_env_suite():
+    """rule_based is the env suite's offline analyzer: ALFWorld offers one too; a graph has none."""
+    TrainConfig.model_validate({"env": "alfworld", "skills": {"source": "rule_based"}})
+    with pytest.raises(ValueError, match="offline analyzer, and a graph has no env suite"):
+        TrainConfig.model_validate({"skills": {"source": "rule_based"},
+                                    "graph": {"build": "m:f", "tasks": "t.jsonl", "reward": "m:r"}})

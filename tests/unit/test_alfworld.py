@@ -354,3 +354,90 @@ def test_eval_config_validates():
     assert (cfg.env, cfg.split, cfg.episodes, cfg.runner.group_size) == ("alfworld", "valid_seen", 140, 1)
     assert (cfg.agent.max_turns, cfg.agent.history, cfg.agent.history_window) == (30, "window", 5)
     assert cfg.sampling.temperature == 0.0
+
+
+# -- the offline analyzer: skills from the goal and the commands, as data -----------------------
+
+from tools.alfworld_analyzer import AlfWorldAnalyzer, generalize, goal_of  # noqa: E402
+
+
+def alf_turn(listed, action, *, invalid=False, reward=0.0):
+    from seed_agents.envs import EnvStep
+
+    return EnvStep(observation="...", admissible_actions=listed, action=action, invalid=invalid, reward=reward)
+
+
+def alf_skill(steps, success, game_type="clean", goal="Your task is to: put a clean mug in coffeemachine."):
+    import asyncio
+
+    from seed_agents.envs import EpisodeRecord
+    from seed_agents.skills import parse_skill
+
+    episode = EpisodeRecord(success=success, steps=steps, metadata={"objective": goal, "game_type": game_type})
+    reply = asyncio.run(AlfWorldAnalyzer().analyze(None, episode))
+    assert reply.error is None, reply.error
+    summary, skill, reason = parse_skill(reply.text)
+    assert reason is None, reply.text
+    return summary, skill
+
+
+AT_COUNTER = ["go to sinkbasin 1", "take mug 1 from countertop 1", "look"]
+AT_SINK = ["clean mug 1 with sinkbasin 1", "go to coffeemachine 1", "look"]
+AT_MACHINE = ["move mug 1 to coffeemachine 1", "look"]
+
+
+def test_alfworld_workflow_names_kinds_not_instances_in_order():
+    steps = [alf_turn(["go to countertop 1"], "go to countertop 1"), alf_turn(AT_COUNTER, "take mug 1 from countertop 1"),
+             alf_turn(AT_COUNTER, "look"), alf_turn(AT_COUNTER, "go to sinkbasin 1"),
+             alf_turn(AT_SINK, "clean mug 1 with sinkbasin 1"), alf_turn(AT_SINK, "go to coffeemachine 1"),
+             alf_turn(AT_MACHINE, "move mug 1 to coffeemachine 1", reward=10.0)]
+    summary, skill = alf_skill(steps, True)
+    assert skill.startswith("To put a clean mug in coffeemachine: 'take mug from countertop', then "
+                            "'clean mug with sinkbasin', then 'move mug to coffeemachine'.")
+    assert "mug 1" not in skill and "'look'" not in skill and "succeeded in 7 steps" in summary
+
+
+def test_alfworld_failure_rules_name_the_missing_steps_and_never_quote_failures():
+    steps = [alf_turn(["go to countertop 1"], "go to countertop 1"), alf_turn(AT_COUNTER, "fly to the mug", invalid=True),
+             alf_turn(AT_COUNTER, "look"), alf_turn(AT_COUNTER, "look")]
+    summary, skill = alf_skill(steps, False)
+    assert skill.startswith("The goal needs the mug:")  # offered by 'take mug 1 from countertop 1', never taken
+    assert "clean it with the sinkbasin" in skill  # the clean task's own step never happened
+    assert "exactly one command copied from the admissible list" in skill
+    assert "fly to" not in skill and "never took the mug" in summary and "1 invalid command" in summary
+
+
+def test_alfworld_analyzer_helpers():
+    assert generalize("take mug 12 from countertop 3") == "take mug from countertop"
+    from seed_agents.envs import EpisodeRecord
+
+    assert goal_of(EpisodeRecord(first_observation="You see a shelf 1.\n\nYour task is to: put a mug in shelf.")) \
+        == "put a mug in shelf"
+
+
+def test_alfworld_analyzer_reads_what_the_env_agent_recorded(fake_engine, tmp_path, tokenizer):
+    """The real AlfWorldEnv (fake engine) played by the ALFWorld graph: the goal comes from
+    info["objective"], the commands from the recorded turns."""
+    import asyncio
+
+    from graphs.alfworld import build_alfworld_agent
+    from seed_agents.capture import capture
+    from seed_agents.chat_model import SeedChatModel
+    from seed_agents.envs import EpisodeRecord
+    from seed_agents.testing import FakeBackend
+    from seed_agents.types import SamplingParams, Task
+
+    llm = SeedChatModel(backend=FakeBackend(tokenizer, ["go to shelf 1", "move mug 1 to shelf 1"]), tokenizer=tokenizer,
+                        sampling=SamplingParams(max_tokens=12))
+    graph = build_alfworld_agent(llm, max_turns=4)
+    env = AlfWorldEnv(tmp_path / "game.tw-pddl", task_id="t1", game_type="pick")
+
+    async def play():
+        with capture():
+            return await graph.ainvoke({"task": Task(task_id="t1")}, config={"configurable": {"env": env}})
+
+    state = asyncio.run(play())
+    assert state["success"]
+    episode = EpisodeRecord.from_metadata(state["metadata"], success=True)
+    reply = asyncio.run(AlfWorldSuite(data_dir=tmp_path).offline_analyzer().analyze(None, episode))
+    assert "To put a mug in shelf: 'move mug to shelf'" in json.loads(reply.text)["episode_skill"]

@@ -32,7 +32,7 @@ def test_gated_opd_loss_value_and_gate():
     ls = torch.tensor([[-1.0, -2.0, -3.0]])
     lt = torch.tensor([[-0.5, -2.5, -3.0]])
     mask = torch.tensor([[1, 1, 0]])
-    loss, gate = gated_opd_loss(ls, lt, mask, beta=5.0)
+    loss, gate = gated_opd_loss(ls, lt, mask, gate_sharpness=5.0)
     g1, g2 = 1 / (1 + math.exp(-2.5)), 1 / (1 + math.exp(2.5))
     assert loss.item() == pytest.approx((g1 * 0.5 + g2 * -0.5) / 2)
     assert gate.item() == pytest.approx((g1 + g2) / 2)
@@ -41,7 +41,7 @@ def test_gated_opd_loss_value_and_gate():
 def test_gated_opd_gradient_flows_only_through_the_student():
     ls = torch.tensor([[-1.0, -2.0]], requires_grad=True)
     lt = torch.tensor([[-0.5, -2.5]], requires_grad=True)
-    loss, _ = gated_opd_loss(ls, lt, torch.ones(1, 2), beta=5.0)
+    loss, _ = gated_opd_loss(ls, lt, torch.ones(1, 2), gate_sharpness=5.0)
     loss.backward()
     assert lt.grad is None or torch.all(lt.grad == 0)
     gates = torch.sigmoid(5.0 * (lt.detach() - ls.detach()))

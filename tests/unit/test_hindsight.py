@@ -177,13 +177,14 @@ def test_prebuilt_react_agent_under_the_runner_with_a_success_fn(tokenizer):
 
 
 def test_an_analyzer_object_writes_the_skill_without_an_llm_call(tokenizer):
-    """``skills.source: rule_based``: the offline analyzer reads the episode's steps; the
-    policy is asked nothing, so there is no analyzer call and no call_id."""
-    from seed_agents.stage1.analyzers import RuleBasedTextWorldAnalyzer
+    """``skills.source: rule_based``: the suite's offline analyzer reads the episode's
+    structured turns (from the final state's metadata); the policy is asked nothing, so
+    there is no analyzer call and no call_id."""
+    from tools.textworld_analyzer import TextWorldAnalyzer
 
     reply, seen = scripted(tokenizer)
     llm = make_llm(tokenizer, reply)
-    graph = with_hindsight(build_env_agent(llm, max_turns=5), RuleBasedTextWorldAnalyzer())
+    graph = with_hindsight(build_env_agent(llm, max_turns=5), TextWorldAnalyzer())
     state, calls = play(graph)
     skill = state["skill"]
     assert state["success"] and skill.valid and skill.success and skill.call_id is None
@@ -194,15 +195,15 @@ def test_an_analyzer_object_writes_the_skill_without_an_llm_call(tokenizer):
 
 
 def test_an_analyzer_that_fails_or_raises_gives_an_invalid_skill(tokenizer):
-    from seed_agents.stage1.analyzers import AnalyzerReply
+    from seed_agents.stage1.analyzers import Analyzer, AnalyzerReply
 
-    class Failing:
+    class Failing(Analyzer):
         name = "failing"
 
         def __init__(self, raise_it: bool) -> None:
             self.raise_it = raise_it
 
-        async def analyze(self, messages, *, steps, success, task_text):
+        async def analyze(self, messages, episode=None):
             if self.raise_it:
                 raise TimeoutError("analyzer hung")
             return AnalyzerReply(error="HTTP 503 after 3 attempts", attempts=3)

@@ -1,6 +1,7 @@
-"""Stage-1 analyzers: the rule-based stand-in on hand-built episodes, and the OpenAI client
-against a local fake OpenAI-compatible server (retries, Retry-After, 4xx, key handling,
-concurrency bound, rate limit, usage and cost)."""
+"""Stage-1 analyzers: the OpenAI client against a local fake OpenAI-compatible server
+(retries, Retry-After, 4xx, key handling, concurrency bound, rate limit, usage and cost),
+LangChain and policy analyzers, configs. The suites' offline analyzers are tested in
+test_textworld_analyzer.py and test_alfworld.py; the retry policy itself in test_http_policy.py."""
 
 from __future__ import annotations
 
@@ -20,137 +21,17 @@ from seed_agents.capture import capture
 from seed_agents.chat_model import SeedChatModel
 from seed_agents.skills import build_analyzer_messages, parse_skill
 from seed_agents.stage1.analyzers import (
-    INVALID_CUES, AnalyzerConfig, LangChainAnalyzer, OpenAIChatAnalyzer, PolicyAnalyzer, RuleBasedTextWorldAnalyzer,
-    make_analyzer,
+    AnalyzerConfig, LangChainAnalyzer, OpenAIChatAnalyzer, PolicyAnalyzer, make_analyzer,
 )
 from seed_agents.testing import SKILL_JSON, FakeBackend
-from tools.textworld import INVALID_ACTION_TEXT
+from tools.textworld import TextWorldSuite
+from tools.textworld_analyzer import TextWorldAnalyzer
 
 OBJECTIVE = ("Welcome to TextWorld! Here is your task for today. First of all, attempt to venture south. "
              "Then, take the whisk from the chest in the cookery. Alright, thanks!")
 PLAYROOM = ["examine pillow", "take pillow", "go south", "inventory", "look"]
 COOKERY = ["go north", "take whisk from chest", "close chest", "look", "inventory"]
 START = render_turn(f"{OBJECTIVE}\n\n-= Playroom =-\nYou arrive in a playroom.\n\nThere is a pillow on the floor.", PLAYROOM)
-
-
-def rule_based(steps: list[tuple[str, str]], success: bool, task: str = START) -> tuple[str, str, str | None, str]:
-    raw = asyncio.run(RuleBasedTextWorldAnalyzer().analyze(None, steps=steps, success=success, task_text=task)).text
-    return (*parse_skill(raw), raw)
-
-
-# -- the rule-based stand-in -----------------------------------------------------------------------
-
-
-def test_success_gives_a_workflow_with_the_winning_commands_in_order():
-    steps = [(START, "look"), (render_turn("-= Playroom =-", PLAYROOM), "go south"),
-             (render_turn("-= Cookery =-\nThe chest contains a whisk.", COOKERY), "2")]  # a number picks from the list
-    summary, skill, reason, raw = rule_based(steps, True)
-    assert reason is None, raw
-    assert skill.startswith("To venture south, then take the whisk from the chest in the cookery")
-    assert skill.index("'go south'") < skill.index("'take whisk from chest'")
-    assert "'look'" not in skill  # looking around is not part of the workflow
-    assert "copy each command exactly" in skill.lower()
-    assert "succeeded" in summary
-    assert set(json.loads(raw)) == {"episode_summary", "episode_skill"}
-
-
-def test_failure_gives_corrective_rules_that_never_quote_the_failed_commands():
-    steps = [(START, "look"), (render_turn("-= Playroom =-", PLAYROOM), "I walk south now"),
-             (render_turn(INVALID_ACTION_TEXT, PLAYROOM), "look"), (render_turn("-= Playroom =-", PLAYROOM), "look")]
-    summary, skill, reason, raw = rule_based(steps, False)
-    assert reason is None, raw
-    assert skill.startswith("The objective mentions south: send 'go south'")  # listed, named by the goal, never tried
-    assert "exactly one command copied from the numbered list" in skill  # there was an invalid reply
-    assert "Never send the same command twice" in skill  # 'look' x3
-    # a small policy reads a quoted bad command as a cue to send it (skills eval measured it)
-    assert "walk south now" not in skill and "'look'" not in skill
-    assert "failed" in summary and "1 invalid command" in summary and "repeated" in summary
-
-
-def test_failure_loop_and_untried_objective_command():
-    steps = [(START, "go south"), (render_turn("-= Cookery =-", COOKERY), "go north"),
-             (render_turn("-= Playroom =-", PLAYROOM), "go south"), (render_turn("-= Cookery =-", COOKERY), "go north")]
-    _, skill, reason, raw = rule_based(steps, False)
-    assert reason is None, raw
-    assert skill.startswith("The objective mentions whisk: send 'take whisk from chest'")
-    assert "you have not tried yet" in skill and "'go north'" not in skill
-
-
-def test_invalid_feedback_marks_a_command_even_without_lists():
-    steps = [("You are in a room. Your task is to leave it.", "fly away"), ("That is not a valid action.", "open door")]
-    summary, skill, reason, raw = rule_based(steps, False, task="You are in a room. Your task is to leave it.")
-    assert reason is None and "exactly one command" in skill and "fly away" not in skill
-    assert "1 invalid command" in summary
-
-
-def test_window_layout_and_score_cues():
-    window = "Recent history:\nObservation: old\nYour command: look\n\nCurrent observation:\n"
-    steps = [(window + START, "go south"),
-             (window + render_turn("-= Cookery =-\nYour score has just gone up by one point.", COOKERY), "look")]
-    _, skill, reason, raw = rule_based(steps, False)
-    assert reason is None, raw
-    assert "'go south' made progress" in skill or "take whisk from chest" in skill
-
-
-@pytest.mark.parametrize("steps,task", [
-    ([], ""),
-    ([("Say something.", "")], "Say something."),
-    ([(START, "<|im_end|>assistant: take pillow </skill>\nuser: hi")], START),
-    ([(START, "look")] * 40 + [(START, "x" * 500)], START),
-])
-def test_always_a_valid_sft_target(steps, task):
-    for success in (False, True):
-        _, skill, reason, raw = rule_based(steps, success, task)
-        assert reason is None, raw
-        assert 5 <= len(skill.split()) <= 120
-
-
-# Five listed commands tie on the objective's noun and verb: the suggestion is the first one
-# listed. Run in fresh interpreters with different string hashing: a set anywhere in the
-# choice would make the skill (an SFT target and a teacher prompt) depend on the process.
-_DETERMINISM_SCRIPT = """
-import asyncio, json
-from graphs.env_agent import render_turn
-from seed_agents.stage1.analyzers import RuleBasedTextWorldAnalyzer
-listed = ["take apple from table", "take apple from shelf", "take apple from box", "take apple from bag",
-          "take apple from crate", "look"]
-task = render_turn("Welcome to TextWorld! Your task is to take the apple.\\n\\n-= Pantry =-\\nShelves.", listed)
-steps = [(task, "look"), (render_turn("-= Pantry =-", listed), "take apple from bag")]
-analyze = RuleBasedTextWorldAnalyzer().analyze
-print(json.dumps([json.loads(asyncio.run(analyze(None, steps=steps, success=s, task_text=task)).text)
-                  for s in (False, True)]))
-"""
-_DETERMINISM_EXPECTED = [
-    {"episode_summary": "The agent failed in 2 steps.",
-     "episode_skill": "The objective mentions apple: send 'take apple from table' as soon as it is listed. "
-                      "Act on the objective from the first turn instead of looking around or examining things."},
-    {"episode_summary": "The agent succeeded in 2 steps.",
-     "episode_skill": "To take the apple, use 'take apple from bag'. "
-                      "Copy each command exactly from the numbered list, one per turn."},
-]
-
-
-def test_deterministic_across_processes():
-    """The same episode gives the same skill, byte for byte, in every process: the committed
-    expected output under three hash seeds (the first listed of tied commands wins)."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parents[2]
-    procs = [subprocess.Popen([sys.executable, "-c", _DETERMINISM_SCRIPT], cwd=root, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True,
-                              env={**os.environ, "PYTHONHASHSEED": str(seed), "PYTHONPATH": str(root)})
-             for seed in (0, 1, 2)]
-    for seed, proc in zip((0, 1, 2), procs, strict=True):
-        out, err = proc.communicate(timeout=120)
-        assert proc.returncode == 0, err
-        assert json.loads(out) == _DETERMINISM_EXPECTED, f"PYTHONHASHSEED={seed}"
-
-
-def test_invalid_cues_match_the_textworld_env():
-    assert any(cue in INVALID_ACTION_TEXT.lower() for cue in INVALID_CUES)
 
 
 # -- a fake OpenAI-compatible server ---------------------------------------------------------------
@@ -385,7 +266,9 @@ def test_policy_analyzer_is_greedy_and_captured_as_analyzer(tokenizer):
 
 
 def test_configs_and_make_analyzer(tokenizer):
-    assert isinstance(make_analyzer(AnalyzerConfig()), RuleBasedTextWorldAnalyzer)
+    assert isinstance(make_analyzer(AnalyzerConfig(), suite=TextWorldSuite()), TextWorldAnalyzer)  # the suite's own
+    with pytest.raises(ValueError, match="offline analyzer"):
+        make_analyzer(AnalyzerConfig())  # rule_based without a suite
     a = make_analyzer(AnalyzerConfig(kind="openai", model="gpt-x", base_url="http://h:1/v1", requests_per_minute=30))
     assert isinstance(a, OpenAIChatAnalyzer) and a.base_url == "http://h:1" and a.name == "openai:gpt-x"
     llm = SeedChatModel(backend=FakeBackend(tokenizer, SKILL_JSON), tokenizer=tokenizer, model_name="pol")

@@ -1,7 +1,52 @@
-"""When `seed-agents train` runs stage 1 first, and how its cache is keyed."""
+"""When `seed-agents train` runs stage 1 first, and how its cache is keyed; a suite
+written here (not in seed_agents/) that offers an offline analyzer gets automatic stage 1."""
 
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from graphs.env_agent import build_env_agent
 from seed_agents.config import AgentConfig, TrainConfig, with_suite_defaults
-from seed_agents.stage1.auto import applies, cache_key
+from seed_agents.envs import EnvSuite, EpisodeRecord
+from seed_agents.stage1.analyzers import Analyzer, AnalyzerReply
+from seed_agents.stage1.auto import applies, cache_key, stage1_model
+from seed_agents.testing import ScriptedEnv
+from seed_agents.types import SkillExample, Task
+
+
+class DoorAnalyzer(Analyzer):
+    """Writes a skill from the structured turns: the commands the env took, in order."""
+
+    name = "rule-based-doors"
+
+    async def analyze(self, messages: Any, episode: EpisodeRecord | None = None) -> AnalyzerReply:
+        assert episode is not None and episode.steps, "the suite's analyzer gets the structured episode"
+        taken = [s.action for s in episode.steps if not s.invalid]
+        verdict = "worked" if episode.success else "did not finish the task"
+        skill = f"Send {', then '.join(taken) or 'a listed command'} in this order and nothing else."
+        return AnalyzerReply(text=json.dumps({"episode_summary": f"The agent {verdict}.", "episode_skill": skill}))
+
+
+class DoorSuite(EnvSuite):
+    """A tiny suite defined in this test file: scripted rooms and its own offline analyzer."""
+
+    name = "doors"
+
+    def __init__(self, analyzer: bool = True) -> None:
+        self.analyzer = analyzer
+
+    def tasks(self, split: str, n: int) -> list[Task]:
+        return [Task(task_id=f"door{i}", split=split) for i in range(n)]
+
+    def make_env(self, task: Task) -> ScriptedEnv:
+        return ScriptedEnv()
+
+    def build_graph(self, llm: Any, **options: Any) -> Any:
+        return build_env_agent(llm, **options)
+
+    def offline_analyzer(self) -> Analyzer | None:
+        return DoorAnalyzer() if self.analyzer else None
 
 
 def test_stage1_applies_to_seed_on_textworld_with_the_local_backend_only():
@@ -10,12 +55,40 @@ def test_stage1_applies_to_seed_on_textworld_with_the_local_backend_only():
         ({"stage1": {"run": "off"}}, "off"),
         ({"skills": {"source": "none"}}, "skills.source"),
         ({"skills": {"source": "frozen"}}, "skills.source"),
-        ({"env": "alfworld"}, "skills collect"),
+        ({"graph": {"build": "graphs.calculator:build_react_calculator", "tasks": "t.jsonl", "reward": "m:r"}},
+         "skills collect"),
         ({"backend": {"kind": "vllm"}}, "serve"),
         ({"backend": {"weights": "/some/model"}}, "backend.weights"),
     ]:
         ok, reason = applies(TrainConfig.model_validate(over))
         assert not ok and why in reason, (over, reason)
+
+
+def test_stage1_applies_to_any_suite_with_an_offline_analyzer():
+    assert applies(TrainConfig(env="alfworld"))[0]  # ALFWorld offers one (its goal and commands are data)
+    assert applies(TrainConfig(env="doors"), DoorSuite())[0]
+    ok, reason = applies(TrainConfig(env="doors"), DoorSuite(analyzer=False))
+    assert not ok and "offers no offline analyzer" in reason and "skills collect" in reason
+
+
+def test_a_suite_from_a_test_file_gets_automatic_stage1(tmp_path, tiny_model_dir):
+    """Collect with the suite's own analyzer, then SFT, then the cached model is reused:
+    nothing in seed_agents/ knows this suite."""
+    cfg = TrainConfig.model_validate({
+        "env": "doors", "backend": {"model": tiny_model_dir}, "runner": {"progress": False, "group_size": 2},
+        "stage1": {"num_tasks": 2, "group_size": 2, "epochs": 1, "cache_dir": str(tmp_path / "cache")},
+        "agent": {"max_turns": 2}, "sampling": {"max_tokens": 4}, "skills": {"max_tokens": 16},
+    })
+    logs: list[str] = []
+    model_dir = stage1_model(cfg, logs.append, suite=DoorSuite())
+    assert model_dir is not None and (model_dir / "config.json").is_file()
+    root = model_dir.parents[1]
+    assert (root / "DONE").is_file() and "doors's offline analyzer" in logs[-1]
+    examples = [SkillExample.model_validate_json(line)
+                for line in (root / "collect" / "examples.jsonl").read_text().splitlines()]
+    assert len(examples) == 4 and {e.analyzer for e in examples} == {"rule-based-doors"}
+    assert all(e.valid for e in examples)
+    assert stage1_model(cfg, logs.append, suite=DoorSuite()) == model_dir and "cached" in logs[-1]
 
 
 def test_cache_key_changes_with_every_setting_that_changes_the_model():

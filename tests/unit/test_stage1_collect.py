@@ -18,14 +18,17 @@ from seed_agents.cli import main
 from seed_agents.config import ConfigError
 from seed_agents.runner import RunnerConfig
 from seed_agents.skills import build_analyzer_messages, episode_steps, parse_skill
-from seed_agents.stage1.analyzers import AnalyzerReply, RuleBasedTextWorldAnalyzer
+from seed_agents.envs import EnvSuite
+from seed_agents.stage1.analyzers import Analyzer, AnalyzerReply
 from seed_agents.stage1.collect import CollectConfig, run_collect
 from seed_agents.testing import SKILL_JSON, FakeBackend, ScriptedEnv
 from seed_agents.types import SamplingParams, SkillExample, Task, Trajectory
+from tools.textworld_analyzer import TextWorldAnalyzer
 
 
-class FakeSuite:
-    """Two-step scripted rooms; ``broken`` task ids raise on their first step."""
+class FakeSuite(EnvSuite):
+    """Two-step scripted rooms; ``broken`` task ids raise on their first step. Its offline
+    analyzer is TextWorld's (the scripted rooms are TextWorld-like)."""
 
     name = "fake"
 
@@ -41,8 +44,11 @@ class FakeSuite:
     def build_graph(self, llm: Any, **options: Any) -> Any:
         return build_env_agent(llm, **options)
 
+    def offline_analyzer(self) -> Analyzer:
+        return TextWorldAnalyzer()
 
-class CountingAnalyzer:
+
+class CountingAnalyzer(Analyzer):
     """Writes SKILL_JSON; its first ``fail_first`` requests fail (after "retries"); counts calls."""
 
     def __init__(self, name: str = "fake-analyzer", fail_first: int = 0) -> None:
@@ -50,7 +56,7 @@ class CountingAnalyzer:
         self.fail_first = fail_first
         self.calls = 0
 
-    async def analyze(self, messages: Any, *, steps: Any, success: bool, task_text: str) -> AnalyzerReply:
+    async def analyze(self, messages: Any, episode: Any = None) -> AnalyzerReply:
         self.calls += 1
         n = self.calls
         await asyncio.sleep(0)
@@ -58,8 +64,6 @@ class CountingAnalyzer:
             return AnalyzerReply(error="HTTP 503: try later", attempts=3)
         return AnalyzerReply(text=SKILL_JSON, prompt_tokens=100, completion_tokens=20, cost_usd=0.5)
 
-    async def aclose(self) -> None:
-        pass
 
 
 @pytest.fixture
@@ -108,7 +112,7 @@ def test_rollouts_and_rule_based_examples(tmp_path, policy):
 
 def test_failed_requests_are_retried_by_the_next_run_and_never_duplicated(tmp_path, policy):
     out = tmp_path / "run"
-    run_collect(config(out), suite=FakeSuite(), llm=policy, analyzer=RuleBasedTextWorldAnalyzer())
+    run_collect(config(out), suite=FakeSuite(), llm=policy, analyzer=TextWorldAnalyzer())
     (out / "examples.jsonl").unlink()  # keep the episodes, analyze them again with a flaky analyzer
     tids = {t.trajectory_id for t in read_jsonl(out / "trajectories.jsonl", Trajectory)}
     flaky = CountingAnalyzer(fail_first=2)

@@ -13,6 +13,7 @@ from seed_agents.backends.local import LocalBackend
 from seed_agents.chat_model import SeedChatModel
 from seed_agents.cli import main
 from seed_agents.config import ConfigError
+from seed_agents.envs import EnvSuite
 from seed_agents.scoring import sequence_logprobs
 from seed_agents.skills import SystemBlockInjector, TaskLineInjector, teacher_prompt_ids
 from seed_agents.stage1.usefulness import (
@@ -222,7 +223,7 @@ def test_bad_inputs_give_one_clear_error(tmp_path, episodes, capsys):
 # -- the re-run check -------------------------------------------------------------------
 
 
-class ScriptedSuite:
+class ScriptedSuite(EnvSuite):
     name = "scripted"
 
     def tasks(self, split, n):

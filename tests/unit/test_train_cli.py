@@ -45,6 +45,7 @@ def test_train_any_graph_writes_every_trace_and_resumes_without_duplicates(tmp_p
         assert key in metrics[0], key
     assert len(lines(out / "trajectories.jsonl")) == 2 and len(lines(out / "skills.jsonl")) == 2
     assert (out / "learning_curve.png").stat().st_size > 0 and (out / "checkpoints" / "checkpoint-1").is_dir()
+    assert not list(out.rglob("events.out.tfevents.*"))  # trainer.report_to is empty by default
 
     # an interrupted second iteration left a partial trace: resume drops it and re-runs it
     with (out / "trajectories.jsonl").open("a") as f:

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from seed_agents.config import ConfigError
+from seed_agents.envs import EnvSuite
 from seed_agents.types import Task
 from tools.webshop.catalog import Catalog, Goal, WebShopDataError, cached, find_webshop_files, load_webshop_files
 from tools.webshop.env import WebShopEnv
@@ -20,7 +21,7 @@ def _file_key(path: Path) -> tuple[str, int, int]:
     return str(path.resolve()), st.st_size, st.st_mtime_ns
 
 
-class WebShopSuite:
+class WebShopSuite(EnvSuite):
     """WebShop: shop for an instruction with ``search[...]`` and ``click[...]``.
 
     ``catalog``: ``webshop`` (the original files in ``data_dir``; the default when
@@ -36,8 +37,7 @@ class WebShopSuite:
     agent_defaults = {"max_turns": 15, "history": "window", "history_window": 2}
     eval_split = "test"
 
-    @staticmethod
-    def extra_metrics(summary: dict[str, Any]) -> dict[str, float]:
+    def extra_metrics(self, summary: dict[str, Any]) -> dict[str, float]:
         """WebShop's score: mean final reward x 100 (the per-step rewards sum to it)."""
         return {"score": 100.0 * summary["mean_reward"]}
 

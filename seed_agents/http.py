@@ -1,0 +1,111 @@
+"""One retry policy for every HTTP client that talks to a model server.
+
+The vLLM backend (sync and async requests, stream openings) and the OpenAI-compatible
+analyzer used to carry four hand-written loops with four policies; they now share this
+one, built on tenacity:
+
+- retried: connection errors and timeouts (``httpx.TransportError``), and the answers
+  ``408``, ``429`` and ``5xx`` (``retryable_status``); a client raises ``RetryableResponse``
+  for those. Any other ``4xx`` is the caller's mistake and is never retried.
+- waits: exponential backoff with full jitter (tenacity's ``wait_random_exponential``: a
+  random wait up to ``backoff_s * 2**k``, capped at ``max_backoff_s``), so many clients
+  that failed together do not retry together; a ``Retry-After`` header (seconds or an HTTP
+  date) wins over the backoff, capped at ``max_backoff_s`` as well.
+- at most ``max_retries`` retries; the last exception is re-raised as it was, so each
+  client keeps its own error lines (the backend's ``BackendUnavailable`` and circuit
+  breaker, the analyzer's error reply).
+
+``tools.openapi`` keeps its own stop rules (a deadline, a Retry-After too long to wait
+ends the retries, writes retried on fewer statuses) and shares ``retry_after_seconds``.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+from tenacity import (
+    AsyncRetrying,
+    RetryCallState,
+    Retrying,
+    retry_if_exception,
+    stop_after_attempt,
+    wait_random_exponential,
+)
+
+RETRY_STATUSES = frozenset({408, 429})
+"""Retried besides every 5xx: a request timeout and a rate limit."""
+
+
+def retryable_status(status: int) -> bool:
+    """408, 429 and 5xx are worth another try; every other status is final."""
+    return status in RETRY_STATUSES or status >= 500
+
+
+def retry_after_seconds(value: str | None, now: float | None = None) -> float | None:
+    """Seconds to wait from a Retry-After header (delay-seconds or an HTTP date); None if absent or unparsable."""
+    if not value:
+        return None
+    value = value.strip()
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - (time.time() if now is None else now))
+
+
+class RetryableResponse(Exception):
+    """An answer worth retrying (``retryable_status``), kept so the final error can quote
+    the server; ``retry_after`` is the server's Retry-After in seconds, if it sent one."""
+
+    def __init__(self, status_code: int, message: str, retry_after: float | None = None) -> None:
+        self.status_code = status_code
+        self.message = message
+        self.retry_after = retry_after
+        super().__init__(f"HTTP {status_code}: {message}")
+
+    @classmethod
+    def of(cls, response: httpx.Response, message: str) -> RetryableResponse:
+        return cls(response.status_code, message, retry_after_seconds(response.headers.get("retry-after")))
+
+
+def is_retryable(error: BaseException) -> bool:
+    """Connection errors, timeouts and retryable answers."""
+    return isinstance(error, httpx.TransportError | RetryableResponse)
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How often and how long to retry; ``retrying``/``aretrying`` run a call under it."""
+
+    max_retries: int = 3
+    backoff_s: float = 0.5
+    max_backoff_s: float = 30.0
+
+    def wait(self, state: RetryCallState) -> float:
+        """Retry-After when the server sent one, else jittered exponential backoff; both capped."""
+        error = state.outcome.exception() if state.outcome is not None else None
+        if isinstance(error, RetryableResponse) and error.retry_after is not None:
+            return min(error.retry_after, self.max_backoff_s)
+        return wait_random_exponential(multiplier=self.backoff_s, max=self.max_backoff_s)(state)
+
+    def _options(self, retry_on: Callable[[BaseException], bool]) -> dict[str, Any]:
+        return {"retry": retry_if_exception(retry_on), "stop": stop_after_attempt(self.max_retries + 1),
+                "wait": self.wait, "reraise": True}
+
+    def retrying(self, retry_on: Callable[[BaseException], bool] = is_retryable, **options: Any) -> Retrying:
+        """A tenacity ``Retrying``: ``policy.retrying()(fn, *args)``. ``options`` go to
+        tenacity (e.g. ``sleep`` in tests)."""
+        return Retrying(**self._options(retry_on), **options)
+
+    def aretrying(self, retry_on: Callable[[BaseException], bool] = is_retryable, **options: Any) -> AsyncRetrying:
+        """The async twin: ``await policy.aretrying()(coro_fn, *args)``."""
+        return AsyncRetrying(**self._options(retry_on), **options)

@@ -1,0 +1,176 @@
+"""The eval/train CLI is generated from the configs: every field a documented flag with its
+default, today's short flags kept, defaults < YAML < flags; the paper's coefficients in one place."""
+
+import argparse
+import ast
+import dataclasses
+import inspect
+import subprocess
+import sys
+import typing
+import warnings
+from pathlib import Path
+
+import pytest
+from pydantic import BaseModel
+
+from seed_agents.cli import _parser, build_eval_config
+from seed_agents.config import (PAPER, ConfigError, EvalConfig, RenamedConfigKey, TrainConfig, TrainerConfig,
+                                agent_fields_given, load_config)
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def leaf_fields(model: type[BaseModel], prefix: str = ""):
+    """(dotted path, FieldInfo) of every field that is not itself a config section."""
+    for name, field in model.model_fields.items():
+        sections = [a for a in (field.annotation, *typing.get_args(field.annotation))
+                    if isinstance(a, type) and issubclass(a, BaseModel)]
+        if sections:
+            yield from leaf_fields(sections[0], f"{prefix}{name}.")
+        else:
+            yield f"{prefix}{name}", field
+
+
+def subparser(command: str) -> argparse.ArgumentParser:
+    action = next(a for a in _parser()._actions if isinstance(a, argparse._SubParsersAction))
+    return action.choices[command]
+
+
+def parse(*argv: str) -> argparse.Namespace:
+    return _parser().parse_args(list(argv))
+
+
+@pytest.mark.parametrize("command,model", [("eval", EvalConfig), ("train", TrainConfig)])
+def test_every_config_field_is_a_documented_flag(command, model):
+    parser = subparser(command)
+    flags = {flag: action for action in parser._actions for flag in action.option_strings}
+    help_text = " ".join(parser.format_help().split())
+    for path, field in leaf_fields(model):
+        flag = "--" + path.replace("_", "-")
+        assert flag in flags, flag
+        assert " ".join(field.description.split())[:30] in help_text, path
+    for action in parser._actions:  # --config, --overwrite, --resume and the short flags too
+        assert action.help and action.help != argparse.SUPPRESS, action.option_strings
+
+
+def test_help_shows_each_commands_own_defaults():
+    def flag_help(command: str, flag: str) -> str:
+        action = next(a for a in subparser(command)._actions if flag in a.option_strings)
+        return action.help
+
+    assert "(default: 24)" in flag_help("eval", "--sampling.max-tokens")  # EvalConfig's, not SamplingParams' 64
+    assert "(default: 16)" in flag_help("train", "--sampling.max-tokens")
+    assert "(default: 4)" in flag_help("train", "--runner.group-size")
+    assert "(default: 5.0)" in flag_help("train", "--trainer.gate-sharpness")
+    assert "(default: [])" in flag_help("train", "--trainer.report-to")
+
+
+def test_todays_short_flags_still_set_their_fields(tmp_path):
+    args = parse("eval", "--env", "webshop", "--split", "test", "--episodes", "6", "--group", "2", "--concurrency", "3",
+                 "--episode-timeout", "9.5", "--backend", "vllm", "--model", "served", "--tokenizer", "tok",
+                 "--base-url", "http://h:1", "--temperature", "0.3", "--max-tokens", "7", "--max-turns", "4",
+                 "--history", "chat", "--history-window", "2", "--seed", "5", "--out", str(tmp_path / "o"))
+    cfg = build_eval_config(args)
+    assert (cfg.env, cfg.split, cfg.episodes, cfg.seed, cfg.out) == ("webshop", "test", 6, 5, tmp_path / "o")
+    assert (cfg.runner.group_size, cfg.runner.concurrency, cfg.runner.episode_timeout_s) == (2, 3, 9.5)
+    assert cfg.backend.model_dump(include={"kind", "model", "tokenizer", "base_url"}) == {
+        "kind": "vllm", "model": "served", "tokenizer": "tok", "base_url": "http://h:1"}
+    assert (cfg.sampling.temperature, cfg.sampling.max_tokens) == (0.3, 7)
+    assert cfg.agent.model_dump() == {"max_turns": 4, "history": "chat", "history_window": 2}
+
+    args = parse("train", "--from-store", "sqlite:///t.db", "--iterations", "2", "--backend", "vllm", "--model", "m",
+                 "--base-url", "http://h:2", "--seed", "3", "--out", "runs/x", "--resume")
+    cfg = load_config(TrainConfig, args.config, args.config_flags(args))
+    assert cfg.store.url == "sqlite:///t.db" and (cfg.iterations, cfg.seed, str(cfg.out)) == (2, 3, "runs/x")
+    assert (cfg.backend.kind, cfg.backend.model, cfg.backend.base_url) == ("vllm", "m", "http://h:2") and args.resume
+
+
+def test_defaults_then_yaml_then_flags(tmp_path):
+    yaml = tmp_path / "c.yaml"
+    yaml.write_text("episodes: 4\nrunner:\n  group_size: 4\n  concurrency: 2\nsampling:\n  temperature: 0.2\n"
+                    "env_options:\n  cache_dir: games\n")
+    cfg = build_eval_config(parse("eval", "--config", str(yaml), "--group", "2", "--runner.progress",
+                                  "--no-runner.progress", "--env-options", '{"seed_offset": 1}'))
+    assert cfg.episodes == 4 and cfg.runner.group_size == 2  # the flag wins over the file
+    assert cfg.runner.concurrency == 2 and cfg.sampling.temperature == 0.2  # the file wins over the defaults
+    assert cfg.runner.progress is False and cfg.backend.model == "smollm2-135m"  # the last of two flags; a default
+    assert cfg.env_options == {"cache_dir": "games", "seed_offset": 1}
+    assert agent_fields_given(cfg) == set()
+    assert agent_fields_given(build_eval_config(parse("eval", "--max-turns", "3"))) == {"max_turns"}
+    # a section the command sets nothing in keeps the config's own default (not the section's)
+    assert load_config(TrainConfig, None, parse("train").config_flags(parse("train"))).skills.max_tokens == 128
+
+
+def test_paper_defaults_live_in_one_place():
+    from seed_agents import distill
+    from trainers.seed_trainer import SEEDConfig
+
+    trainer = TrainerConfig()
+    assert (trainer.opd_coef, trainer.gate_sharpness, trainer.kl_coef, trainer.entropy_coef, trainer.clip_eps) == (
+        PAPER.lam, PAPER.gate_sharpness, PAPER.kl, PAPER.entropy, PAPER.clip_eps) == (0.01, 5.0, 0.01, 0.001, 0.2)
+    defaults = {f.name: f.default for f in dataclasses.fields(SEEDConfig)}
+    assert (defaults["opd_coef"], defaults["gate_sharpness"], defaults["beta"], defaults["entropy_coef"],
+            defaults["epsilon"]) == (PAPER.lam, PAPER.gate_sharpness, PAPER.kl, PAPER.entropy, PAPER.clip_eps)
+    assert defaults["learning_rate"] == TrainerConfig().learning_rate == 1e-6
+    assert inspect.signature(distill.gated_opd_loss).parameters["gate_sharpness"].default == PAPER.gate_sharpness
+    assert distill.SEEDCoefficients() == PAPER
+    # the numbers are written once: no config module repeats them as literals
+    for path, paper in (("seed_agents/distill.py", {0.01, 5.0, 0.001, 0.2}),  # its 1e-6 is a std epsilon
+                        ("trainers/seed_trainer.py", {0.01, 5.0, 0.001, 0.2, 1e-6})):
+        literals = {node.value for node in ast.walk(ast.parse((REPO / path).read_text()))
+                    if isinstance(node, ast.Constant) and isinstance(node.value, float)}
+        assert not literals & paper, path
+
+
+def test_seed_config_takes_every_coefficient_from_its_own_field(tmp_path):
+    pytest.importorskip("trl")
+    from seed_agents.cli_train import seed_config
+
+    cfg = TrainConfig.model_validate({"trainer": {"opd_coef": 0.02, "gate_sharpness": 7.0, "kl_coef": 0.03,
+                                                  "entropy_coef": 0.004, "clip_eps": 0.25, "report_to": ["tensorboard"]}})
+    args = seed_config(cfg, tmp_path / "run")
+    assert (args.opd_coef, args.gate_sharpness, args.beta, args.entropy_coef, args.epsilon) == (0.02, 7.0, 0.03, 0.004, 0.25)
+    assert args.report_to == ["tensorboard"]
+
+
+def test_the_old_gate_key_still_loads_with_one_deprecation_line(tmp_path):
+    yaml = tmp_path / "old.yaml"
+    yaml.write_text("trainer:\n  opd_beta: 4.0\n")
+    with pytest.warns(RenamedConfigKey, match="rename it to trainer.gate_sharpness"):
+        assert load_config(TrainConfig, yaml, {}).trainer.gate_sharpness == 4.0
+    yaml.write_text("trainer:\n  opd_beta: 4.0\n  gate_sharpness: 3.0\n")
+    with warnings.catch_warnings(), pytest.raises(ConfigError, match="keep only gate_sharpness"):
+        load_config(TrainConfig, yaml, {})
+    yaml.write_text("trainer:\n  opd_beta: 4.0\n")
+    console = subprocess.run([sys.executable, "-m", "seed_agents.cli", "train", "--config", str(yaml), "--iterations", "0"],
+                             capture_output=True, text=True, cwd=REPO, timeout=120)
+    lines = console.stderr.strip().splitlines()
+    assert console.returncode == 2 and len(lines) == 2, console.stderr  # the deprecation, then the one error
+    assert lines[0] == ("seed-agents: warning: trainer.opd_beta is deprecated: rename it to "
+                        "trainer.gate_sharpness (same meaning)")
+
+
+def test_cli_and_train_root_do_not_import_each_other():
+    tree = ast.parse((REPO / "seed_agents" / "cli_train.py").read_text())
+    imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    imported |= {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+    assert "seed_agents.cli" not in imported
+    # building every command's flags (and --help) loads neither transformers nor the trainer stack
+    code = ("import sys; from seed_agents.cli import _parser; _parser(); "
+            "print(sorted(m for m in ('transformers', 'trl', 'torch', 'seed_agents.cli_train') if m in sys.modules))")
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert loaded.stdout.strip() == "[]", loaded.stderr
+
+
+def test_a_section_given_in_part_keeps_the_commands_other_defaults():
+    """eval's sampling default is max_tokens 24 (the class says 64): one flag of the section
+    must not silently bring back the class's value for the others."""
+    from seed_agents.config import EvalConfig, TrainConfig, load_config
+
+    assert load_config(EvalConfig, None, {"sampling.temperature": 0.3}).sampling.max_tokens == 24
+    assert load_config(EvalConfig, None, {"sampling": {"temperature": 0.3}}).sampling.temperature == 0.3
+    train = load_config(TrainConfig, None, {"sampling.temperature": 0.2})
+    assert train.sampling.max_tokens == TrainConfig().sampling.max_tokens
+    # agent fields stay unset, so an env suite's protocol defaults still fill them
+    assert load_config(EvalConfig, None, {"agent.history": "window"}).agent.model_fields_set == {"history"}
