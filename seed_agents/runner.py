@@ -8,6 +8,12 @@ so trainers never learn from it; ``check_fault_budget`` stops a run whose faults
 its budget. Once the backend is unreachable the runner stops starting episodes (a circuit
 breaker): the rest are recorded as skipped instead of each retrying a dead server.
 Each trajectory is written to the sink the moment it finishes.
+
+With a ``seed``, a run is reproducible whatever the timing: every episode's capture scope
+gets a seed derived from the run's seed and the episode's identity (group, task, sample),
+from which each of its LLM calls derives its own (see ``seed_agents.capture``), and the
+episodes form a ``Cohort`` that an in-process backend batches in lockstep (see
+``LocalBackend``). Without one, sampling and batching are as the backend pleases.
 """
 
 from __future__ import annotations
@@ -15,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 from langgraph.errors import GraphRecursionError
@@ -23,7 +29,7 @@ from pydantic import BaseModel, Field
 
 from seed_agents.aio import DaemonThreadExecutor
 from seed_agents.backends.base import BackendError, BackendUnavailable
-from seed_agents.capture import Sink, capture
+from seed_agents.capture import Cohort, Sink, capture, derive_seed
 from seed_agents.envs import TextEnv
 from seed_agents.faults import EpisodeFault, crash_point
 from seed_agents.types import FaultKind, StopReason, Task, Trajectory
@@ -80,7 +86,8 @@ class EpisodeRunner:
 
     ``make_input`` turns a task into the graph's input (default ``{"task": task}``; a
     prebuilt ReAct agent wants ``{"messages": [...]}``); ``reward_fn(task, final_state)``
-    scores the episode (default: the state's ``reward``).
+    scores the episode (default: the state's ``reward``). ``seed``: make the run
+    reproducible (module docstring); None samples as the backend pleases.
     """
 
     def __init__(
@@ -94,7 +101,9 @@ class EpisodeRunner:
         sink: Sink | None = None,
         labels: dict[str, Any] | None = None,
         make_input: Callable[[Task], dict[str, Any]] = lambda task: {"task": task},
+        seed: int | None = None,
     ) -> None:
+        self.seed = seed
         self.graph = graph
         self.config = config
         self.make_env = make_env
@@ -106,8 +115,10 @@ class EpisodeRunner:
         self._executor_loop: asyncio.AbstractEventLoop | None = None
         self._backend_down: str | None = None  # set by the first unreachable-backend fault
 
-    async def run(self, tasks: list[Task], group_prefix: str = "g") -> list[Trajectory]:
-        """All episodes, ordered by (task, sample) whatever order they finished in."""
+    async def run(self, tasks: list[Task], group_prefix: str = "g",
+                  only: Collection[tuple[str, int]] | None = None) -> list[Trajectory]:
+        """All episodes, ordered by (task, sample) whatever order they finished in;
+        ``only``: just these (task id, sample index) slots (a resumed run plays the missing ones)."""
         loop = asyncio.get_running_loop()
         # Env calls run in threads. A hung env keeps its thread: a thread per call that
         # nothing waits for (DaemonThreadExecutor) lets the episode time out and the run
@@ -118,12 +129,14 @@ class EpisodeRunner:
             self._executor_loop = loop
         sem = asyncio.Semaphore(self.config.concurrency)
         self._backend_down: str | None = None
-        specs = [(t, f"{group_prefix}-{t.task_id}", i) for t in tasks for i in range(self.config.group_size)]
+        specs = [(t, f"{group_prefix}-{t.task_id}", i) for t in tasks for i in range(self.config.group_size)
+                 if only is None or (t.task_id, i) in only]
         bar = _progress(len(specs), self.config.progress)
+        cohort = Cohort(len(specs), self.config.concurrency) if self.seed is not None else None
 
         async def one(task: Task, group_id: str, i: int) -> Trajectory:
             async with sem:
-                traj = await self.run_episode(task, group_id, i)
+                traj = await self.run_episode(task, group_id, i, cohort=cohort)
             bar.update(traj)
             return traj
 
@@ -132,7 +145,16 @@ class EpisodeRunner:
         finally:
             bar.close()
 
-    async def run_episode(self, task: Task, group_id: str, sample_index: int) -> Trajectory:
+    async def run_episode(self, task: Task, group_id: str, sample_index: int, *,
+                          cohort: Cohort | None = None) -> Trajectory:
+        """One episode; ``cohort.finish()`` is called once it makes no more LLM calls."""
+        try:
+            return await self._run_episode(task, group_id, sample_index, cohort)
+        finally:
+            if cohort is not None:
+                cohort.finish((group_id, sample_index))
+
+    async def _run_episode(self, task: Task, group_id: str, sample_index: int, cohort: Cohort | None) -> Trajectory:
         traj = Trajectory(task_id=task.task_id, group_id=group_id, sample_index=sample_index, split=task.split)
         t0 = time.perf_counter()
         env: TextEnv | None = None
@@ -140,8 +162,9 @@ class EpisodeRunner:
             traj.stop_reason, traj.fault = StopReason.ERROR, FaultKind.SKIPPED
             traj.error = f"not started: {self._backend_down}"
             return self._finish(traj, t0)
-        with capture(**self.labels, task_id=task.task_id, group_id=group_id,
-                     sample_index=sample_index, trajectory_id=traj.trajectory_id) as cap:
+        seed = derive_seed(self.seed, group_id, task.task_id, sample_index) if self.seed is not None else None
+        with capture(**self.labels, task_id=task.task_id, group_id=group_id, sample_index=sample_index,
+                     trajectory_id=traj.trajectory_id, seed=seed, cohort=cohort) as cap:
             state: dict[str, Any] | None = None
             try:
                 async with asyncio.timeout(self.config.episode_timeout_s):
@@ -168,6 +191,8 @@ class EpisodeRunner:
             if state is not None:
                 self._score(task, state, traj, steps_default=len(cap.calls))
             traj.calls = list(cap.calls)
+        if cohort is not None:  # no more LLM calls: the cohort's batches need not wait for the close
+            cohort.finish((group_id, sample_index))
         if env is not None:
             await _close_quietly(env)
         return self._finish(traj, t0)

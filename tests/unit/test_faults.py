@@ -159,7 +159,9 @@ def write_tasks(path: Path, faults: list[str | None]) -> Path:
 def train_yaml(tmp_path: Path, tiny_model_dir: str, faults: list[str | None], **over) -> Path:
     cfg = faulty_train_config(str(write_tasks(tmp_path / "t.jsonl", faults)), tiny_model_dir,
                               num_tasks=len(faults), tasks_per_iteration=len(faults), out=str(tmp_path / "run"),
-                              runner={"group_size": 2, "progress": False, "episode_timeout_s": 3.0}, **over)
+                              # no task here hangs: the timeout only has to outlast a slow first
+                              # generation on a loaded machine (3 s did not, now and then)
+                              runner={"group_size": 2, "progress": False, "episode_timeout_s": 60.0}, **over)
     path = tmp_path / "train.yaml"
     path.write_text(json.dumps(cfg))
     return path
