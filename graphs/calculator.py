@@ -1,8 +1,10 @@
 """Arithmetic with a calculator: the smallest tool task with a verifiable answer.
 
-Shows the "wrap your existing agent" path: LangGraph's prebuilt ``create_react_agent``
-with two plain tools, unchanged except that its chat model is a ``SeedChatModel``.
-Tasks are generated from a seed (stable ids); the reward checks the final answer.
+Shows the "wrap your existing agent" path three ways, each unchanged except that its
+chat model is a ``SeedChatModel``: LangChain v1's ``create_agent`` (the current API),
+a hand-written LangGraph ``StateGraph`` tool loop, and LangGraph's legacy prebuilt
+``create_react_agent`` (deprecated in LangGraph 1.0, still met in existing code). Tasks
+are generated from a seed (stable ids); the reward checks the final answer.
 """
 
 from __future__ import annotations
@@ -54,7 +56,39 @@ def calculator_reward(task: Task, state: dict[str, Any]) -> float:
 
 
 def build_react_calculator(llm: Any) -> Any:
-    """An off-the-shelf LangGraph ReAct agent; only the chat model is ours."""
+    """An off-the-shelf agent, LangChain v1's ``create_agent``; only the chat model is ours."""
+    from langchain.agents import create_agent
+
+    return create_agent(llm, TOOLS)
+
+
+def build_graph_calculator(llm: Any) -> Any:
+    """A hand-written LangGraph tool loop (model node, tool node, route on tool calls):
+    the shape of most custom agents; only the chat model is ours."""
+    from langgraph.graph import START, MessagesState, StateGraph
+    from langgraph.prebuilt import ToolNode, tools_condition
+
+    model = llm.bind_tools(TOOLS)
+
+    def agent(state: MessagesState) -> dict[str, Any]:
+        return {"messages": [model.invoke(state["messages"])]}
+
+    g = StateGraph(MessagesState)
+    g.add_node("agent", agent)
+    g.add_node("tools", ToolNode(TOOLS))
+    g.add_edge(START, "agent")
+    g.add_conditional_edges("agent", tools_condition)
+    g.add_edge("tools", "agent")
+    return g.compile()
+
+
+def build_prebuilt_react_calculator(llm: Any) -> Any:
+    """LangGraph's legacy prebuilt ``create_react_agent``, for code that still uses it;
+    its deprecation warning is silenced here, where using it is the point."""
+    import warnings
+
     from langgraph.prebuilt import create_react_agent
 
-    return create_react_agent(llm, TOOLS)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return create_react_agent(llm, TOOLS)

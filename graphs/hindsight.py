@@ -17,8 +17,12 @@ from typing import Any, TypedDict
 
 from langgraph.graph import END, START, StateGraph
 
+from seed_agents.backends.grammar import skill_tag
 from seed_agents.capture import capture, current_scope
+from seed_agents.chat_model import SeedChatModel
+from seed_agents.envs import EpisodeRecord
 from seed_agents.skills import build_analyzer_messages, episode_steps, first_user_message, parse_skill
+from seed_agents.stage1.analyzers import Analyzer
 from seed_agents.types import LLMCall, Skill, StopReason, Task
 
 
@@ -48,14 +52,17 @@ async def write_skill(
     max_steps: int = 30,
     trajectory_id: str | None = None,
     task_id: str | None = None,
+    episode: EpisodeRecord | None = None,
+    constrained: bool = True,
 ) -> Skill:
     """Ask ``llm`` (greedy) for a hindsight skill about the episode made of ``calls``.
 
-    ``llm`` is a chat model, or any object with the stage-1 ``Analyzer`` interface
-    (``async analyze(messages, *, steps, success, task_text)``), such as the offline
-    rule-based TextWorld analyzer: it reads the same steps the prompt is built from.
+    ``llm`` is a chat model, or a ``seed_agents.stage1.analyzers.Analyzer`` such as an env
+    suite's offline analyzer, which reads ``episode`` (the structured turns) instead of the prompt.
     ``trajectory_id`` and ``task_id`` default to the capture labels of the calls. Never
     raises for a bad reply or a failing backend: both give ``valid=False`` with a reason.
+    ``constrained``: a ``SeedChatModel`` decodes under ``skill_tag`` (same word limits), so
+    its reply always parses; other chat models are asked for the JSON by the prompt alone.
     """
     labels = calls[0].scope if calls else {}
     ids = {
@@ -68,14 +75,17 @@ async def write_skill(
                                        max_chars_per_step=max_chars_per_step, max_steps=max_steps)
     call_id = None
     try:
-        if hasattr(llm, "analyze"):  # an Analyzer, not a chat model: no LLM call to capture
-            answer = await llm.analyze(messages, steps=steps, success=bool(success), task_text=task_text)
+        if isinstance(llm, Analyzer):  # not a chat model: no LLM call to capture
+            answer = await llm.analyze(messages, episode)
             if answer.error is not None:
                 return Skill(**ids, valid=False, reject_reason=f"analyzer error: {answer.error}")
             raw = answer.text
         else:
+            bound: dict[str, Any] = {"temperature": 0.0, "max_tokens": max_tokens}
+            if constrained and isinstance(llm, SeedChatModel):
+                bound["structural_tag"] = skill_tag(min_words=min_words, max_words=max_words, max_tokens=max_tokens)
             with capture(purpose="analyzer"):
-                reply = await llm.bind(temperature=0.0, max_tokens=max_tokens).ainvoke(messages)
+                reply = await llm.bind(**bound).ainvoke(messages)
             raw = reply.content if isinstance(reply.content, str) else str(reply.content)
             call_id = (reply.response_metadata or {}).get("call_id")
     except Exception as e:  # noqa: BLE001 - hindsight must not fail the episode
@@ -146,7 +156,9 @@ def with_hindsight(
             reason = "no policy calls captured for this episode (run the graph under capture())"
             return {"skill": Skill(task_id=getattr(task, "task_id", ""), success=success, valid=False, reject_reason=reason)}
         text = task_text(state) if task_text is not None else first_user_message(calls)
-        return {"skill": await write_skill(llm, calls, text, success, **skill_options)}
+        episode = EpisodeRecord.from_metadata(state.get("metadata") or {}, task_id=getattr(task, "task_id", ""),
+                                              success=success, reward=float(state.get("reward", 0.0)))
+        return {"skill": await write_skill(llm, calls, text, success, episode=episode, **skill_options)}
 
     g = StateGraph(state_schema or _outer_schema(agent_graph))
     g.add_node("agent", agent_graph)

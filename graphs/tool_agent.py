@@ -31,11 +31,17 @@ class ToolAgentState(TypedDict, total=False):
     stop_reason: StopReason
 
 
-def build_tool_agent(llm: Any, tools: Sequence[BaseTool], *, system_prompt: str | None = None, max_turns: int = 6) -> Any:
-    """Compile the agent. ``llm`` needs ``bind_tools`` (``SeedChatModel`` has it)."""
+def build_tool_agent(llm: Any, tools: Sequence[BaseTool], *, system_prompt: str | None = None, max_turns: int = 6,
+                     first_tool_choice: str | None = None) -> Any:
+    """Compile the agent. ``llm`` needs ``bind_tools`` (``SeedChatModel`` has it).
+
+    ``first_tool_choice``: the ``tool_choice`` of the first turn only (e.g. ``"any"`` where
+    every task needs a tool: a small model that would answer from memory must look first);
+    later turns choose freely between answering and calling."""
     if max_turns < 1:
         raise ValueError(f"max_turns must be >= 1, got {max_turns}")
     bound = llm.bind_tools(list(tools))
+    first = llm.bind_tools(list(tools), tool_choice=first_tool_choice) if first_tool_choice else bound
 
     def start(state: ToolAgentState) -> ToolAgentState:
         question = state["task"].data.get("question")
@@ -45,7 +51,7 @@ def build_tool_agent(llm: Any, tools: Sequence[BaseTool], *, system_prompt: str 
         return {"messages": [*msgs, HumanMessage(question)], "steps": 0, "invalid_actions": 0}
 
     async def agent(state: ToolAgentState) -> ToolAgentState:
-        reply: AIMessage = await bound.ainvoke(state["messages"])
+        reply: AIMessage = await (first if state["steps"] == 0 else bound).ainvoke(state["messages"])
         update: ToolAgentState = {"messages": [reply], "steps": state["steps"] + 1}
         if reply.invalid_tool_calls:
             errors = "; ".join(str(c.get("error")) for c in reply.invalid_tool_calls)

@@ -46,13 +46,14 @@ from seed_agents.backends.base import (
     StreamingBackend,
     as_piece,
 )
+from seed_agents.backends.grammar import tool_call_tag
 from seed_agents.capture import current_scope, record_call
 from seed_agents.reply import ReplyBuilder
 from seed_agents.tool_calls import format_tool_call
 from seed_agents.types import LLMCall, Purpose, SamplingParams
 
 _ROLES = {"system": "system", "human": "user", "ai": "assistant", "tool": "tool"}
-_SAMPLING_KEYS = ("max_tokens", "temperature", "top_p", "seed")
+_SAMPLING_KEYS = ("max_tokens", "temperature", "top_p", "seed", "structural_tag")
 
 HERMES_TOOLS_PROMPT = (
     "You may call functions to help with the request. The available functions are "
@@ -198,6 +199,13 @@ class SeedChatModel(BaseChatModel):
     ``AIMessage`` in the input is continued the same way (an assistant prefill), so a
     recorded call re-renders to the same ``prompt_ids``.
 
+    Constrained decoding: with tools bound (and ``constrain_tool_calls``, the default),
+    the backend samples under ``backends.grammar.tool_call_tag``: the model still chooses
+    between prose and a call, and a call it opens always parses and names a bound tool
+    (unless ``max_tokens`` cuts it). ``bind(structural_tag=...)`` constrains any call to
+    another grammar (the hindsight analyzer's ``skill_tag``). The recorded logprobs are
+    then those of the masked distribution; see ``docs/constrained_decoding.md``.
+
     A stream that its consumer abandons (the generator closed before the end) stops the
     generation and records the ids sampled so far as an incomplete call
     (``LLMCall.complete`` False, ``finish_reason`` "error"), which rows never train on: a
@@ -214,6 +222,9 @@ class SeedChatModel(BaseChatModel):
     model_name: str = "seed-agents"
     stop: list[str] | None = Field(None, description="Default stop sequences (a call's own `stop` replaces them).")
     streaming: bool = Field(False, description="Stream internally even for invoke (LangChain's standard flag).")
+    constrain_tool_calls: bool = Field(True, description=(
+        "With tools bound, decode under a grammar in which <tool_call> opens only a call to a bound tool with "
+        "arguments that follow its schema; prose stays free. False: sample freely."))
 
     @model_validator(mode="before")
     @classmethod
@@ -285,7 +296,15 @@ class SeedChatModel(BaseChatModel):
         prompt_ids, dicts = self.render(messages, tools)
         stops = stop if stop is not None else (self.stop or [])
         builder = ReplyBuilder(self._decode, stop=stops, parse_tools=bool(tools), prefix=prefix)
-        return _Turn(prompt_ids, dicts, tools, self._params(kwargs), builder, stream)
+        params = self._params(kwargs)
+        scope = current_scope()
+        if params.seed is None and scope is not None:
+            # A reproducible run: the call's seed comes from its episode, its index there and
+            # the policy version, never from when it reached the backend (None: unseeded).
+            params = params.model_copy(update={"seed": scope.request_seed(self.backend.policy_version)})
+        if tools and self.constrain_tool_calls and params.structural_tag is None:
+            params = params.model_copy(update={"structural_tag": tool_call_tag(tools, prefix)})
+        return _Turn(prompt_ids, dicts, tools, params, builder, stream)
 
     def _record(self, turn: _Turn) -> AIMessage:
         """Record the finished call; return the reply it makes."""

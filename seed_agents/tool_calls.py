@@ -54,6 +54,15 @@ def parse_tool_calls(text: str) -> tuple[str, list[dict[str, Any]], list[dict[st
     return content, calls, invalid
 
 
+def tool_call_frame(name: str) -> tuple[str, str]:
+    """(text before the arguments object, text after it) of a call to ``name``, exactly
+    as ``format_tool_call`` writes it: the constrained-decoding grammar
+    (``seed_agents.backends.grammar``) fixes these and leaves the arguments to the schema,
+    so a constrained call re-renders to the same text in the next prompt."""
+    return "<tool_call>\n{\"name\": " + json.dumps(name, ensure_ascii=False) + ', "arguments": ', "}\n</tool_call>"
+
+
 def format_tool_call(name: str, args: dict[str, Any]) -> str:
     """The textual form a model is taught to emit (used when the template lacks tools)."""
-    return "<tool_call>\n" + json.dumps({"name": name, "arguments": args}, ensure_ascii=False) + "\n</tool_call>"
+    begin, end = tool_call_frame(name)
+    return begin + json.dumps(args, ensure_ascii=False) + end

@@ -64,6 +64,10 @@ class SamplingParams(BaseModel):
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling mass.")
     seed: int | None = Field(None, description="Per-request sampling seed, if reproducibility matters.")
     stop_token_ids: tuple[int, ...] = Field((), description="Extra token ids that end the completion.")
+    structural_tag: str | None = Field(None, description=(
+        "Constrained decoding: an xgrammar structural tag (JSON text; vLLM's structured_outputs.structural_tag) "
+        "the completion must follow; logprobs are then those of the masked distribution. None: unconstrained. "
+        "Built by seed_agents.backends.grammar."))
 
 
 class Completion(BaseModel):

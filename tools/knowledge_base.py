@@ -24,7 +24,7 @@ import re
 from collections.abc import Sequence
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from langchain_core.tools import BaseTool, tool
 
@@ -85,9 +85,12 @@ def lookup_fact(place: str, field: str, places: dict[str, dict[str, int]] | None
     return f"The {key} of {name} is {places[name][key]}."
 
 
+Field = Literal["population", "area", "founded"]
+
+
 @tool
-def lookup(place: str, field: str) -> str:
-    """Look up a fact about a place in the atlas. field is population, area or founded."""
+def lookup(place: str, field: Field) -> str:
+    """Look up a fact about a place in the atlas: its population, area or founding year."""
     return lookup_fact(place, field)
 
 
@@ -169,10 +172,12 @@ def answer_reward(task: Task, state: dict[str, Any]) -> float:
 
 
 def build_agent(llm: Any) -> Any:
-    """The hand-written LangGraph tool agent (``graphs.tool_agent``) over the atlas tools."""
+    """The hand-written LangGraph tool agent (``graphs.tool_agent``) over the atlas tools.
+    Every question needs a tool, so the first turn must call one (``tool_choice="any"``,
+    decoded under the tools' grammar); SmolLM2 left to choose answers from memory."""
     from graphs.tool_agent import build_tool_agent
 
-    return build_tool_agent(llm, TOOLS, system_prompt=SYSTEM_PROMPT, max_turns=4)
+    return build_tool_agent(llm, TOOLS, system_prompt=SYSTEM_PROMPT, max_turns=4, first_tool_choice="any")
 
 
 def build_create_agent(llm: Any) -> Any:

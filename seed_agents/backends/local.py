@@ -2,6 +2,20 @@
 
 Concurrent ``agenerate`` calls are gathered into batches (left-padded, KV-cached
 ``generate``) so a group of episodes shares one forward per token, as a server would.
+
+Reproducible runs. A row's logits depend on its batch: on this CPU, the same prompt alone,
+in a batch of four, or in the same four in another order gives logits that differ by
+~5e-6 (matmul kernels change with the row count; padding changes the attention's
+reductions), while the same batch run twice is bit-identical. So, for requests made by
+the episodes of a seeded runner (a ``Cohort`` in the capture scope), batches are formed in
+lockstep instead of by arrival time: a wave holds one request from every live episode,
+sorted by sampling params and seed, then chunked by ``max_batch_size``; its composition
+depends only on what the episodes did, so its logits are the same bits in every run. Each
+row samples from its own ``torch.Generator`` seeded by the request's seed (Gumbel-max on
+the temperature/top-p processed logits, the distribution transformers samples from), so
+a row's draw never depends on its neighbours; an unseeded request draws its seed from the
+global torch RNG, as sampling did before.
+
 Log-probabilities are the raw log-softmax of the model's logits (temperature 1), the same
 quantity vLLM returns, so both backends feed the trainer identical numbers.
 
@@ -37,6 +51,8 @@ from typing import Any
 import torch
 
 from seed_agents.backends.base import BackendError, CompletionPiece
+from seed_agents.backends.grammar import grammar_mask
+from seed_agents.capture import Cohort, Ticket, current_scope
 from seed_agents.types import Completion, SamplingParams
 
 #: ``on_token(token_id, logprob)``: called from the generating thread per sampled token.
@@ -123,12 +139,37 @@ def _token_streamer(model: torch.nn.Module, on_token: OnToken | None, batch_size
         handle.remove()
 
 
+class _RowSampler:
+    """Samples row ``i`` of a batch with its own generator (seeded by ``seeds[i]``): Gumbel
+    noise added to the processed logits, then transformers' greedy argmax takes the
+    sample. Hand-written because ``generate`` samples every row from the one global RNG,
+    so a row's draw would depend on its neighbours and on everything else using that RNG."""
+
+    def __init__(self, seeds: list[int]) -> None:
+        self.generators = [torch.Generator().manual_seed(s) for s in seeds]
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        uniform_B_V = torch.stack([torch.rand(scores.shape[-1], generator=g) for g in self.generators])
+        return scores - torch.log(-torch.log(uniform_B_V))  # + Gumbel(0, 1); log(0) gives -inf: never picked
+
+
+def _batch_key(params: SamplingParams) -> str:
+    """Requests batch together when their params agree but for the seed (each row has its own)."""
+    return params.model_copy(update={"seed": None}).model_dump_json()
+
+
 @dataclass
 class _Request:
     prompt_ids: list[int]
     params: SamplingParams
     future: asyncio.Future[Completion]
     t0: float = field(default_factory=time.perf_counter)
+    cohort: Cohort | None = None
+    ticket: Ticket | None = None
+
+    def order(self) -> tuple[str, int, list[int]]:
+        """Where the request goes in its wave: by params, then seed (its episode and call)."""
+        return _batch_key(self.params), -1 if self.params.seed is None else self.params.seed, self.prompt_ids
 
 
 class LocalBackend:
@@ -178,13 +219,20 @@ class LocalBackend:
 
     async def agenerate(self, prompt_ids: list[int], params: SamplingParams) -> Completion:
         loop = asyncio.get_running_loop()
-        req = _Request(list(prompt_ids), params, loop.create_future())
+        scope = current_scope()
+        req = _Request(list(prompt_ids), params, loop.create_future(), cohort=scope.cohort if scope else None)
         key = id(loop)
         self._queues.setdefault(key, []).append(req)
+        if req.cohort is not None:
+            req.ticket = req.cohort.join()
         if key not in self._workers:
             self._workers.add(key)
             loop.create_task(self._drain(key))
-        return await req.future
+        try:
+            return await req.future
+        finally:
+            if req.cohort is not None and req.ticket is not None and req.ticket.wave is None:
+                req.cohort.withdraw(req.ticket)  # abandoned before its wave: it no longer counts
 
     def stream(self, prompt_ids: list[int], params: SamplingParams) -> Iterator[CompletionPiece]:
         """One piece per sampled token, then a last (empty) piece with the finish reason.
@@ -280,17 +328,16 @@ class LocalBackend:
         try:
             while self._queues.get(key):
                 await asyncio.sleep(self.batch_wait_s)  # let concurrent callers join the batch
-                queue = self._queues[key]
-                # Requests batch together only when their sampling params agree.
-                params = queue[0].params
-                batch = [r for r in queue if r.params == params][: self.max_batch_size]
-                self._queues[key] = [r for r in queue if not any(r is b for b in batch)]
+                batch = self._next_batch(key)
+                if not batch:  # a cohort's wave is still forming
+                    continue
                 def abandoned(batch: list[_Request] = batch) -> bool:
                     return all(r.future.cancelled() for r in batch)
 
                 try:
-                    comps = await asyncio.to_thread(self._generate_batch, [r.prompt_ids for r in batch], params,
-                                                    abandoned)
+                    comps = await asyncio.to_thread(self._generate_batch, [r.prompt_ids for r in batch],
+                                                    batch[0].params, abandoned, None,
+                                                    [r.params.seed for r in batch])
                 except BaseException as e:
                     for r in batch:
                         if not r.future.done():
@@ -298,6 +345,10 @@ class LocalBackend:
                     if isinstance(e, asyncio.CancelledError):
                         raise
                     continue
+                finally:
+                    for r in batch:
+                        if r.cohort is not None and r.ticket is not None:
+                            r.cohort.done(r.ticket)
                 now = time.perf_counter()
                 for r, c in zip(batch, comps):
                     c.latency_s = now - r.t0
@@ -308,18 +359,48 @@ class LocalBackend:
             if not self._queues.get(key):
                 self._queues.pop(key, None)
 
+    def _next_batch(self, key: int) -> list[_Request]:
+        """The next batch to run: requests outside any cohort by arrival (params agreeing but
+        for the seed); else the first chunk of a released cohort wave, in wave order."""
+        # a cohort request abandoned before its wave was released will never be run
+        queue = self._queues[key] = [r for r in self._queues[key]
+                                     if not (r.future.done() and r.ticket is not None and r.ticket.wave is None)]
+        free = [r for r in queue if r.cohort is None]
+        if free:
+            batch = [r for r in free if _batch_key(r.params) == _batch_key(free[0].params)][: self.max_batch_size]
+        else:
+            for cohort in {id(r.cohort): r.cohort for r in queue if r.cohort is not None}.values():
+                cohort.release_overdue()
+            ready = sorted((r for r in queue if r.ticket is not None and r.ticket.wave is not None),
+                           key=lambda r: (r.ticket.wave, *r.order()))  # type: ignore[union-attr]
+            if not ready:
+                return []
+            head = ready[0]
+            batch = [r for r in ready if r.ticket.wave == head.ticket.wave and r.cohort is head.cohort  # type: ignore[union-attr]
+                     and _batch_key(r.params) == _batch_key(head.params)][: self.max_batch_size]
+        self._queues[key] = [r for r in queue if not any(r is b for b in batch)]
+        return batch
+
     def _generate_batch(self, prompts: list[list[int]], params: SamplingParams,
                         should_stop: Callable[[], bool] = lambda: False,
-                        on_token: OnToken | None = None) -> list[Completion]:
-        """Every torch op of a batch runs inside ``_IN_FLIGHT``, so exit waits for all of it."""
+                        on_token: OnToken | None = None, seeds: list[int | None] | None = None) -> list[Completion]:
+        """Every torch op of a batch runs inside ``_IN_FLIGHT``, so exit waits for all of it.
+        ``seeds``: each row's sampling seed (default: ``params.seed`` for every row)."""
         if _IN_FLIGHT.shutting_down.is_set():
             raise RuntimeError("the process is exiting: no new generation")
         with _IN_FLIGHT:
-            return self._generate_tracked(prompts, params, should_stop, on_token)
+            return self._generate_tracked(prompts, params, should_stop, on_token,
+                                          seeds if seeds is not None else [params.seed] * len(prompts))
 
     def _generate_tracked(self, prompts: list[list[int]], params: SamplingParams,
-                          should_stop: Callable[[], bool], on_token: OnToken | None = None) -> list[Completion]:
-        from transformers import GenerationConfig
+                          should_stop: Callable[[], bool], on_token: OnToken | None,
+                          seeds: list[int | None]) -> list[Completion]:
+        from transformers import (
+            GenerationConfig,
+            LogitsProcessorList,
+            TemperatureLogitsWarper,
+            TopPLogitsWarper,
+        )
 
         if any(len(p) == 0 for p in prompts):
             raise ValueError("empty prompt")
@@ -332,23 +413,32 @@ class LocalBackend:
         for i, p in enumerate(prompts):
             input_ids[i, width - len(p):] = torch.tensor(p)
             attention[i, width - len(p):] = 1
-        greedy = params.temperature == 0
         # A fresh GenerationConfig: the checkpoint's defaults (top_k=50, repetition
         # penalty, ...) would silently change the distribution we claim to sample from.
+        # Greedy decoding throughout: sampling is the processors' (``_RowSampler``).
         cfg = GenerationConfig(
-            max_new_tokens=params.max_tokens, do_sample=not greedy,
-            temperature=None if greedy else params.temperature, top_p=None if greedy else params.top_p,
+            max_new_tokens=params.max_tokens, do_sample=False, temperature=None, top_p=None,
             top_k=None, eos_token_id=sorted(stop), pad_token_id=self.pad_id,
             output_logits=True, return_dict_in_generate=True,
         )
+        mask = grammar_mask(params.structural_tag, self.tokenizer, self.model.config.vocab_size, len(prompts), stop)
+        if mask is not None and on_token is not None:
+            on_token = mask.streamed(on_token)
+        processors = LogitsProcessorList([mask] if mask is not None else [])
         with self._lock, torch.no_grad(), _token_streamer(self.model, on_token, len(prompts)) as streamer:
-            if params.seed is not None:
-                torch.manual_seed(params.seed)
+            if params.temperature > 0:  # the warpers (and order) transformers' own sampling applies
+                processors.append(TemperatureLogitsWarper(params.temperature))
+                if params.top_p < 1.0:
+                    processors.append(TopPLogitsWarper(params.top_p))
+                processors.append(_RowSampler([int(torch.randint(0, 2**62, ())) if s is None else s for s in seeds]))
             out = self.model.generate(input_ids=input_ids, attention_mask=attention, generation_config=cfg,
-                                      stopping_criteria=_stopping_criteria(should_stop), streamer=streamer)
+                                      stopping_criteria=_stopping_criteria(should_stop), streamer=streamer,
+                                      logits_processor=processors)
         new = out.sequences[:, width:]
         logps = torch.stack(out.logits, dim=1).float().log_softmax(-1)  # [B, T, V]
         tok_logps = logps.gather(-1, new.unsqueeze(-1)).squeeze(-1)
+        if mask is not None:  # the logprob under the mask the token was sampled from, as vLLM reports it
+            tok_logps = tok_logps - mask.log_mass_B_T(tok_logps.shape[1])
         comps = []
         for i in range(len(prompts)):
             ids = new[i].tolist()

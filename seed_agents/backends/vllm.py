@@ -8,7 +8,8 @@ default), so these are log-softmax values at T=1 whatever the sampling temperatu
 
 Request fields used (vLLM 0.32, ``vllm/entrypoints/openai/completion/protocol.py``):
 ``prompt``, ``max_tokens``, ``temperature``, ``top_p``, ``seed``, ``logprobs``,
-``prompt_logprobs``, ``stop_token_ids``, ``return_token_ids``, ``skip_special_tokens``.
+``prompt_logprobs``, ``stop_token_ids``, ``return_token_ids``, ``skip_special_tokens``,
+``structured_outputs.structural_tag`` (constrained decoding, ``seed_agents.backends.grammar``).
 Response: ``choices[0].token_ids``, ``choices[0].logprobs.token_logprobs``,
 ``choices[0].finish_reason`` and, for scoring, ``choices[0].prompt_logprobs`` (a list
 with ``None`` first, then ``{"<token id>": {"logprob": ..., "rank": ...}}`` per token).
@@ -16,8 +17,9 @@ with ``None`` first, then ``{"<token id>": {"logprob": ..., "rank": ...}}`` per 
 Streaming sends the same request with ``stream: true``: vLLM answers with server-sent
 events, one per engine step, whose ``choices[0]`` holds the step's new ``token_ids`` and
 their ``logprobs.token_logprobs`` (the last one the ``finish_reason``), then
-``data: [DONE]``. Retries and the circuit breaker cover opening the stream (connection
-failures, 5xx before the first byte); a stream that breaks later raises, because the
+``data: [DONE]``. Retries (``seed_agents.http.RetryPolicy``: connection errors, 408, 429
+and 5xx, jittered backoff, Retry-After honoured) and the circuit breaker cover opening
+the stream (before the first byte); a stream that breaks later raises, because the
 tokens already handed out cannot be taken back. Closing the stream early closes the HTTP
 response, and vLLM aborts a request whose client has gone.
 """
@@ -36,6 +38,7 @@ from typing import Any
 import httpx
 
 from seed_agents.backends.base import BackendError, BackendUnavailable, CompletionPiece
+from seed_agents.http import RetryableResponse, RetryPolicy, retryable_status
 from seed_agents.redact import redact
 from seed_agents.types import Completion, FinishReason, SamplingParams
 
@@ -67,6 +70,7 @@ class VLLMBackend:
         timeout_s: float = 120.0,
         max_retries: int = 3,
         backoff_s: float = 0.5,
+        max_backoff_s: float = 30.0,
         policy_version: int = 0,
         breaker_cooldown_s: float = 30.0,
     ) -> None:
@@ -79,6 +83,7 @@ class VLLMBackend:
         self.timeout_s = timeout_s
         self.max_retries = max_retries
         self.backoff_s = backoff_s
+        self._retry = RetryPolicy(max_retries=max_retries, backoff_s=backoff_s, max_backoff_s=max_backoff_s)
         self.breaker_cooldown_s = breaker_cooldown_s
         self._open_until = 0.0  # monotonic time until which the breaker is open
         self._open_error = ""
@@ -250,93 +255,74 @@ class VLLMBackend:
     def _post(self, path: str, body: Mapping[str, Any]) -> dict[str, Any]:
         self._check_breaker()
         client = self._sync_client()
-        last_error: BaseException | None = None
+
+        def attempt() -> httpx.Response:
+            return _retryable(client.post(path, json=body))
+
         with self._sync_slots:
-            for attempt in range(self.max_retries + 1):
-                if attempt:
-                    time.sleep(self._backoff(attempt))
-                try:
-                    response = client.post(path, json=body)
-                except httpx.TransportError as exc:
-                    last_error = exc
-                    continue
-                if response.status_code >= 500:
-                    last_error = _ServerError(response)
-                    continue
-                self._open_until = 0.0
-                return self._handle(response)
-        raise self._trip(self._give_up(path, last_error))
+            try:
+                response = self._retry.retrying()(attempt)
+            except (httpx.TransportError, _ServerError) as exc:
+                raise self._trip(self._give_up(path, exc)) from None
+        self._open_until = 0.0
+        return self._handle(response)
 
     async def _apost(self, path: str, body: Mapping[str, Any]) -> dict[str, Any]:
         self._check_breaker()
         client, slots = self._async_state()
-        last_error: BaseException | None = None
+
+        async def attempt() -> httpx.Response:
+            return _retryable(await client.post(path, json=body))
+
         async with slots:
-            for attempt in range(self.max_retries + 1):
-                if attempt:
-                    await asyncio.sleep(self._backoff(attempt))
-                try:
-                    response = await client.post(path, json=body)
-                except httpx.TransportError as exc:
-                    last_error = exc
-                    continue
-                if response.status_code >= 500:
-                    last_error = _ServerError(response)
-                    continue
-                self._open_until = 0.0
-                return self._handle(response)
-        raise self._trip(self._give_up(path, last_error))
+            try:
+                response = await self._retry.aretrying()(attempt)
+            except (httpx.TransportError, _ServerError) as exc:
+                raise self._trip(self._give_up(path, exc)) from None
+        self._open_until = 0.0
+        return self._handle(response)
 
     def _open_stream(self, body: Mapping[str, Any]) -> httpx.Response:
         """``_post`` for a streamed answer: the same retries and breaker, up to the first byte."""
         self._check_breaker()
         client = self._sync_client()
-        last_error: BaseException | None = None
-        for attempt in range(self.max_retries + 1):
-            if attempt:
-                time.sleep(self._backoff(attempt))
-            try:
-                response = client.send(client.build_request("POST", "/v1/completions", json=body), stream=True)
-            except httpx.TransportError as exc:
-                last_error = exc
-                continue
+
+        def attempt() -> httpx.Response:
+            response = client.send(client.build_request("POST", "/v1/completions", json=body), stream=True)
             if response.status_code != 200:
                 response.read()
                 response.close()
-                if response.status_code >= 500:
-                    last_error = _ServerError(response)
-                    continue
+                _retryable(response)
                 self._handle(response)  # raises: the server rejected the request
-            self._open_until = 0.0
             return response
-        raise self._trip(self._give_up("/v1/completions", last_error))
+
+        try:
+            response = self._retry.retrying()(attempt)
+        except (httpx.TransportError, _ServerError) as exc:
+            raise self._trip(self._give_up("/v1/completions", exc)) from None
+        self._open_until = 0.0
+        return response
 
     async def _aopen_stream(self, body: Mapping[str, Any]) -> httpx.Response:
         """``_apost`` for a streamed answer (the caller holds this loop's slot)."""
         self._check_breaker()
         client, _ = self._async_state()
-        last_error: BaseException | None = None
-        for attempt in range(self.max_retries + 1):
-            if attempt:
-                await asyncio.sleep(self._backoff(attempt))
-            try:
-                response = await client.send(client.build_request("POST", "/v1/completions", json=body), stream=True)
-            except httpx.TransportError as exc:
-                last_error = exc
-                continue
+
+        async def attempt() -> httpx.Response:
+            response = await client.send(client.build_request("POST", "/v1/completions", json=body), stream=True)
             if response.status_code != 200:
                 await response.aread()
                 await response.aclose()
-                if response.status_code >= 500:
-                    last_error = _ServerError(response)
-                    continue
+                _retryable(response)
                 self._handle(response)  # raises: the server rejected the request
-            self._open_until = 0.0
             return response
-        raise self._trip(self._give_up("/v1/completions", last_error))
 
-    def _backoff(self, attempt: int) -> float:
-        return self.backoff_s * 2 ** (attempt - 1)
+        try:
+            response = await self._retry.aretrying()(attempt)
+        except (httpx.TransportError, _ServerError) as exc:
+            raise self._trip(self._give_up("/v1/completions", exc)) from None
+        self._open_until = 0.0
+        return response
 
     def _handle(self, response: httpx.Response) -> dict[str, Any]:
         if response.status_code >= 400:
@@ -388,16 +374,23 @@ def completion_body(model: str, prompt_ids: list[int], params: SamplingParams, *
         body["seed"] = params.seed
     if params.stop_token_ids:
         body["stop_token_ids"] = list(params.stop_token_ids)
+    if params.structural_tag is not None:
+        # vLLM masks the logits with the grammar before sampling and before computing the
+        # logprobs it returns, so those are the masked distribution's (as the local backend's).
+        body["structured_outputs"] = {"structural_tag": params.structural_tag}
     return body
 
 
-class _ServerError(Exception):
-    """A 5xx answer, kept so the final error can quote the server."""
+class _ServerError(RetryableResponse):
+    """A 408, 429 or 5xx answer (``seed_agents.http.retryable_status``), kept so the final
+    error can quote the server."""
 
-    def __init__(self, response: httpx.Response) -> None:
-        self.status_code = response.status_code
-        self.message = _error_message(response)
-        super().__init__(f"HTTP {self.status_code}: {self.message}")
+
+def _retryable(response: httpx.Response) -> httpx.Response:
+    """``response``, unless its status is worth a retry: then ``_ServerError`` (retried)."""
+    if retryable_status(response.status_code):
+        raise _ServerError.of(response, _error_message(response))
+    return response
 
 
 def _normalize_base_url(url: str) -> str:
