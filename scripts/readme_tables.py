@@ -48,7 +48,8 @@ def source_line(r: Result, what: str = "") -> str:
     load = f", load {m['load_avg_1m']:.1f} at the start" if m.get("load_avg_1m") is not None else ""
     day = (r.started_at or r.ended_at or "")[:10]
     diff = r.departures()
-    paper = (f"Differs from the paper: {'; '.join(diff)}." if diff else "Every compared setting is the paper's.")
+    paper = (f"Differs from the paper: {'; '.join(diff)}." if diff else
+             "Every compared setting is the paper's." if r.paper else "Not compared with the paper's settings.")
     return (f"*`docs/results/{r.name}.json`{': ' + what if what else ''} ({code}, {day}, "
             f"{m.get('cpus_usable', m.get('cpu_count'))} CPUs{load}). {paper}*")
 
@@ -208,7 +209,32 @@ def skill_usefulness(results: dict[str, Result]) -> list[str]:
                     "paired wins (pairs)", "re-run success with / without"], rows)]
 
 
+def determinism(results: dict[str, Result]) -> list[str]:
+    r = one(results, "determinism")
+    c, x = r.config, r.results
+
+    def same(runs: dict[str, Any]) -> str:
+        if runs["identical"]:
+            return "identical (ids, logprobs, rewards)"
+        gap = runs.get("max_logprob_gap")
+        return ("token ids differ" if not runs["token_ids_equal"] else f"logprobs differ by up to {gap:.1e}") + \
+            ("" if runs["rewards_equal"] else ", rewards differ")
+
+    what = (f"{c['model']}, env {c['env']}, {x['episodes']} episodes ({c['tasks']} tasks x {c['group']}) x "
+            f"{c['max_turns']} turns, concurrency {c['concurrency']}, T={c['temperature']:g}, "
+            f"{c['repeats']} interleaved repeats per mode")
+    return [source_line(r, what), "",
+            *table(["batching", "wall s (each repeat)", "median s", "two runs of the same seed"],
+                   [["arrival time (unseeded runs)", ", ".join(f"{v:.1f}" for v in x["arrival_s"]),
+                     f"{x['arrival_median_s']:.1f}", same(x["arrival_runs_compared"])],
+                    ["lockstep (seeded runs)", ", ".join(f"{v:.1f}" for v in x["seeded_s"]),
+                     f"{x['seeded_median_s']:.1f}", same(x["seeded_runs_compared"])]]),
+            "", f"Ratio lockstep / arrival time: {x['ratio']:.3f} ({goal_words(x['ratio'], x['goal'], at_most=True)}); "
+                "the repeats spread widely because other jobs shared the 2 cores."]
+
+
 RENDERERS: dict[str, Callable[[dict[str, Result]], list[str]]] = {
+    "determinism": determinism,
     "capture_overhead": capture_overhead, "seed_overhead": seed_overhead, "gateway_overhead": gateway_overhead,
     "update_memory": update_memory, "webshop_index": webshop_index, "sample_efficiency": sample_efficiency,
     "skill_usefulness": skill_usefulness}
