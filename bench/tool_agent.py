@@ -22,7 +22,7 @@ bootstrap 95% CI and the number of seeds a paired test would need to detect the
 observed effect. Raw results go to ``docs/results/tool_agent.json``, the plot to
 ``docs/tool_agent.png``.
 
-    .venv/bin/python bench/tool_agent.py                       # CPU default, 3 seeds
+    .venv/bin/python bench/tool_agent.py                       # CPU default, 3 seeds (~40 min on 2 cores)
     .venv/bin/python bench/tool_agent.py --seeds 0 --iterations 1 --eval-tasks 4   # smoke
 """
 
@@ -201,11 +201,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--model", default="smollm2-135m")
-    p.add_argument("--iterations", type=int, default=4, help="SEED/GRPO updates per run.")
-    p.add_argument("--tasks-per-iteration", type=int, default=4)
+    p.add_argument("--iterations", type=int, default=2, help="SEED/GRPO updates per run.")
+    p.add_argument("--tasks-per-iteration", type=int, default=2)
     p.add_argument("--group", type=int, default=4, help="Episodes per task (GRPO group).")
     p.add_argument("--num-tasks", type=int, default=32, help="Training tasks cycled through.")
-    p.add_argument("--eval-tasks", type=int, default=16, help="Held-out tasks (the same at every evaluation).")
+    p.add_argument("--eval-tasks", type=int, default=8, help="Held-out tasks (the same at every evaluation).")
     p.add_argument("--eval-every", type=int, default=2)
     p.add_argument("--lr", type=float, default=2e-5)
     p.add_argument("--kl-coef", type=float, default=0.01)

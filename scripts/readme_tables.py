@@ -233,8 +233,76 @@ def determinism(results: dict[str, Result]) -> list[str]:
                 "the repeats spread widely because other jobs shared the 2 cores."]
 
 
+def tool_agent(results: dict[str, Result]) -> list[str]:
+    r = one(results, "tool_agent")
+    c, x = r.config, r.results
+    what = (f"atlas tool agent, {c['model']}, {len(c['seeds'])} seed(s), {c['iterations']} updates of "
+            f"{c['tasks_per_iteration']} tasks x {c['group']} episodes, {c['eval_tasks']} held-out tasks, greedy eval")
+    rows = []
+    for method, runs in x["per_seed"].items():
+        vals = list(runs.values())
+
+        def ms(key: str) -> str:
+            got = [v[key] for v in vals if v.get(key) is not None]
+            if not got:
+                return "-"
+            mean = sum(got) / len(got)
+            spread = (sum((g - mean) ** 2 for g in got) / (len(got) - 1)) ** 0.5 if len(got) > 1 else 0.0
+            return f"{mean:.3f} ± {spread:.3f}"
+
+        rows.append([method, str(len(vals)), ms("start"), ms("final"), ms("gain"), ms("train_success"),
+                     ms("skill_parse_rate") if method != "grpo" else "- (writes none)"])
+    out = [source_line(r, what), "",
+           *table(["method", "seeds", "held-out start", "held-out final", "gain", "training success (T=0.7)",
+                   "skill parse rate"], rows), ""]
+    for key in ("final", "gain"):
+        p = x["paired"][key]
+        if not p.get("diffs"):
+            out.append(f"Paired SEED - GRPO ({key}): no seed has both runs.")
+            continue
+        ci = p.get("ci95") or [None, None]
+        ci_text = "n/a (one seed)" if len(p["diffs"]) < 2 or ci[0] is None else f"[{ci[0]:+.3f}, {ci[1]:+.3f}]"
+        need = p.get("seeds_needed")
+        out.append(f"Paired by seed, SEED - GRPO held-out {key}: {p['mean']:+.3f}, 95% bootstrap CI {ci_text}, "
+                   f"seeds a paired test would need: {'n/a' if need is None else need}.  ")
+    out[-1] = out[-1].rstrip()
+    return out
+
+
+def continual_demo(results: dict[str, Result]) -> list[str]:
+    r = one(results, "continual_demo")
+    c, x = r.config, r.results
+    loop = x["loop_config"]
+    serving = {"vllm+gateway": "vLLM CPU server with runtime LoRA behind the capture gateway",
+               "local": "in process (no vLLM, no gateway)"}[x["serving"]]
+    what = (f"{c['model']}, served {serving}; {len(x['cycles'])} cycles of {loop['sessions_per_cycle']} sessions x "
+            f"G={loop['group_size']} replays, canary {loop['canary_tasks']} tasks x {loop['canary_seeds']} seeds, "
+            f"gate margin {loop['gate']['margin']:g} at confidence {loop['gate']['confidence']:g}")
+    traffic = [[version, str(v["sessions"]), f"{v['success']:.0%}"] for version, v in x["traffic_by_version"].items()]
+    decisions = [[f"v{d['version']} vs v{d['baseline']}" + (" (forced regression)" if d["forced_regression"] else ""),
+                  d["action"], f"{d['candidate_mean']:.2f} vs {d['promoted_mean']:.2f}",
+                  f"{d['mean_diff']:+.3f}", f"{d['ci_low']:+.3f}", f"{d['n_tasks']} / {d['n_pairs']}"]
+                 for d in x["decisions"]]
+    lat = x["reward_to_promotion_s"].get("summary")
+    prod = x["production_requests"]
+    fr = x["forced_regression"]
+    out = [source_line(r, what), ""]
+    if x.get("serving_note"):
+        out += [f"Serving note: {x['serving_note']}", ""]
+    out += [*table(["version that served the traffic", "sessions", "success"], traffic), "",
+            *table(["candidate", "decision", "canary mean (candidate vs promoted)", "mean difference",
+                    "lower bound", "tasks / pairs"], decisions), "",
+            f"Forced regression: {'v' + str(fr['version']) + ' ' + fr['action'] + 'ed' if fr else 'not run'}. "
+            f"Mutating requests that training replays and canaries sent to production: "
+            f"{prod['mutating_from_training']} (users' own: {prod['mutating_from_traffic']}). "
+            "Reward to a promoted version trained on it: " +
+            (f"median {lat['median']:.0f} s (min {lat['min']:.0f}, max {lat['max']:.0f}) over "
+             f"{len(x['reward_to_promotion_s']['sessions'])} sessions." if lat else "no promotion.")]
+    return out
+
+
 RENDERERS: dict[str, Callable[[dict[str, Result]], list[str]]] = {
-    "determinism": determinism,
+    "determinism": determinism, "tool_agent": tool_agent, "continual_demo": continual_demo,
     "capture_overhead": capture_overhead, "seed_overhead": seed_overhead, "gateway_overhead": gateway_overhead,
     "update_memory": update_memory, "webshop_index": webshop_index, "sample_efficiency": sample_efficiency,
     "skill_usefulness": skill_usefulness}

@@ -23,6 +23,9 @@ non-inferiority test, paired over tasks:
      ``max_fault_rate_increase`` above the promoted version's (dropping faulted pairs
      must not hide a candidate that breaks its tools or runs out of time), or when the
      lower bound is below ``-margin``;
+   - ``inconclusive`` too when ``floor`` is set and both versions scored at most it on
+     every paired episode: a canary nobody solves cannot tell a destroyed model from a
+     good one;
    - ``promote`` when the lower bound is ``>= -margin``.
 
 An exact copy of the promoted weights with zero variance (every ``d_task`` is 0, so the
@@ -89,6 +92,7 @@ class GateConfig(BaseModel):
     resamples: int = Field(10_000, ge=100, le=1_000_000, description="Bootstrap resamples of the tasks.")
     seed: int = Field(0, description="Seed of the bootstrap's random.Random: the decision is deterministic.")
     max_fault_rate_increase: float = Field(0.1, ge=0.0, le=1.0, description="Reject when the candidate's share of faulted episodes exceeds the promoted version's by more than this.")
+    floor: float | None = Field(None, description="When both versions score at most this on every paired canary episode (e.g. 0: neither solved a task), the canary cannot show a regression: inconclusive, never promoted. None: no such check (two versions that fail everything are 'not worse' than each other).")
 
 
 class GateDecision(BaseModel):
@@ -158,8 +162,14 @@ def decide(promoted: Sequence[CanaryResult], candidate: Sequence[CanaryResult],
                        f"{config.max_fault_rate_increase:.0%}")
     level = f"{config.confidence:.0%}"
     verdict: Verdict
+    at_floor = config.floor is not None and all(max(pair) <= config.floor + _TOLERANCE
+                                                 for pairs in sides.values() for pair in pairs)
     if n_tasks < config.min_tasks:
         reasons.append(f"only {n_tasks} tasks have a fault-free pair; the gate needs {config.min_tasks}")
+        verdict = "reject" if faulted_more else "inconclusive"
+    elif at_floor:
+        reasons.append(f"both versions scored <= {config.floor:g} on every paired canary episode: this canary "
+                       f"cannot show a regression (give it tasks the promoted version can do)")
         verdict = "reject" if faulted_more else "inconclusive"
     elif ci_low is not None and ci_low + _TOLERANCE >= -config.margin:
         reasons.append(f"the {level} lower bound of the mean paired difference, {ci_low:+.4f}, is within the "

@@ -155,3 +155,14 @@ def test_canary_result_of_a_trajectory():
     assert CanaryResult.of(t) == CanaryResult(task_id="game-3", seed=2, reward=10.0, success=True)
     faulted = Trajectory(task_id="game-3", group_id="g", reward=0.0, fault=FaultKind.BACKEND)
     assert CanaryResult.of(faulted, seed=7).fault is FaultKind.BACKEND and CanaryResult.of(faulted, seed=7).seed == 7
+
+
+def test_a_canary_nobody_solves_is_inconclusive_with_a_floor():
+    """0 vs 0 everywhere is 'not worse' without a floor; with floor 0 it cannot show a
+    regression, so it is never promoted; one task the candidate solves is evidence again."""
+    zeros = tasks(8, [0.0, 0.0])
+    assert decide(results(zeros), results(zeros), GateConfig(margin=0.1)).verdict == "promote"
+    at_floor = decide(results(zeros), results(zeros), GateConfig(margin=0.1, floor=0.0))
+    assert at_floor.verdict == "inconclusive" and "cannot show a regression" in at_floor.reasons[-1]
+    better = {**zeros, "t00": [1.0, 1.0]}
+    assert decide(results(zeros), results(better), GateConfig(margin=0.1, floor=0.0)).verdict == "promote"
