@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Collection, Iterator, Sequence
+import contextlib
 from contextlib import contextmanager
 from types import EllipsisType
 from typing import Any, TypeVar
@@ -796,15 +797,23 @@ def _check_cycle_state(cycle: CycleRecord, from_states: Collection[str], to_stat
 
 
 @contextmanager
-def _one_open_cycle_guard(name: str) -> Iterator[None]:
-    """The database's one-unfinished-cycle index, as a StoreError (a second loop raced us)."""
+def _unique_index_guard(index: str, sqlite_column: str, message: str) -> Iterator[None]:
+    """A violation of the partial unique index ``index`` as a StoreError saying ``message``
+    (PostgreSQL names the index; SQLite names the column, ``sqlite_column``); any other
+    integrity error propagates."""
     try:
         yield
     except sa.exc.IntegrityError as e:
-        if schema.ONE_OPEN_CYCLE_INDEX not in str(e.orig) and "cycles.name" not in str(e.orig):
+        if index not in str(e.orig) and sqlite_column not in str(e.orig):
             raise
-        raise StoreError(f"{name!r} has an unfinished cycle (another loop started one at the same time); "
-                         f"run one continual loop per model name") from None
+        raise StoreError(message) from None
+
+
+def _one_open_cycle_guard(name: str) -> contextlib.AbstractContextManager[None]:
+    """The database's one-unfinished-cycle index (a second loop raced us)."""
+    return _unique_index_guard(schema.ONE_OPEN_CYCLE_INDEX, "cycles.name",
+                               f"{name!r} has an unfinished cycle (another loop started one at the same time); "
+                               f"run one continual loop per model name")
 
 
 def _check_id(value: str, what: str) -> str:
@@ -949,16 +958,12 @@ def _get_model_version(conn: Connection, name: str, version: int) -> ModelVersio
     return _model_version(row)
 
 
-@contextmanager
-def _one_promoted_guard(name: str) -> Iterator[None]:
-    """The database's one-promoted-version index, as a StoreError that says what to use."""
-    try:
-        yield
-    except sa.exc.IntegrityError as e:
-        if schema.ONE_PROMOTED_INDEX not in str(e.orig) and "model_versions.name" not in str(e.orig):
-            raise
-        raise StoreError(f"{name!r} already has a promoted version: switch versions with VersionRegistry.promote "
-                         f"or `seed-agents versions promote N`, which retire the old one in the same step") from None
+def _one_promoted_guard(name: str) -> contextlib.AbstractContextManager[None]:
+    """The database's one-promoted-version index, as an error that says what to use."""
+    return _unique_index_guard(schema.ONE_PROMOTED_INDEX, "model_versions.name",
+                               f"{name!r} already has a promoted version: switch versions with "
+                               f"VersionRegistry.promote or `seed-agents versions promote N`, which retire the "
+                               f"old one in the same step")
 
 
 def _first_model_version(conn: Connection, query: sa.Select[Any]) -> ModelVersionRecord | None:
