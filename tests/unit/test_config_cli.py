@@ -174,3 +174,14 @@ def test_a_section_given_in_part_keeps_the_commands_other_defaults():
     assert train.sampling.max_tokens == TrainConfig().sampling.max_tokens
     # agent fields stay unset, so an env suite's protocol defaults still fill them
     assert load_config(EvalConfig, None, {"agent.history": "window"}).agent.model_fields_set == {"history"}
+
+
+def test_importing_the_package_loads_no_trainer_env_or_prebuilt_agent():
+    """``import seed_agents`` is cheap: no TRL, torch, TextWorld, ALFWorld or LangGraph
+    prebuilt agents (they load where a command needs them)."""
+    code = ("import sys, seed_agents; heavy = ('trl', 'torch', 'transformers', 'textworld', 'alfworld', "
+            "'langgraph.prebuilt', 'tools', 'graphs', 'trainers'); "
+            "print(sorted(m for m in sys.modules if m in heavy or m.split('.')[0] in heavy[:5]))")
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert loaded.returncode == 0, loaded.stderr
+    assert loaded.stdout.strip() == "[]"
