@@ -74,8 +74,10 @@ def skill_tag(*, min_words: int = 5, max_words: int = 120, max_tokens: int = 512
     # a character a token (then it is cut and parses as invalid, as an unconstrained one would).
     if free_tokens < 16:
         free_tokens = (max_tokens - 48) * 2 // 3
-    if free_tokens < 8:
-        raise ValueError(f"max_tokens={max_tokens} is too small for a {min_words}-word skill")
+    # A budget too small for any skill still gets a grammar (the call is made and recorded,
+    # and its cut reply parses as invalid, as an unconstrained one would), not an error
+    # that would leave the episode without its analyzer call.
+    free_tokens = max(free_tokens, 8)
     rest_chars = min(2 * (max_words - min_words), skill_max_chars)
     return _tag({"type": "sequence", "elements": [
         {"type": "const_string", "value": '{"episode_summary": "'},
