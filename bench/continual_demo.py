@@ -37,7 +37,7 @@ runs, but every version scores 0 and the forced regression is promoted as "not w
 
     .venv/bin/python bench/continual_demo.py                 # SmolLM2-135M, vLLM + LoRA
     .venv/bin/python bench/continual_demo.py --model taught-tiny
-    .venv/bin/python bench/continual_demo.py --smoke --results-dir /tmp/x
+    .venv/bin/python bench/continual_demo.py --smoke --results-dir runs/demo-results
 
 Everything is written in a temporary folder that is removed at the end, except the results
 JSON (and, with ``--report FILE``, the store's HTML report).

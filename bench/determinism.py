@@ -12,7 +12,7 @@ alike. The first two seeded repeats are also compared: identical token ids, logp
 
     .venv/bin/python bench/determinism.py                         # SmolLM2, scripted env
     .venv/bin/python bench/determinism.py --env textworld         # SmolLM2, TextWorld games
-    .venv/bin/python bench/determinism.py --model PATH --repeats 2 --results-dir /tmp/r
+    .venv/bin/python bench/determinism.py --model PATH --repeats 2 --results-dir runs/determinism-results
 
 Prints the wall time of each mode, the ratio seeded/arrival against the goal (<= 1.2) and
 whether two seeded runs were identical; writes every repeat to
