@@ -353,6 +353,10 @@ def plot(results: dict[str, dict[str, Any]], path: Path, threshold: float) -> No
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--methods", nargs="+", default=["grpo", "seed", "grpo_stage1"],
+                   choices=["grpo", "seed", "grpo_stage1"],
+                   help="The main methods to run (default all three); e.g. only the same-start pair "
+                        "`seed grpo_stage1` when the time is short.")
     p.add_argument("--ablations", nargs="*", default=[],
                    choices=[m for m in ALL_METHODS if m not in ("grpo", "seed", "grpo_stage1")])
     p.add_argument("--model", default="smollm2-135m", help="Base model (alias or folder).")
@@ -407,7 +411,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.stage1_only:
         print(f"STAGE1_MODEL={stage1(args)}")
         return 0
-    methods = ["grpo", "seed", "grpo_stage1", *args.ablations]
+    methods = [*dict.fromkeys([*args.methods, *args.ablations])]
     t0 = time.perf_counter()
     stage1_model = None
     if any(m in STAGE1_START for m in methods):
