@@ -125,8 +125,12 @@ def tool_call_tag(tools: Sequence[dict[str, Any]], prefix: str = "", *,
     Free text, where ``<tool_call>`` opens a call ``tool_calls.format_tool_call`` writes:
     one of the bound names, then arguments that follow that tool's schema. ``prefix`` is a
     forced call's prefill (``chat_model.forced_tool_prefix``): the grammar then starts
-    inside that call. None when no bound tool can continue ``prefix``. Unbounded argument
-    strings get ``max_string_chars`` (``MAX_STRING_CHARS``).
+    inside that call, and the reply is calls only (that one, then any further calls, one
+    per line), as OpenAI's ``tool_choice="required"`` and vLLM's make it. Prose after a
+    forced call was a model answering before it had the tool's result: SmolLM2 wrote a
+    made-up figure there ("Krubaim was founded in 2014.") and copied it into its answer
+    next turn instead of the tool's. None when no bound tool can continue ``prefix``.
+    Unbounded argument strings get ``max_string_chars`` (``MAX_STRING_CHARS``).
     """
     calls = []
     for tool in tools:
@@ -147,7 +151,9 @@ def tool_call_tag(tools: Sequence[dict[str, Any]], prefix: str = "", *,
     if not rest:
         return None
     forced = rest[0] if len(rest) == 1 else {"type": "or", "elements": rest}
-    return _tag({"type": "sequence", "elements": [forced, free]})
+    further = [{"type": "tag", "begin": "\n" + b, "content": a, "end": e} for b, a, e in calls]
+    more = {"type": "star", "content": further[0] if len(further) == 1 else {"type": "or", "elements": further}}
+    return _tag({"type": "sequence", "elements": [forced, more]})
 
 
 def _tag(fmt: dict[str, Any]) -> str:
