@@ -134,6 +134,19 @@ def test_seed_config_takes_every_coefficient_from_its_own_field(tmp_path):
     assert args.report_to == ["tensorboard"]
 
 
+@pytest.mark.parametrize("on", [True, False])
+def test_seed_config_switches_checkpointing_without_a_deprecation_warning(tmp_path, on):
+    """transformers 5 warns on every run given the old ``gradient_checkpointing`` name."""
+    pytest.importorskip("trl")
+    from seed_agents.cli_train import seed_config
+
+    cfg = TrainConfig.model_validate({"trainer": {"gradient_checkpointing": on}})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        args = seed_config(cfg, tmp_path / "run")
+    assert args.gradient_checkpointing is on  # what TRL reads
+
+
 def test_the_old_gate_key_still_loads_with_one_deprecation_line(tmp_path):
     yaml = tmp_path / "old.yaml"
     yaml.write_text("trainer:\n  opd_beta: 4.0\n")
