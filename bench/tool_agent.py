@@ -205,7 +205,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tasks-per-iteration", type=int, default=2)
     p.add_argument("--group", type=int, default=4, help="Episodes per task (GRPO group).")
     p.add_argument("--num-tasks", type=int, default=32, help="Training tasks cycled through.")
-    p.add_argument("--eval-tasks", type=int, default=32, help="Held-out tasks (the same at every evaluation; default all 32).")
+    p.add_argument("--eval-tasks", type=int, default=16, help="Held-out tasks (the same at every evaluation).")
     p.add_argument("--eval-every", type=int, default=2)
     p.add_argument("--lr", type=float, default=2e-5)
     p.add_argument("--kl-coef", type=float, default=0.01)

@@ -125,11 +125,14 @@ def tool_call_tag(tools: Sequence[dict[str, Any]], prefix: str = "", *,
     Free text, where ``<tool_call>`` opens a call ``tool_calls.format_tool_call`` writes:
     one of the bound names, then arguments that follow that tool's schema. ``prefix`` is a
     forced call's prefill (``chat_model.forced_tool_prefix``): the grammar then starts
-    inside that call, and the reply is calls only (that one, then any further calls, one
-    per line), as OpenAI's ``tool_choice="required"`` and vLLM's make it. Prose after a
-    forced call was a model answering before it had the tool's result: SmolLM2 wrote a
-    made-up figure there ("Krubaim was founded in 2014.") and copied it into its answer
-    next turn instead of the tool's. None when no bound tool can continue ``prefix``.
+    inside that call, and the reply is that one call. Prose after a forced call was a
+    model answering before it had the tool's result: SmolLM2 wrote a made-up figure there
+    ("Krubaim was founded in 2014.") and copied it into its answer next turn instead of
+    the tool's. Further calls are not allowed either (OpenAI's ``required`` would allow
+    them): given the chance, SmolLM2 repeated the same call until ``max_tokens`` cut the
+    last copy, which then failed to parse (1 of 4 forced replies at 96 tokens,
+    ``tests/integration/test_constrained_smollm2.py``). The agent calls again next turn
+    if it needs to. None when no bound tool can continue ``prefix``.
     Unbounded argument strings get ``max_string_chars`` (``MAX_STRING_CHARS``).
     """
     calls = []
@@ -150,10 +153,7 @@ def tool_call_tag(tools: Sequence[dict[str, Any]], prefix: str = "", *,
             rest.append({"type": "sequence", "elements": [*head, args, {"type": "const_string", "value": end}]})
     if not rest:
         return None
-    forced = rest[0] if len(rest) == 1 else {"type": "or", "elements": rest}
-    further = [{"type": "tag", "begin": "\n" + b, "content": a, "end": e} for b, a, e in calls]
-    more = {"type": "star", "content": further[0] if len(further) == 1 else {"type": "or", "elements": further}}
-    return _tag({"type": "sequence", "elements": [forced, more]})
+    return _tag(rest[0] if len(rest) == 1 else {"type": "or", "elements": rest})
 
 
 def _tag(fmt: dict[str, Any]) -> str:
