@@ -22,7 +22,7 @@ bootstrap 95% CI and the number of seeds a paired test would need to detect the
 observed effect. Raw results go to ``docs/results/tool_agent.json``, the plot to
 ``docs/tool_agent.png``.
 
-    .venv/bin/python bench/tool_agent.py                       # CPU default, 3 seeds (~40 min on 2 cores)
+    .venv/bin/python bench/tool_agent.py                       # CPU default, 3 seeds (~35 min on 2 cores)
     .venv/bin/python bench/tool_agent.py --seeds 0 --iterations 1 --eval-tasks 4   # smoke
 """
 
