@@ -202,7 +202,7 @@ def skill_usefulness(results: dict[str, Result]) -> list[str]:
         rows.append([row["analyzer"], f"{row['valid']}/{row['examples']}", f(row.get("delta_success"), "+.3f"),
                      f(row.get("delta_failure"), "+.3f"), f(row.get("margin"), "+.3f"),
                      f"{f(row.get('paired_win_rate'), '.2f')} ({row.get('n_pairs', 0)})", rerun])
-    what = (f"policy {c['policy']}, {c['num_tasks']} {c['split']} games x {c['group']} episodes at T={c['temperature']:g}; "
+    what = (f"policy: the stage-1 model of {c['model']}, {c['num_tasks']} {c['split']} games x {c['group']} episodes at T={c['temperature']:g}; "
             f"re-run {c['rerun_tasks']} tasks x {c['rerun_episodes_per_task']} episodes")
     return [source_line(r, what), "",
             *table(["analyzer", "valid skills", "shift on successes", "shift on failures", "margin (want > 0)",
