@@ -118,7 +118,7 @@ def test_update_memory_and_skill_usefulness_render_from_their_scripts_keys(tmp_p
     row = {"analyzer": "rule-based-textworld", "examples": 32, "valid": 32, "delta_success": -0.09,
            "delta_failure": -0.118, "margin": 0.028, "paired_win_rate": 0.75, "n_pairs": 16,
            "rerun_success_with": 0.125, "rerun_success_without": 0.125, "rerun_episodes": 16}
-    write_result("skill_usefulness", {"policy": "stage1", "num_tasks": 8, "split": "eval_seen", "group": 4,
+    write_result("skill_usefulness", {"policy": "model", "model": "smollm2-135m", "num_tasks": 8, "split": "eval_seen", "group": 4,
                                       "temperature": 0.7, "rerun_tasks": 8, "rerun_episodes_per_task": 2},
                  {"rows": [row]}, results_dir=tmp_path / "results")
     assert ("| rule-based-textworld | 32/32 | -0.090 | -0.118 | +0.028 | 0.75 (16) | 0.12 / 0.12 |"
