@@ -462,17 +462,6 @@ def check_report_to(integrations: list[str]) -> None:
                           f"(e.g. pip install {missing[0]}) or remove it from report_to")
 
 
-def checkpointing_args(args_class: type, on: bool) -> dict[str, bool]:
-    """The activation-checkpointing switch under the name ``args_class`` takes:
-    transformers 5 renamed ``gradient_checkpointing`` to ``activation_checkpointing`` and
-    warns on every run given only the old name (TRL's default sets it); 4.x knows only
-    the old one. Either way the old attribute mirrors the value, which is what TRL reads."""
-    import dataclasses
-
-    names = {f.name for f in dataclasses.fields(args_class)}
-    return {"activation_checkpointing" if "activation_checkpointing" in names else "gradient_checkpointing": on}
-
-
 def seed_config(cfg: TrainConfig, out: Path) -> Any:
     """The TRL arguments of a run: one optimizer step per iteration, a checkpoint per step."""
     import torch
@@ -485,7 +474,7 @@ def seed_config(cfg: TrainConfig, out: Path) -> Any:
         num_generations=group, max_steps=cfg.iterations, learning_rate=trainer.learning_rate, beta=trainer.kl_coef,
         entropy_coef=trainer.entropy_coef, epsilon=trainer.clip_eps, max_grad_norm=trainer.max_grad_norm,
         opd_coef=trainer.opd_coef, gate_sharpness=trainer.gate_sharpness, advantage_norm=trainer.advantage_norm,
-        use_cpu=not torch.cuda.is_available(), bf16=False, **checkpointing_args(SEEDConfig, trainer.gradient_checkpointing),
+        use_cpu=not torch.cuda.is_available(), bf16=False, gradient_checkpointing=trainer.gradient_checkpointing,
         report_to=list(trainer.report_to), run_name=out.name, logging_steps=1, save_strategy="steps", save_steps=1,
         save_total_limit=2, seed=cfg.seed, disable_tqdm=True,
     )

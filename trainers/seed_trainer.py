@@ -56,6 +56,11 @@ class SEEDConfig(GRPOConfig):
     remove_unused_columns: bool | None = field(default=False, metadata={"help": "Rows carry the task JSON in 'prompt'."})
 
     def __post_init__(self) -> None:
+        # transformers 5 renamed gradient_checkpointing to activation_checkpointing and warns
+        # whenever only the old name is set, which TRL's default does on every run; carry the
+        # value over under the new name (4.x has no such field, and no warning).
+        if getattr(self, "activation_checkpointing", False) is None and self.gradient_checkpointing is not None:
+            self.activation_checkpointing = self.gradient_checkpointing
         super().__post_init__()
         if self.temperature != 1.0:
             raise ValueError("SEEDConfig.temperature must be 1.0: rollouts carry raw (T=1) logprobs; set the sampling temperature on the rollout")

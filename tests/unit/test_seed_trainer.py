@@ -1,5 +1,7 @@
 """SEEDTrainer on a tiny random model: a real TRL training step, in-process rollouts."""
 
+import warnings
+
 import pytest
 import torch
 
@@ -183,3 +185,13 @@ def test_resumed_run_equals_an_uninterrupted_one(tiny_model_dir, tokenizer, tmp_
     for (n, p), (_, q) in zip(straight.model.named_parameters(), resumed.model.named_parameters()):
         assert torch.allclose(p, q, atol=1e-6), n
     assert resumed.state.global_step == 2
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"gradient_checkpointing": False}, {"gradient_checkpointing": True}])
+def test_seed_config_sets_checkpointing_without_transformers_deprecation_warning(tmp_path, kwargs):
+    """TRL's default sets the old ``gradient_checkpointing`` name, which transformers 5 warns
+    about on every run; SEEDConfig carries it over under the new name."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        args = SEEDConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, report_to=[], **kwargs)
+    assert args.gradient_checkpointing is kwargs.get("gradient_checkpointing", True)  # what TRL reads
