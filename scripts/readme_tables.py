@@ -104,9 +104,10 @@ def seed_overhead(results: dict[str, Result]) -> list[str]:
                     [f"SEED (lambda {c['opd_coef']:g})", f"{x['seed_update_s']:.1f}",
                      f"{x['seed_score_s']:.1f} (teacher + reference)"],
                     ["ratio SEED/GRPO", f"{x['ratio']:.3f}", goal_words(x["ratio"], x["goal"], at_most=True)]]),
-            "", f"Analyzer: {x['analyzer_calls']} calls, busy {x['analyzer_busy_s']:.1f} s "
-                f"({x['analyzer_busy_s'] / x['iteration_s']:.0%} of the iteration: collect {x['collect_s']:.1f} s "
-                f"+ SEED update), in flight {x['analyzer_wall_s'] / x['iteration_s']:.0%} of its wall time."]
+            "", f"Analyzer: {x['analyzer_calls']} calls, busy {x['analyzer_busy_s']:.1f} s summed over its concurrent "
+                f"calls ({x['analyzer_busy_s'] / x['iteration_s']:.0%} of the iteration's {x['iteration_s']:.1f} s: "
+                f"collect {x['collect_s']:.1f} s + SEED update); a call in flight for "
+                f"{x['analyzer_wall_s'] / x['iteration_s']:.0%} of the iteration's wall time."]
 
 
 def gateway_overhead(results: dict[str, Result]) -> list[str]:
