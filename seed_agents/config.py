@@ -208,7 +208,7 @@ class TrainerConfig(BaseModel):
     max_grad_norm: float = Field(1.0, gt=0, description="Gradient clipping.")
     advantage_norm: Literal["mean_std", "mean"] = Field("mean_std", description="Group advantage normalization.")
     merge_rows: bool = Field(True, description="Merge calls whose tokens continue into one row.")
-    gradient_checkpointing: bool = Field(True, description="Recompute activations in backward: less memory for a little more compute (SmolLM2 iteration on 2 cores, bench/update_memory.py: peak RSS 12.3 -> 7.1 GB, update time x1.03; TRL's default is on too).")
+    gradient_checkpointing: bool = Field(True, description="Recompute activations in backward: less memory for a little more compute (SmolLM2 iteration on 2 cores, bench/update_memory.py: peak RSS 11.2 -> 7.3 GB at about the same update time, docs/results/update_memory.json; TRL's default is on too).")
     lora_r: int | None = Field(None, ge=1, le=512, description="Train a LoRA adapter of this rank instead of full weights.")
     lora_alpha: int = Field(32, ge=1, description="LoRA alpha.")
     report_to: list[ReportTo] = Field([], description="Where TRL also sends the training metrics (loss/ppo, loss/opd, opd/gate, success_rate, ...): tensorboard writes <out>/checkpoints/runs/; wandb, mlflow, trackio ... read their usual environment variables. metrics.jsonl is always written.")
