@@ -202,7 +202,8 @@ class SeedChatModel(BaseChatModel):
     Constrained decoding: with tools bound (and ``constrain_tool_calls``, the default),
     the backend samples under ``backends.grammar.tool_call_tag``: the model still chooses
     between prose and a call, and a call it opens always parses and names a bound tool
-    (unless ``max_tokens`` cuts it). ``bind(structural_tag=...)`` constrains any call to
+    (unless ``max_tokens`` cuts it); under a forced ``tool_choice`` the reply is exactly
+    one call. ``bind(structural_tag=...)`` constrains any call to
     another grammar (the hindsight analyzer's ``skill_tag``). The recorded logprobs are
     then those of the masked distribution; see ``docs/constrained_decoding.md``.
 
