@@ -31,6 +31,8 @@ with ``--env fake``; ``--results-dir``).
 from __future__ import annotations
 
 import argparse
+import atexit
+import shutil
 import statistics
 import sys
 import tempfile
@@ -100,7 +102,9 @@ def build(args: argparse.Namespace) -> tuple[Any, Any, list[Any]]:
                            make_env=make_env)
     rollout = GraphRollout(runner, llm, skills="self")
     ds = datasets.Dataset.from_list([{"prompt": t.model_dump_json()} for t in tasks])
-    cfg = SEEDConfig(output_dir=tempfile.mkdtemp(prefix="seed-overhead-"), per_device_train_batch_size=args.tasks * args.group,
+    out = tempfile.mkdtemp(prefix="seed-overhead-")  # save_strategy "no": TRL only needs the folder to exist
+    atexit.register(shutil.rmtree, out, True)
+    cfg = SEEDConfig(output_dir=out, per_device_train_batch_size=args.tasks * args.group,
                      num_generations=args.group, max_steps=1, learning_rate=1e-6, opd_coef=args.opd_coef,
                      score_batch_size=args.score_batch_size, use_cpu=not torch.cuda.is_available(), bf16=False,
                      report_to=[], save_strategy="no", seed=args.seed, disable_tqdm=True)
