@@ -64,7 +64,8 @@ sys.path.insert(0, str(ROOT))  # run as a script: bench/ is on the path, its pac
 from bench import results as bench_results  # noqa: E402
 from bench import stats  # noqa: E402
 
-ALL_METHODS = ("grpo", "seed", "grpo_stage1", "seed_no_stage1", "seed_frozen", "seed_external", "seed_rule")
+MAIN_METHODS = ("grpo", "seed", "grpo_stage1")
+ALL_METHODS = (*MAIN_METHODS, "seed_no_stage1", "seed_frozen", "seed_external", "seed_rule")
 STAGE1_START = ("seed", "seed_frozen", "seed_rule", "grpo_stage1")  # methods that start from the stage-1 model
 # each SEED variant against GRPO from the same start model
 SAME_START_BASE = {"seed": "grpo_stage1", "seed_rule": "grpo_stage1", "seed_frozen": "grpo_stage1",
@@ -353,12 +354,11 @@ def plot(results: dict[str, dict[str, Any]], path: Path, threshold: float) -> No
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    p.add_argument("--methods", nargs="+", default=["grpo", "seed", "grpo_stage1"],
-                   choices=["grpo", "seed", "grpo_stage1"],
+    p.add_argument("--methods", nargs="+", default=list(MAIN_METHODS), choices=MAIN_METHODS,
                    help="The main methods to run (default all three); e.g. only the same-start pair "
                         "`seed grpo_stage1` when the time is short.")
     p.add_argument("--ablations", nargs="*", default=[],
-                   choices=[m for m in ALL_METHODS if m not in ("grpo", "seed", "grpo_stage1")])
+                   choices=[m for m in ALL_METHODS if m not in MAIN_METHODS])
     p.add_argument("--model", default="smollm2-135m", help="Base model (alias or folder).")
     p.add_argument("--iterations", type=int, default=4, help="Updates per run.")
     p.add_argument("--tasks-per-iteration", dest="tasks_per_iteration", type=int, default=2)

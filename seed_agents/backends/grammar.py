@@ -142,10 +142,9 @@ def tool_call_tag(tools: Sequence[dict[str, Any]], prefix: str = "", *,
         calls.append((begin, args, end))
     if not calls:
         return None
-    free = {"type": "triggered_tags", "triggers": ["<tool_call>"],
-            "tags": [{"type": "tag", "begin": b, "content": a, "end": e} for b, a, e in calls]}
     if not prefix:
-        return _tag(free)
+        return _tag({"type": "triggered_tags", "triggers": ["<tool_call>"],
+                     "tags": [{"type": "tag", "begin": b, "content": a, "end": e} for b, a, e in calls]})
     rest = []
     for begin, args, end in calls:
         if begin.startswith(prefix):

@@ -24,8 +24,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Collection, Iterator, Sequence
-import contextlib
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from types import EllipsisType
 from typing import Any, TypeVar
 
@@ -809,7 +808,7 @@ def _unique_index_guard(index: str, sqlite_column: str, message: str) -> Iterato
         raise StoreError(message) from None
 
 
-def _one_open_cycle_guard(name: str) -> contextlib.AbstractContextManager[None]:
+def _one_open_cycle_guard(name: str) -> AbstractContextManager[None]:
     """The database's one-unfinished-cycle index (a second loop raced us)."""
     return _unique_index_guard(schema.ONE_OPEN_CYCLE_INDEX, "cycles.name",
                                f"{name!r} has an unfinished cycle (another loop started one at the same time); "
@@ -958,7 +957,7 @@ def _get_model_version(conn: Connection, name: str, version: int) -> ModelVersio
     return _model_version(row)
 
 
-def _one_promoted_guard(name: str) -> contextlib.AbstractContextManager[None]:
+def _one_promoted_guard(name: str) -> AbstractContextManager[None]:
     """The database's one-promoted-version index, as an error that says what to use."""
     return _unique_index_guard(schema.ONE_PROMOTED_INDEX, "model_versions.name",
                                f"{name!r} already has a promoted version: switch versions with "
