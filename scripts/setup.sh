@@ -8,7 +8,14 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}
-quiet() { "$@" 2>&1 | grep -vE "^WARNING: Location|^\s*$" || true; return "${PIPESTATUS[0]}"; }
+# Run a command, drop pip's noise lines, keep its exit status. (A pipe into grep lost it under
+# pipefail: `cmd | grep || true` ran `true` whenever cmd failed, so a failed install went on.)
+quiet() {
+  local out rc=0
+  out=$("$@" 2>&1) || rc=$?
+  printf '%s\n' "$out" | grep -vE "^WARNING: Location|^\s*$" || true
+  return "$rc"
+}
 
 if [ ! -x .venv/bin/python ]; then "$PY" -m venv .venv; fi
 quiet .venv/bin/pip install -q --upgrade pip
