@@ -22,12 +22,12 @@ import sys
 import time
 from pathlib import Path
 
-from graphs.env_agent import SYSTEM_PROMPT, build_env_agent, parse_action, render_turn
 from seed_agents.capture import capture
 from seed_agents.chat_model import SeedChatModel
+from seed_agents.graphs.env_agent import SYSTEM_PROMPT, build_env_agent, parse_action, render_turn
 from seed_agents.runner import EpisodeRunner, RunnerConfig
+from seed_agents.tools.textworld import TextWorldSuite
 from seed_agents.types import SamplingParams, Task
-from tools.textworld import TextWorldSuite
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: bench/ is on the path, its package is not
 from bench import results as bench_results  # noqa: E402

@@ -2,7 +2,7 @@
 
 What runs, all on loopback, all started and stopped by this script:
 
-1. **production**: the demo library service (``tools.demo_service``), whose request log
+1. **production**: the demo library service (``examples.library_service``), whose request log
    counts every request by method and by origin (``X-Demo-Origin``: the traffic generator
    marks its requests ``traffic``, the members returning books ``members``; anything else,
    i.e. the loop's live reads, arrives ``unmarked``);
@@ -13,7 +13,7 @@ What runs, all on loopback, all started and stopped by this script:
    serves in process instead (``LocalServing``, calls captured by ``StoreSink``), and the
    output says so;
 3. **traffic**: users' library tasks with verifiable outcomes played through the agent
-   (``tools.demo_service.play_traffic``): calls, HTTP recordings, verifier rewards and the
+   (``examples.library_service.play_traffic``): calls, HTTP recordings, verifier rewards and the
    task go into the store; a round of traffic before every cycle;
 4. **the loop**: ``ContinualLoop.step`` per cycle (claim, shadow replays, one SEED update,
    load, canary, gate). One cycle is a **forced regression**: the bench claims its
@@ -61,7 +61,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: bench/ is on the path, its package is not
 from bench import results as bench_results
-from seed_agents.continual.config import ContinualConfig
+from seed_agents.app.continual_config import ContinualConfig
 from seed_agents.store import RewardPolicy, TraceStore
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -343,16 +343,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace, work: Path, say: Any) -> dict[str, Any]:
-    from seed_agents.continual.loop import ContinualLoop, LocalServing, VLLMServing
-    from seed_agents.models import build_tiny_model, resolve_model
-    from tools.demo_service import (
+    from examples.library_service import (
         LIBRARY_TASKS,
         DemoServer,
         OriginTransport,
         ViaGateway,
         play_traffic,
     )
-    from tools.openapi import OpenAPIToolsConfig, load_spec, openapi_tools
+    from seed_agents.app.continual import ContinualLoop
+    from seed_agents.app.serving import LocalServing, VLLMServing
+    from seed_agents.models import build_tiny_model, resolve_model
+    from seed_agents.tools.openapi import OpenAPIToolsConfig, load_spec, openapi_tools
 
     wall: dict[str, float] = {}
     tick = time.perf_counter()

@@ -41,9 +41,9 @@ def build(args: argparse.Namespace) -> tuple[Any, Any, Any, list[Any]]:
     """(graph, make_env, backend, tasks): one policy shared by both modes."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from graphs.env_agent import build_env_agent
     from seed_agents.backends.local import LocalBackend
     from seed_agents.chat_model import SeedChatModel
+    from seed_agents.graphs.env_agent import build_env_agent
     from seed_agents.models import resolve_model
     from seed_agents.types import SamplingParams, Task
 
@@ -54,7 +54,7 @@ def build(args: argparse.Namespace) -> tuple[Any, Any, Any, list[Any]]:
     llm = SeedChatModel(backend=backend, tokenizer=tokenizer,
                         sampling=SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature))
     if args.env == "textworld":
-        from tools.textworld import TextWorldSuite
+        from seed_agents.tools.textworld import TextWorldSuite
 
         suite = TextWorldSuite(cache_dir=args.cache_dir, seed=args.seed)
         tasks = suite.tasks("train", args.tasks)

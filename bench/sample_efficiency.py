@@ -187,7 +187,7 @@ def run_one(method: str, seed: int, args: argparse.Namespace, stage1_model: str 
            "TOKENIZERS_PARALLELISM": "false"}
     t0 = time.perf_counter()
     with open(out.parent / f"{method}-s{seed}.log", "w") as log:
-        rc = subprocess.call([sys.executable, "-m", "seed_agents.cli", "train", "--config", str(cfg_path), *resume],
+        rc = subprocess.call([sys.executable, "-m", "seed_agents", "train", "--config", str(cfg_path), *resume],
                              stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
     wall = time.perf_counter() - t0
     print(f"  {method:<16} seed {seed}: {'ok' if rc == 0 else f'FAILED rc={rc}, see {log.name}'} ({wall:.0f}s)", flush=True)

@@ -68,15 +68,15 @@ def build(args: argparse.Namespace) -> tuple[Any, Any, list[Any]]:
     import datasets
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from graphs.env_agent import build_env_agent
-    from graphs.hindsight import with_hindsight
     from seed_agents.backends.local import LocalBackend
     from seed_agents.chat_model import SeedChatModel
+    from seed_agents.graphs.env_agent import build_env_agent
+    from seed_agents.graphs.hindsight import with_hindsight
     from seed_agents.models import resolve_model
     from seed_agents.runner import EpisodeRunner, RunnerConfig
+    from seed_agents.trainers.rollout import GraphRollout
+    from seed_agents.trainers.seed_trainer import SEEDConfig, SEEDTrainer
     from seed_agents.types import SamplingParams, Task
-    from trainers.rollout import GraphRollout
-    from trainers.seed_trainer import SEEDConfig, SEEDTrainer
 
     path = resolve_model(args.model)
     tokenizer = AutoTokenizer.from_pretrained(path)
@@ -86,7 +86,7 @@ def build(args: argparse.Namespace) -> tuple[Any, Any, list[Any]]:
     llm = SeedChatModel(backend=backend, tokenizer=tokenizer,
                         sampling=SamplingParams(max_tokens=args.max_tokens, temperature=0.7))
     if args.env == "textworld":
-        from tools.textworld import TextWorldSuite
+        from seed_agents.tools.textworld import TextWorldSuite
 
         suite = TextWorldSuite(cache_dir=args.cache_dir, seed=args.seed)
         tasks = suite.tasks("train", args.tasks)

@@ -1,7 +1,7 @@
 """Does a wrapped tool agent improve? Held-out success before and after training, GRPO vs SEED.
 
 The agent is the hand-written LangGraph tool agent (``graphs/tool_agent.py``) over three
-tools of a generated atlas (``tools/knowledge_base.py``): ``lookup(place, field)``,
+tools of a generated atlas (``examples/knowledge_base.py``): ``lookup(place, field)``,
 ``add``, ``multiply``. Its questions cannot be answered from memory (invented places,
 products of five- and three-digit numbers), so success needs tool calls that parse and
 name the right tool with the right arguments. Training and held-out tasks ask about
@@ -45,6 +45,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from bench.results import add_results_args, now, write_result  # noqa: E402
+
 METHODS = ("grpo", "seed")
 MANIFESTS = ROOT / "bench" / "tool_agent"
 
@@ -59,8 +60,8 @@ def run_config(method: str, seed: int, args: argparse.Namespace) -> dict[str, An
     if method == "seed":
         skills = {"source": "self", "max_tokens": args.skill_max_tokens, "injector": "system"}
     return {
-        "graph": {"build": "tools.knowledge_base:build_agent", "tasks": str(MANIFESTS / "train.jsonl"),
-                  "reward": "tools.knowledge_base:answer_reward"},
+        "graph": {"build": "examples.knowledge_base:build_agent", "tasks": str(MANIFESTS / "train.jsonl"),
+                  "reward": "examples.knowledge_base:answer_reward"},
         "num_tasks": args.num_tasks, "tasks_per_iteration": args.tasks_per_iteration,
         "iterations": args.iterations, "seed": seed, "out": str(args.out / f"{method}-s{seed}"),
         "backend": {"kind": "local", "model": args.model, "max_batch_size": 16},
@@ -96,7 +97,7 @@ def run_one(method: str, seed: int, args: argparse.Namespace) -> dict[str, Any]:
            "TOKENIZERS_PARALLELISM": "false"}
     start = time.perf_counter()
     with open(args.out / f"{method}-s{seed}.log", "w") as log:
-        rc = subprocess.call([sys.executable, "-m", "seed_agents.cli", "train", "--config", str(cfg_path)],
+        rc = subprocess.call([sys.executable, "-m", "seed_agents", "train", "--config", str(cfg_path)],
                              stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
     wall = time.perf_counter() - start
     print(f"  {method:<5} seed {seed}: {'ok' if rc == 0 else f'FAILED rc={rc}, see {log.name}'} ({wall:.0f}s)", flush=True)

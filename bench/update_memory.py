@@ -37,7 +37,7 @@ PAPER = {"model": "Qwen2.5-3B-Instruct", "tasks_per_iteration": 16, "group_size"
 LABELS = {"model": "model", "tasks_per_iteration": "tasks/update", "group_size": "group size", "max_turns": "max turns"}
 CHILD = (
     "import json, resource, sys\n"
-    "from seed_agents.cli import main\n"
+    "from seed_agents.app.cli import main\n"
     "rc = main(['train', '--config', sys.argv[1]])\n"
     "print('PEAK_RSS_KB=' + str(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss))\n"
     "sys.exit(rc)\n"

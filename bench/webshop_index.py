@@ -43,7 +43,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import results as bench_results  # noqa: E402
-from tools.webshop.search import BM25Index, reference_search  # noqa: E402
+from seed_agents.tools.webshop.search import BM25Index, reference_search  # noqa: E402
 
 FULL_CATALOG = 1_181_436  # products in WebShop's items_shuffle.json
 # the original WebShop: its full catalog, its own text, Lucene; the header names what differs
@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     started = bench_results.now()
 
     if args.data_dir is not None:
-        from tools.webshop.catalog import load_webshop
+        from seed_agents.tools.webshop.catalog import load_webshop
 
         t0 = time.perf_counter()
         catalog = load_webshop(args.data_dir)

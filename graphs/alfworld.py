@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from graphs.env_agent import build_env_agent
+from seed_agents.graphs.env_agent import build_env_agent
 
 SYSTEM_PROMPT = (
     "You are an expert household robot acting in a text-based home (ALFWorld). Each turn you "

@@ -27,8 +27,14 @@ from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, System
 from langchain_core.runnables import RunnableConfig
 from langgraph.graph import END, START, StateGraph
 
-from seed_agents.envs import ENV_STEPS_KEY, FIRST_OBSERVATION_KEY, EnvObservation, EnvStep, TextEnv
-from seed_agents.types import StopReason, Task
+from seed_agents.envs import EnvObservation, TextEnv
+from seed_agents.types import (
+    ENV_STEPS_KEY,
+    FIRST_OBSERVATION_KEY,
+    EnvStep,
+    StopReason,
+    Task,
+)
 
 SYSTEM_PROMPT = (
     "You are playing a text adventure game. Each turn you see what happened and a "

@@ -20,10 +20,14 @@ from langgraph.graph import END, START, StateGraph
 from seed_agents.backends.grammar import skill_tag
 from seed_agents.capture import capture, current_scope
 from seed_agents.chat_model import SeedChatModel
-from seed_agents.envs import EpisodeRecord
-from seed_agents.skills import build_analyzer_messages, episode_steps, first_user_message, parse_skill
-from seed_agents.stage1.analyzers import Analyzer
-from seed_agents.types import LLMCall, Skill, StopReason, Task
+from seed_agents.skills import (
+    Analyzer,
+    build_analyzer_messages,
+    episode_steps,
+    first_user_message,
+    parse_skill,
+)
+from seed_agents.types import EpisodeRecord, LLMCall, Skill, StopReason, Task
 
 
 class HindsightState(TypedDict, total=False):

@@ -18,7 +18,6 @@ from langgraph.graph.message import add_messages
 from langgraph.prebuilt import ToolNode
 
 from seed_agents.faults import tool_error_message
-
 from seed_agents.types import StopReason, Task
 
 

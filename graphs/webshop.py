@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from graphs.env_agent import build_env_agent
+from seed_agents.graphs.env_agent import build_env_agent
 
 SYSTEM_PROMPT = (
     "You are shopping on a website for the item described in the instruction. Each turn "

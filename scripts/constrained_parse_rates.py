@@ -28,11 +28,11 @@ from typing import Any
 
 from langchain_core.messages import HumanMessage
 
-from graphs.calculator import TOOLS, calculator_tasks
-from graphs.hindsight import write_skill
 from seed_agents.backends.local import LocalBackend
 from seed_agents.capture import capture
 from seed_agents.chat_model import SeedChatModel
+from seed_agents.graphs.calculator import TOOLS, calculator_tasks
+from seed_agents.graphs.hindsight import write_skill
 from seed_agents.types import LLMCall
 
 

@@ -1,15 +1,17 @@
-"""The README's result tables, rendered from the committed results in docs/results/.
+"""The result tables of the README and the docs/ pages, rendered from docs/results/.
 
 A figure typed by hand from a script's output drifts from the run it came from; here every
-table between ``<!-- results:NAME -->`` and ``<!-- /results:NAME -->`` in README.md is
-printed from ``docs/results/NAME*.json`` (written by ``bench/results.py``). Each table
-opens with where its figures came from (file, commit, date, machine load) and every
-setting of the run that differs from the paper's, read from the file's config.
+table between ``<!-- results:NAME -->`` and ``<!-- /results:NAME -->`` in README.md or a
+``docs/*.md`` page is printed from ``docs/results/NAME*.json`` (written by
+``bench/results.py``). Each table opens with where its figures came from (file, commit,
+date, machine load) and every setting of the run that differs from the paper's, read from
+the file's config. A table lives on one page: a marker name found twice is an error.
 
-    .venv/bin/python scripts/readme_tables.py           # rewrite the tables in README.md
-    .venv/bin/python scripts/readme_tables.py --check   # exit 1 if a README figure differs from its file
+    .venv/bin/python scripts/readme_tables.py           # rewrite the tables in README.md and docs/*.md
+    .venv/bin/python scripts/readme_tables.py --check   # exit 1 if a figure on a page differs from its file
 
-Only the text between markers is touched; a marker whose results are missing is an error.
+Only the text between markers is touched; a marker whose results are missing, or one
+opened and never closed, is an error.
 """
 
 from __future__ import annotations
@@ -25,13 +27,14 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run as a script: scripts/ is on the path, the repo root is not
 
-from bench.results import RESULTS_DIR, Result, load_results  # noqa: E402
+from bench.results import Result, load_results  # noqa: E402
 
 MARKER = re.compile(r"(<!-- results:(?P<name>[a-z0-9_]+) -->\n)(?P<body>.*?)(<!-- /results:(?P=name) -->)", re.S)
+OPENING = re.compile(r"<!-- results:(?P<name>[a-z0-9_]+) -->")
 
 
 class TablesError(Exception):
-    """A marker without results, or results a renderer cannot read: one line for the user."""
+    """A marker without results or twice, or results a renderer cannot read: one line for the user."""
 
 
 # -- shared pieces ------------------------------------------------------------------------
@@ -67,7 +70,7 @@ def goal_words(value: float, goal: float, at_most: bool) -> str:
 
 def one(results: dict[str, Result], name: str) -> Result:
     if name not in results:
-        raise TablesError(f"no docs/results/{name}.json for the README's {name} table; run its benchmark first")
+        raise TablesError(f"no docs/results/{name}.json for the {name} table; run its benchmark first")
     return results[name]
 
 
@@ -309,48 +312,86 @@ RENDERERS: dict[str, Callable[[dict[str, Result]], list[str]]] = {
     "skill_usefulness": skill_usefulness}
 
 
-# -- the README ---------------------------------------------------------------------------
+# -- the pages ----------------------------------------------------------------------------
 
-def render(readme: str, results: dict[str, Result]) -> str:
-    """``readme`` with every marked section replaced by its rendered table."""
+def render(text: str, results: dict[str, Result]) -> str:
+    """``text`` (one page) with every marked section replaced by its rendered table."""
     def sub(m: re.Match[str]) -> str:
         name = m.group("name")
         if name not in RENDERERS:
-            raise TablesError(f"README marker results:{name} has no renderer in scripts/readme_tables.py")
+            raise TablesError(f"marker results:{name} has no renderer in scripts/readme_tables.py")
         try:
             body = RENDERERS[name](results)
         except (KeyError, TypeError, IndexError) as e:
             raise TablesError(f"docs/results for {name} lack a figure the table needs ({type(e).__name__}: {e})") from e
         return m.group(1) + "\n".join(body) + "\n" + m.group(4)
 
-    return MARKER.sub(sub, readme)
+    return MARKER.sub(sub, text)
+
+
+def default_pages(root: Path) -> list[Path]:
+    """README.md and every markdown page directly under docs/ (docs/results/ holds only JSON)."""
+    return [p for p in [root / "README.md", *sorted((root / "docs").glob("*.md"))] if p.is_file()]
+
+
+def sections(pages: dict[Path, str], root: Path) -> dict[str, Path]:
+    """Each marker name and the one page that holds it."""
+    where: dict[str, Path] = {}
+    for page, text in pages.items():
+        closed = [m.group("name") for m in MARKER.finditer(text)]
+        for name in [m.group("name") for m in OPENING.finditer(text)]:
+            if name not in closed:
+                raise TablesError(f"{rel(page, root)}: results:{name} is opened but never closed with <!-- /results:{name} -->")
+            if name in where:
+                raise TablesError(f"results:{name} appears twice ({rel(where[name], root)} and {rel(page, root)}); a table lives on one page")
+            where[name] = page
+            closed.remove(name)
+    return where
+
+
+def rel(path: Path, root: Path) -> Path:
+    """``path`` as the user knows it: relative to the checkout where it is inside one."""
+    try:
+        return path.resolve().relative_to(root.resolve())
+    except ValueError:
+        return path
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--check", action="store_true", help="Change nothing; exit 1 if a table differs from its results.")
-    ap.add_argument("--readme", type=Path, default=ROOT / "README.md")
-    ap.add_argument("--results-dir", dest="results_dir", type=Path, default=RESULTS_DIR)
+    ap.add_argument("--root", type=Path, default=ROOT,
+                    help="Checkout whose README.md and docs/*.md pages hold the tables (default: this one).")
+    ap.add_argument("--pages", nargs="+", type=Path, metavar="FILE",
+                    help="Render these markdown files instead of the root's README.md and docs/*.md.")
+    ap.add_argument("--results-dir", dest="results_dir", type=Path,
+                    help="Result files to render from (default: docs/results under --root).")
     args = ap.parse_args(argv)
+    paths = args.pages or default_pages(args.root)
     try:
-        current = args.readme.read_text(encoding="utf-8")
-        new = render(current, load_results(args.results_dir))
+        current = {p: p.read_text(encoding="utf-8") for p in paths}
+        where = sections(current, args.root)
+        results = load_results(args.results_dir or args.root / "docs" / "results")
+        new = {p: render(text, results) for p, text in current.items()}
     except (TablesError, OSError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    sections = [m.group("name") for m in MARKER.finditer(current)]
+    changed = [p for p in paths if new[p] != current[p]]
+    names = ", ".join(f"{n} ({rel(p, args.root)})" for n, p in where.items())
     if args.check:
-        if new != current:
-            sys.stdout.writelines(difflib.unified_diff(current.splitlines(True), new.splitlines(True),
-                                                       "README.md", "README.md (from docs/results)"))
-            print(f"README.md's result tables differ from docs/results; run {Path(__file__).name} to regenerate",
-                  file=sys.stderr)
+        for p in changed:
+            sys.stdout.writelines(difflib.unified_diff(current[p].splitlines(True), new[p].splitlines(True),
+                                                       str(rel(p, args.root)), f"{rel(p, args.root)} (from docs/results)"))
+        if changed:
+            print(f"result tables in {', '.join(str(rel(p, args.root)) for p in changed)} differ from docs/results; "
+                  f"run {Path(__file__).name} to regenerate", file=sys.stderr)
             return 1
-        print(f"README.md matches docs/results ({len(sections)} tables: {', '.join(sections)})")
+        print(f"pages match docs/results ({len(where)} tables: {names})")
         return 0
-    if new != current:
-        args.readme.write_text(new, encoding="utf-8")
-    print(f"{'rewrote' if new != current else 'unchanged'}: {len(sections)} tables ({', '.join(sections)})")
+    for p in changed:
+        p.write_text(new[p], encoding="utf-8")
+    print(f"{'rewrote ' + ', '.join(str(rel(p, args.root)) for p in changed) if changed else 'unchanged'}: "
+          f"{len(where)} tables ({names})")
     return 0
 
 

@@ -14,7 +14,7 @@ whose gradient is -g_t * grad l_theta_t: raise the probability of the sampled to
 where the skill-conditioned policy (the teacher) likes it more than the student does,
 softly gated so tokens the teacher dislikes are pushed less. ``gate_sharpness`` is the
 paper's beta, renamed because TRL's ``beta`` (``SEEDConfig.beta``) is the KL coefficient.
-The coefficients and their paper defaults are ``seed_agents.config.SEEDCoefficients``.
+The coefficients and their paper defaults are ``seed_agents.config.core.SEEDCoefficients``.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from typing import Literal
 
 import torch
 
-from seed_agents.config import PAPER, SEEDCoefficients
+from seed_agents.config.core import PAPER, SEEDCoefficients
 
 __all__ = ["SEEDCoefficients", "entropy_from_logits", "gated_opd_loss", "group_advantages", "kl_k3", "masked_mean",
            "ppo_clip_loss", "seed_objective"]

@@ -5,21 +5,22 @@ that plays it, plus optional capabilities (``EnvSuite``'s methods with defaults:
 preparation, extra metrics, an offline analyzer) that the core calls without probing.
 Suites register under the ``seed_agents.envs`` entry-point group, so
 ``--env NAME`` reaches a user's own suite in another package, and the core never imports
-``tools`` or ``graphs`` statically.
+``seed_agents.tools`` or ``seed_agents.graphs``.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from importlib.metadata import entry_points
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from pydantic import BaseModel, Field
 
-from seed_agents.types import Task
+from seed_agents.errors import UnknownEnvError
+from seed_agents.skills import Analyzer
 
-if TYPE_CHECKING:
-    from seed_agents.stage1.analyzers import Analyzer
+# The structured episode an offline analyzer reads is part of the contract (types.py); named here too.
+from seed_agents.types import Task
 
 ENTRY_POINT_GROUP = "seed_agents.envs"
 
@@ -50,51 +51,6 @@ class TextEnv(Protocol):
     def step(self, action: str) -> EnvObservation: ...
 
     def close(self) -> None: ...
-
-
-class EnvStep(BaseModel):
-    """One turn of an env agent as structured data: what it was shown and what it did.
-
-    The env agent records these (``Trajectory.metadata["env_steps"]``), so an offline
-    analyzer reads the commands, the admissible list and the env's verdict as data instead
-    of parsing prompt text back out of the recorded LLM calls.
-    """
-
-    observation: str = Field(description="The env text the agent acted on (EnvObservation.text).")
-    admissible_actions: list[str] = Field(default_factory=list, description="The commands it was offered, in the order shown.")
-    reply: str = Field("", description="The model's raw reply.")
-    action: str = Field(description="The command sent to the env (the reply parsed against the admissible list).")
-    invalid: bool = Field(False, description="The env rejected the action; the game state did not change.")
-    reward: float = Field(0.0, description="This step's reward (not cumulative).")
-    done: bool = False
-
-
-ENV_STEPS_KEY = "env_steps"
-"""The ``metadata`` key (graph state, then ``Trajectory.metadata``) holding the episode's
-``EnvStep`` records as plain dicts."""
-FIRST_OBSERVATION_KEY = "first_observation"
-"""The ``metadata`` key holding the env's text after reset (the env agent records it)."""
-
-
-class EpisodeRecord(BaseModel):
-    """What an offline analyzer reads about one finished episode: structured, never prompt text."""
-
-    task_id: str = ""
-    success: bool = False
-    reward: float = 0.0
-    first_observation: str = Field("", description="The env's text after reset (it states the task).")
-    steps: list[EnvStep] = Field(default_factory=list, description="Every turn, in order.")
-    metadata: dict[str, Any] = Field(default_factory=dict, description="The env's info (objective, game type, ...), env steps left out.")
-
-    @classmethod
-    def from_metadata(cls, metadata: dict[str, Any], *, task_id: str = "", success: bool = False,
-                      reward: float = 0.0) -> EpisodeRecord:
-        """From a final graph state's (or a trajectory's) ``metadata``; ``steps`` is empty
-        when the graph recorded none (an older trajectory, a graph that is not an env agent)."""
-        raw = metadata.get(ENV_STEPS_KEY) or []
-        info = {k: v for k, v in metadata.items() if k not in (ENV_STEPS_KEY, FIRST_OBSERVATION_KEY)}
-        return cls(task_id=task_id, success=success, reward=reward, steps=[EnvStep.model_validate(s) for s in raw],
-                   first_observation=str(metadata.get(FIRST_OBSERVATION_KEY) or ""), metadata=info)
 
 
 class EnvSuite(ABC):
@@ -141,10 +97,6 @@ class EnvSuite(ABC):
         None (the default): automatic stage 1 and ``skills.source: rule_based`` are off
         for this suite."""
         return None
-
-
-class UnknownEnvError(LookupError):
-    pass
 
 
 class NotAnEnvSuite(UnknownEnvError):

@@ -1,15 +1,32 @@
-"""Resolve ``"package.module:attribute"`` strings from configs, with one clear error."""
+"""Resolve ``"package.module:attribute"`` strings from configs, with one clear error.
+
+``graphs``, ``tools`` and ``trainers`` used to install as bare top-level packages; they now
+live inside the namespace (``seed_agents.graphs``, ...), where a user's own ``tools.py``
+cannot shadow them. A config written for the old layout (``tools.openapi:...``,
+``graphs.calculator:...``) still loads: the path is rewritten to the new one with a one-line
+deprecation (``RenamedConfigKey``, which the CLI prints as one line), but only when the new
+module exists, so a user's own ``tools.my_tools:make`` is imported as written.
+"""
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
+import warnings
 from typing import Any
+
+from seed_agents.config.loading import RenamedConfigKey
+
+_NAMESPACED = ("graphs", "tools", "trainers")
+# Modules that left the package for the repo's examples/ (importable from a checkout).
+_TO_EXAMPLES = {"tools.demo_service": "examples.library_service", "tools.knowledge_base": "examples.knowledge_base"}
 
 
 def load_object(spec: str) -> Any:
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
         raise ValueError(f"{spec!r} is not an import path of the form 'package.module:attribute'")
+    module_name = moved_module(module_name, spec)
     try:
         module = importlib.import_module(module_name)
     except ImportError as e:
@@ -21,3 +38,23 @@ def load_object(spec: str) -> Any:
         except AttributeError:
             raise ValueError(f"{module_name!r} has no attribute {attr!r} (from {spec!r})") from None
     return obj
+
+
+def moved_module(module_name: str, spec: str | None = None) -> str:
+    """``module_name``, or its new name when it names one of ours under the old layout
+    (with a one-line deprecation warning)."""
+    top, dot, _ = module_name.partition(".")
+    if top not in _NAMESPACED or not dot:  # a bare `tools` is the user's own module: ours held nothing there
+        return module_name
+    new = _TO_EXAMPLES.get(module_name, f"seed_agents.{module_name}")
+    try:
+        found = importlib.util.find_spec(new) is not None
+    except ImportError:  # a parent that is not a package
+        found = False
+    if not found:
+        return module_name
+    old = spec or module_name
+    warnings.warn(f"{old!r} uses the old layout: write {old.replace(module_name, new, 1)!r} "
+                  f"({module_name.split('.')[0]}/ now installs as seed_agents.{module_name.split('.')[0]})",
+                  RenamedConfigKey, stacklevel=3)
+    return new

@@ -18,6 +18,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from seed_agents.errors import ModelNotAvailable
+
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
@@ -35,11 +37,6 @@ SMOLLM2_CHAT_TEMPLATE = (
     "message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}"
     "{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
-
-
-class ModelNotAvailable(RuntimeError):
-    """A named model cannot be produced on this machine (e.g. its wheel is missing, or a
-    hub id while offline). Its message names the fix; the CLI prints it as one line."""
 
 
 ONLINE_ENV = "SEED_AGENTS_ONLINE"

@@ -24,10 +24,10 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from seed_agents.config import ConfigError
+from seed_agents.errors import ConfigError
 
 if TYPE_CHECKING:
-    from seed_agents.config import BackendConfig
+    from seed_agents.config.core import BackendConfig
     from seed_agents.types import Task
 
 

@@ -25,34 +25,17 @@ from collections.abc import Callable, Collection
 from typing import Any
 
 from langgraph.errors import GraphRecursionError
-from pydantic import BaseModel, Field
 
 from seed_agents.aio import DaemonThreadExecutor
 from seed_agents.backends.base import BackendError, BackendUnavailable
 from seed_agents.capture import Cohort, Sink, capture, derive_seed
+from seed_agents.config.core import RunnerConfig
 from seed_agents.envs import TextEnv
+from seed_agents.errors import FaultBudgetExceeded
 from seed_agents.faults import EpisodeFault, crash_point
 from seed_agents.types import FaultKind, StopReason, Task, Trajectory
 
 RewardFn = Callable[[Task, dict[str, Any]], float]
-
-
-class RunnerConfig(BaseModel):
-    """How episodes are scheduled."""
-
-    model_config = {"extra": "forbid"}
-
-    group_size: int = Field(1, ge=1, le=1024, description="Episodes per task (the GRPO group G).")
-    concurrency: int = Field(8, ge=1, le=4096, description="Episodes in flight at once.")
-    episode_timeout_s: float = Field(600.0, gt=0, description="Wall-clock limit per episode.")
-    recursion_limit: int = Field(1000, ge=10, description="LangGraph super-step limit per episode.")
-    progress: bool = Field(True, description="Show a progress bar.")
-    max_fault_fraction: float = Field(0.5, ge=0.0, le=1.0, description="Stop the run when more than this fraction of a batch's episodes (an iteration's, or an eval's) ended in an infrastructure fault (env/tool crash, timeout, backend down, reward error). Faulted episodes are never trained on either way.")
-
-
-class FaultBudgetExceeded(RuntimeError):
-    """Too many episodes of one batch ended in infrastructure faults: the run stops
-    (non-zero exit, last checkpoint intact) rather than learn from what is left."""
 
 
 def fault_counts(trajs: list[Trajectory]) -> dict[str, int]:

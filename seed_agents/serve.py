@@ -31,6 +31,8 @@ from types import TracebackType
 
 import httpx
 
+from seed_agents.errors import VLLMServerError
+
 VLLM_PYTHON_ENV = "SEED_AGENTS_VLLM_PYTHON"
 _REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -68,10 +70,6 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
-
-
-class VLLMServerError(RuntimeError):
-    """The server process exited or never became healthy; the message holds its log tail."""
 
 
 class VLLMServer:

@@ -10,19 +10,27 @@ The parser is strict on purpose: a skill the policy cannot state cleanly gives n
 distillation signal (the episode's RL term still applies), and a skill carrying chat
 control tokens or role markers would corrupt the teacher prompt. It never raises on bad
 model output; it returns a reason, which is recorded and counted.
+
+The ``Analyzer`` contract (who writes a skill about an episode) lives here too, beside the
+prompt it answers and the parser that checks it: the env suites' offline analyzers, the
+stage-1 LLM analyzers (``seed_agents.stage1.analyzers``) and the hindsight node all meet
+at it.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import time
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import Any, Protocol
 
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage, ToolMessage
 from langchain_core.prompts import ChatPromptTemplate
+from pydantic import BaseModel, Field
 
-from seed_agents.types import LLMCall
+from seed_agents.types import EpisodeRecord, LLMCall
 
 # -- the analyzer prompt (paper's stage-1 analyzer, episode skill only) ---------------
 
@@ -309,3 +317,84 @@ def teacher_prompt_ids(llm: Any, call: LLMCall, skill: str, injector: SkillInjec
     tools = call.tools if llm.native_tools() else None
     prompt_ids, _ = llm.render(messages, tools)
     return prompt_ids
+
+
+# -- the analyzer contract: who writes a skill about an episode ------------------------
+
+class AnalyzerReply(BaseModel):
+    """One analyzer answer. ``error`` set means no usable reply (the request failed)."""
+
+    text: str = Field("", description="The raw reply (the SFT target when it parses).")
+    prompt_tokens: int = Field(0, ge=0, description="As reported by the endpoint; 0 when unknown.")
+    completion_tokens: int = Field(0, ge=0, description="As reported by the endpoint; 0 when unknown.")
+    latency_s: float = Field(0.0, ge=0, description="Wall time of the request, retries included.")
+    cost_usd: float = Field(0.0, ge=0, description="From the configured prices per 1M tokens; 0 when unpriced.")
+    attempts: int = Field(1, ge=0, description="Requests sent for this reply (1 + retries).")
+    error: str | None = Field(None, description="Why there is no reply; None on success.")
+
+
+class Analyzer(ABC):
+    """Writes one skill JSON per episode.
+
+    LLM analyzers read ``messages`` (the analyzer prompt, the same one the policy gets in
+    training); an offline analyzer (an env suite's ``offline_analyzer()``) reads the
+    structured ``episode`` instead. Subclass it; ``graphs.hindsight`` tells an analyzer
+    from a chat model by this type. ``analyze`` never raises for a failed request: the
+    reply carries ``error``.
+    """
+
+    name: str = "analyzer"
+
+    @abstractmethod
+    async def analyze(self, messages: list[BaseMessage], episode: EpisodeRecord | None = None) -> AnalyzerReply:
+        """The reply for one episode; ``episode`` is None where only the prompt exists."""
+
+    async def aclose(self) -> None:
+        """Release clients and backends this analyzer owns. Default: none."""
+
+
+NO_STEPS = ("no structured steps recorded for this episode (metadata.env_steps): it was played by an older "
+            "seed-agents or by a graph that is not the env agent; play it again to analyze it offline")
+WORD_BUDGET = 110
+"""Words a rule-written skill may use: under ``parse_skill``'s default maximum of 120."""
+
+
+class RuleBasedAnalyzer(Analyzer):
+    """Base of the env suites' offline analyzers: a pure ``summarize(episode)`` turned into
+    the reply. An episode without structured steps is an error, never a guess from text."""
+
+    #: Replaces a skill that would not parse (too long, too short).
+    fallback_skill = "Each turn, copy exactly one command from the list that moves you toward the goal."
+
+    async def analyze(self, messages: list[BaseMessage] | None = None,
+                      episode: EpisodeRecord | None = None) -> AnalyzerReply:
+        t0 = time.perf_counter()
+        if episode is None or not episode.steps:
+            return AnalyzerReply(error=NO_STEPS)
+        return AnalyzerReply(text=self.write(episode), latency_s=time.perf_counter() - t0)
+
+    def write(self, episode: EpisodeRecord) -> str:
+        """The skill JSON for one episode (pure and deterministic)."""
+        summary, skill = self.summarize(episode)
+        if parse_skill(json.dumps({"episode_summary": summary, "episode_skill": skill}))[2] is not None:
+            skill = self.fallback_skill
+        return json.dumps({"episode_summary": summary, "episode_skill": skill}, ensure_ascii=False)
+
+    @abstractmethod
+    def summarize(self, episode: EpisodeRecord) -> tuple[str, str]:
+        """(episode summary, skill) for an episode with at least one step."""
+
+
+def fit_words(sentences: list[str], budget: int = WORD_BUDGET) -> str:
+    """The leading sentences that fit in ``budget`` words (at least the first)."""
+    out: list[str] = []
+    for sentence in sentences:
+        if len(" ".join([*out, sentence]).split()) > budget:
+            break
+        out.append(sentence)
+    return " ".join(out or sentences[:1])
+
+
+def count_of(n: int, noun: str) -> str:
+    """'1 step', '3 steps'."""
+    return f"{n} {noun}{'s' * (n != 1)}"

@@ -256,3 +256,50 @@ class SkillExample(BaseModel):
         if self.valid == (self.reject_reason is not None):
             raise ValueError("an example is valid exactly when it has no reject_reason")
         return self
+
+
+# -- the structured episode an offline analyzer reads (recorded by the env agent) --------
+
+class EnvStep(BaseModel):
+    """One turn of an env agent as structured data: what it was shown and what it did.
+
+    The env agent records these (``Trajectory.metadata["env_steps"]``), so an offline
+    analyzer reads the commands, the admissible list and the env's verdict as data instead
+    of parsing prompt text back out of the recorded LLM calls.
+    """
+
+    observation: str = Field(description="The env text the agent acted on (EnvObservation.text).")
+    admissible_actions: list[str] = Field(default_factory=list, description="The commands it was offered, in the order shown.")
+    reply: str = Field("", description="The model's raw reply.")
+    action: str = Field(description="The command sent to the env (the reply parsed against the admissible list).")
+    invalid: bool = Field(False, description="The env rejected the action; the game state did not change.")
+    reward: float = Field(0.0, description="This step's reward (not cumulative).")
+    done: bool = False
+
+
+ENV_STEPS_KEY = "env_steps"
+"""The ``metadata`` key (graph state, then ``Trajectory.metadata``) holding the episode's
+``EnvStep`` records as plain dicts."""
+FIRST_OBSERVATION_KEY = "first_observation"
+"""The ``metadata`` key holding the env's text after reset (the env agent records it)."""
+
+
+class EpisodeRecord(BaseModel):
+    """What an offline analyzer reads about one finished episode: structured, never prompt text."""
+
+    task_id: str = ""
+    success: bool = False
+    reward: float = 0.0
+    first_observation: str = Field("", description="The env's text after reset (it states the task).")
+    steps: list[EnvStep] = Field(default_factory=list, description="Every turn, in order.")
+    metadata: dict[str, Any] = Field(default_factory=dict, description="The env's info (objective, game type, ...), env steps left out.")
+
+    @classmethod
+    def from_metadata(cls, metadata: dict[str, Any], *, task_id: str = "", success: bool = False,
+                      reward: float = 0.0) -> EpisodeRecord:
+        """From a final graph state's (or a trajectory's) ``metadata``; ``steps`` is empty
+        when the graph recorded none (an older trajectory, a graph that is not an env agent)."""
+        raw = metadata.get(ENV_STEPS_KEY) or []
+        info = {k: v for k, v in metadata.items() if k not in (ENV_STEPS_KEY, FIRST_OBSERVATION_KEY)}
+        return cls(task_id=task_id, success=success, reward=reward, steps=[EnvStep.model_validate(s) for s in raw],
+                   first_observation=str(metadata.get(FIRST_OBSERVATION_KEY) or ""), metadata=info)

@@ -25,8 +25,7 @@ from sqlalchemy.engine import Connection
 
 from seed_agents.capture import capture, read_jsonl, record_call
 from seed_agents.continual import CanaryResult, GateDecision, VersionRegistry, decide
-from seed_agents.store import RewardPolicy, StoreError, StoreSink, TraceStore, export_trajectories
-from seed_agents.store import schema
+from seed_agents.store import RewardPolicy, StoreError, StoreSink, TraceStore, export_trajectories, schema
 from seed_agents.store._engine import create_engine, parse_url
 from seed_agents.types import FaultKind, LLMCall, SamplingParams, Skill, StopReason, Trajectory
 
@@ -140,9 +139,9 @@ KILLED_PROMOTER = textwrap.dedent("""
     import os, signal, sys
     from seed_agents.continual import VersionRegistry
     from seed_agents.store import TraceStore
-    from seed_agents.store import store as store_module
+    from seed_agents.store import versions as versions_module
 
-    real_set_status = store_module._set_status
+    real_set_status = versions_module._set_status
 
     def set_status_then_die(conn, name, version, status, note, now):
         real_set_status(conn, name, version, status, note, now)
@@ -150,7 +149,7 @@ KILLED_PROMOTER = textwrap.dedent("""
             os.kill(os.getpid(), signal.SIGKILL)
 
     if __name__ == "__main__":
-        store_module._set_status = set_status_then_die
+        versions_module._set_status = set_status_then_die
         VersionRegistry(TraceStore.open(sys.argv[1])).promote_manually("policy", 2)
 """)
 

@@ -46,10 +46,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from seed_agents.envs import EnvObservation, EnvSuite
+from seed_agents.errors import ConfigError
 from seed_agents.types import Task
 
 if TYPE_CHECKING:
-    from seed_agents.stage1.analyzers import Analyzer
+    from seed_agents.skills import Analyzer
 
 SPLITS = ("train", "valid_seen", "valid_unseen")
 DATA_SUBDIR = "json_2.1.1"
@@ -153,7 +154,6 @@ def manifest(games: list[Game], split: str, n: int) -> list[Task]:
     """The first ``n`` tasks of ``split`` (see the module docstring for the order)."""
     ordered = order_games(games, split)
     if not 0 <= n <= len(ordered):
-        from seed_agents.config import ConfigError  # a ValueError the CLI shows as one line
 
         raise ConfigError(f"split {split!r} has {len(ordered)} ALFWorld games; asked for {n}; "
                           f"ask for a number in [0, {len(ordered)}]")
@@ -309,7 +309,6 @@ class AlfWorldSuite(EnvSuite):
 
     def split_dir(self, split: str) -> Path:
         if split not in SPLITS:
-            from seed_agents.config import ConfigError  # a ValueError the CLI shows as one line
 
             raise ConfigError(f"unknown ALFWorld split {split!r}; valid splits: {', '.join(SPLITS)}; "
                               f"choose one with --split (or split: in the config)")
@@ -348,12 +347,12 @@ class AlfWorldSuite(EnvSuite):
                            win_reward=self.win_reward, invalid_penalty=self.invalid_penalty)
 
     def build_graph(self, llm: Any, **options: Any) -> Any:
-        from graphs.alfworld import build_alfworld_agent
+        from seed_agents.graphs.alfworld import build_alfworld_agent
 
         return build_alfworld_agent(llm, **{**self.options, **options})
 
     def offline_analyzer(self) -> Analyzer:
         """Rule-based skills from the goal and the commands of each episode (``tools.alfworld_analyzer``)."""
-        from tools.alfworld_analyzer import AlfWorldAnalyzer
+        from seed_agents.tools.alfworld_analyzer import AlfWorldAnalyzer
 
         return AlfWorldAnalyzer()

@@ -22,8 +22,8 @@ from __future__ import annotations
 import re
 from collections import Counter
 
-from seed_agents.envs import EnvStep, EpisodeRecord
-from seed_agents.stage1.analyzers import RuleBasedAnalyzer, count_of, fit_words
+from seed_agents.skills import RuleBasedAnalyzer, count_of, fit_words
+from seed_agents.types import EnvStep, EpisodeRecord
 
 TASK_ANCHOR = "your task is to:"
 # The step each task type needs besides taking and placing: (command verb, what to say).

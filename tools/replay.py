@@ -48,8 +48,8 @@ import httpx
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from seed_agents.redact import redact
+from seed_agents.tools.openapi import READ_ONLY_METHODS, AuthConfig, EpisodeSignal
 from seed_agents.types import FaultKind
-from tools.openapi import READ_ONLY_METHODS, AuthConfig, EpisodeSignal
 
 Mode = Literal["record", "replay", "shadow"]
 ReadSource = Literal["recording", "live", "recording_only"]

@@ -38,10 +38,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from seed_agents.envs import EnvObservation, EnvSuite
+from seed_agents.errors import ConfigError, TwMakeError
 from seed_agents.types import Task
 
 if TYPE_CHECKING:
-    from seed_agents.stage1.analyzers import Analyzer
+    from seed_agents.skills import Analyzer
 
 SPLITS = ("train", "eval_seen", "eval_unseen")
 MAX_TASKS_PER_SPLIT = 100_000
@@ -77,7 +78,6 @@ _SPLIT_SEED_BASE = {"train": 100_000, "eval_seen": 200_000, "eval_unseen": 300_0
 def manifest(split: str, n: int) -> list[Task]:
     """The first ``n`` tasks of ``split``. Types are interleaved, so a small ``n`` still
     covers several of them; task ``k`` gets seed ``base + k``."""
-    from seed_agents.config import ConfigError  # a ValueError the CLI shows as one line
 
     if split not in _SPLIT_TYPES:
         raise ConfigError(f"unknown TextWorld split {split!r}; valid splits: {', '.join(SPLITS)}; "
@@ -95,10 +95,6 @@ def manifest(split: str, n: int) -> list[Task]:
 
 
 # ---------------------------------------------------------------- game generation
-
-
-class TwMakeError(RuntimeError):
-    """``tw-make`` failed; the message carries the command and its output tail."""
 
 
 def _run_tw_make(make_args: list[str], seed: int, out_dir: Path, home: Path) -> None:
@@ -252,7 +248,9 @@ class TextWorldEnv:
 
 
 def default_cache_dir() -> Path:
-    from seed_agents.models import cache_dir  # $SEED_AGENTS_CACHE, resolved in one place
+    from seed_agents.models import (
+        cache_dir,  # $SEED_AGENTS_CACHE, resolved in one place
+    )
 
     return cache_dir()
 
@@ -289,12 +287,12 @@ class TextWorldSuite(EnvSuite):
                             game_type=task.data.get("game_type"))
 
     def build_graph(self, llm: Any, **options: Any) -> Any:
-        from graphs.env_agent import build_env_agent
+        from seed_agents.graphs.env_agent import build_env_agent
 
         return build_env_agent(llm, **{**self.options, **options})
 
     def offline_analyzer(self) -> Analyzer:
         """Rule-based skills from the episode's structured turns (``tools.textworld_analyzer``)."""
-        from tools.textworld_analyzer import TextWorldAnalyzer
+        from seed_agents.tools.textworld_analyzer import TextWorldAnalyzer
 
         return TextWorldAnalyzer()

@@ -18,14 +18,14 @@ from __future__ import annotations
 import re
 from collections import Counter
 
-from seed_agents.envs import EpisodeRecord
-from seed_agents.skills import CONTROL_MARKERS
-from seed_agents.stage1.analyzers import (
+from seed_agents.skills import (
+    CONTROL_MARKERS,
     WORD_BUDGET,
     RuleBasedAnalyzer,
     count_of,
     fit_words,
 )
+from seed_agents.types import EpisodeRecord
 
 INFO_VERBS = ("look", "examine", "inventory", "l", "x", "i")
 _SUGGEST_VERBS = {"take": 0, "unlock": 1, "open": 2, "insert": 3, "put": 3, "eat": 4, "drink": 4, "cook": 4, "go": 5}

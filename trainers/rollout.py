@@ -30,8 +30,8 @@ from seed_agents.capture import JsonlSink, capture
 from seed_agents.rows import trajectory_to_rows
 from seed_agents.runner import EpisodeRunner, check_fault_budget, fault_counts
 from seed_agents.skills import SkillInjector, SystemBlockInjector, teacher_prompt_ids
+from seed_agents.trainers.seed_trainer import RolloutBatch
 from seed_agents.types import Row, Task, Trajectory
-from trainers.seed_trainer import RolloutBatch
 
 SkillSource = Literal["self", "external", "frozen", "rule_based", "none"]
 

@@ -30,14 +30,15 @@ import torch
 from trl import GRPOConfig, GRPOTrainer
 from trl.trainer.utils import RepeatSampler
 
-from seed_agents.config import PAPER, PAPER_LEARNING_RATE
+from seed_agents.config.core import PAPER, PAPER_LEARNING_RATE
 from seed_agents.distill import SEEDCoefficients, group_advantages, seed_objective
+from seed_agents.errors import NoTrainableRows
 from seed_agents.types import Row, Task, Trajectory
 
 
 @dataclass
 class SEEDConfig(GRPOConfig):
-    """GRPOConfig plus the SEED knobs. Defaults are the paper's (``seed_agents.config.PAPER``)
+    """GRPOConfig plus the SEED knobs. Defaults are the paper's (``seed_agents.config.core.PAPER``)
     where TRL's differ. ``beta`` keeps TRL's meaning (the KL coefficient); the paper's gate
     beta is ``gate_sharpness``."""
 
@@ -81,11 +82,6 @@ class EpochSeededSampler(RepeatSampler):
     def set_epoch(self, epoch: int) -> None:
         if self.shuffle:
             self.generator.manual_seed(((self.seed or 0) * 1_000_003 + epoch) % 2**63)
-
-
-class NoTrainableRows(RuntimeError):
-    """An iteration produced nothing to train on; the step is not taken (an optimizer
-    step on an empty batch would still move the weights through Adam's momentum)."""
 
 
 @dataclass

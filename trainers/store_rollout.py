@@ -30,9 +30,9 @@ from seed_agents.aio import run_sync
 from seed_agents.capture import JsonlSink
 from seed_agents.skills import SkillInjector, first_user_message
 from seed_agents.store import RewardPolicy, SessionRecord, TraceStore
+from seed_agents.trainers.rollout import GraphRollout, SkillSource
+from seed_agents.trainers.seed_trainer import RolloutBatch
 from seed_agents.types import Task, Trajectory
-from trainers.rollout import GraphRollout, SkillSource
-from trainers.seed_trainer import RolloutBatch
 
 
 def store_tasks(store: TraceStore, policy: RewardPolicy, min_sessions: int = 2) -> list[Task]:
@@ -83,7 +83,7 @@ class StoreRollout(GraphRollout):
         return self.store.claim_sessions([s.session_id for s in free[:group_size]], update_id)
 
     async def _write_skills_for(self, trajs: list[Trajectory]) -> None:
-        from graphs.hindsight import write_skill  # the in-graph hindsight node's own function
+        from seed_agents.graphs.hindsight import write_skill  # the in-graph hindsight node's own function
 
         for traj in trajs:
             if traj.skill is not None:  # written by the agent's own hindsight node when it ran

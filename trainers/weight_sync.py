@@ -20,7 +20,8 @@ tests/integration/test_train_vllm.py): for models with tied input/output embeddi
 started with our worker extension (``seed_agents/vllm_ext.py``) take
 ``method="seed_reload_weights"``, which re-packs it. LoRA sync is exact either way. And a ``reload_weights``
 that fails *inside* vLLM can leave its engine unusable, so the folder is always written
-completely before the request is sent.
+completely before the request is sent. The requests themselves go through the one admin
+client, ``seed_agents.backends.vllm_admin.VLLMAdmin``.
 """
 
 from __future__ import annotations
@@ -30,13 +31,8 @@ import time
 from pathlib import Path
 from typing import Any, Protocol
 
-import httpx
-
-from seed_agents.redact import redact
-
-
-class WeightSyncError(RuntimeError):
-    pass
+from seed_agents.backends.vllm_admin import VLLMAdmin
+from seed_agents.errors import WeightSyncError
 
 
 class WeightSync(Protocol):
@@ -49,32 +45,6 @@ class WeightSync(Protocol):
         ...
 
 
-def _post(base_url: str, path: str, body: dict[str, Any], timeout_s: float) -> httpx.Response:
-    url = base_url.rstrip("/") + path
-    try:
-        r = httpx.post(url, json=body, timeout=timeout_s)
-    except httpx.HTTPError as e:
-        raise WeightSyncError(f"weight sync: POST {url} failed ({type(e).__name__}: {redact(str(e))}); is the vLLM "
-                              f"server still running there? Restart it, then rerun with --resume") from e
-    if r.status_code >= 400:
-        # A 404 is a missing *route* only when the body is the router's own {"detail": "Not Found"};
-        # vLLM also answers 404 for e.g. "No adapter found for <path>", where the hint would mislead.
-        route_missing = r.status_code == 404 and _json(r) == {"detail": "Not Found"}
-        hint = "; start vLLM with VLLM_SERVER_DEV_MODE=1 (`seed-agents serve` does)" if route_missing and "rpc" in path else ""
-        if not hint and "lora" in path and (route_missing or r.status_code == 400):
-            hint = "; start vLLM with --enable-lora and VLLM_ALLOW_RUNTIME_LORA_UPDATING=True (`seed-agents serve` does)"
-        text = " ".join(redact(r.text, max_chars=500).split())  # one line, secrets out before the cut
-        raise WeightSyncError(f"weight sync: POST {url} -> HTTP {r.status_code}: {text}{hint}")
-    return r
-
-
-def _json(r: httpx.Response) -> Any:
-    try:
-        return r.json()
-    except ValueError:
-        return None
-
-
 class _Versioned:
     def __init__(self, backend: Any, save_root: str | Path, keep_last: int, timeout_s: float) -> None:
         self.backend = backend
@@ -82,6 +52,11 @@ class _Versioned:
         self.keep_last = max(1, keep_last)
         self.timeout_s = timeout_s
         self.last_sync_s = 0.0
+
+    @property
+    def admin(self) -> VLLMAdmin:
+        """The server's admin routes (the backend's URL can change between syncs in tests)."""
+        return VLLMAdmin(self.backend.base_url, timeout_s=self.timeout_s)
 
     def _folder(self, version: int) -> Path:
         return self.save_root / f"v{version:06d}"
@@ -109,9 +84,7 @@ class FullWeightSync(_Versioned):
         if hasattr(model, "merge_and_unload"):
             raise WeightSyncError("FullWeightSync got a PEFT model; use LoRASync (or merge the adapter first)")
         model.save_pretrained(folder, safe_serialization=True)
-        _post(self.backend.base_url, "/collective_rpc",
-              {"method": self.method, "kwargs": {"weights_path": str(folder)}}, self.timeout_s)
-        _post(self.backend.base_url, "/reset_prefix_cache", {}, self.timeout_s)
+        self.admin.reload_weights(str(folder), method=self.method)
         self.backend.policy_version = version
         self._prune(version)
         self.last_sync_s = time.perf_counter() - t0
@@ -139,13 +112,13 @@ class LoRASync(_Versioned):
             raise WeightSyncError("LoRASync needs a PEFT model (peft.get_peft_model)")
         model.save_pretrained(folder)
         name = f"{self.name_prefix}-v{version}"
-        _post(self.backend.base_url, "/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(folder)}, self.timeout_s)
+        self.admin.load_lora(name, str(folder))
         previous, self.loaded = self.loaded, name
         self.backend.model = name
         self.backend.policy_version = version
         if previous is not None:
             try:
-                _post(self.backend.base_url, "/v1/unload_lora_adapter", {"lora_name": previous}, self.timeout_s)
+                self.admin.unload_lora(previous)
             except WeightSyncError:
                 pass  # the new adapter is live; a leftover old one only costs memory
         self._prune(version)

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 from seed_agents.backends.base import Backend, BackendError, BackendUnavailable
 
 if TYPE_CHECKING:
-    from seed_agents.config import BackendConfig
+    from seed_agents.config.core import BackendConfig
 
 __all__ = ["Backend", "BackendError", "BackendUnavailable", "make_backend"]
 
@@ -21,8 +21,11 @@ def make_backend(cfg: BackendConfig) -> tuple[Backend, Any]:
     tokenizer = AutoTokenizer.from_pretrained(resolve_model(cfg.tokenizer)) if cfg.tokenizer else None
     if cfg.kind == "local":
         from seed_agents.backends.local import LocalBackend
+        from seed_agents.precision import resolve_precision
 
-        backend = LocalBackend(cfg.model, tokenizer=tokenizer, max_batch_size=cfg.max_batch_size)
+        dtype, why = resolve_precision(cfg.precision)
+        print(f"local backend computes in {why}", flush=True)
+        backend = LocalBackend(cfg.model, tokenizer=tokenizer, max_batch_size=cfg.max_batch_size, compute_dtype=dtype)
         return backend, backend.tokenizer
     from seed_agents.backends.vllm import VLLMBackend
 

@@ -17,11 +17,8 @@ from collections.abc import AsyncIterator, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
+from seed_agents.errors import BackendError
 from seed_agents.types import Completion, FinishReason, SamplingParams
-
-
-class BackendError(RuntimeError):
-    """A backend could not serve a request (after its retries)."""
 
 
 class BackendUnavailable(BackendError):

@@ -53,6 +53,7 @@ import torch
 from seed_agents.backends.base import BackendError, CompletionPiece
 from seed_agents.backends.grammar import grammar_mask
 from seed_agents.capture import Cohort, Ticket, current_scope
+from seed_agents.precision import compute_in
 from seed_agents.types import Completion, SamplingParams
 
 #: ``on_token(token_id, logprob)``: called from the generating thread per sampled token.
@@ -181,6 +182,7 @@ class LocalBackend:
         *,
         tokenizer: Any = None,
         dtype: torch.dtype = torch.float32,
+        compute_dtype: torch.dtype | None = None,
         max_batch_size: int = 8,
         batch_wait_s: float = 0.005,
         policy_version: int = 0,
@@ -202,6 +204,9 @@ class LocalBackend:
         if max_batch_size < 1:
             raise ValueError("max_batch_size must be >= 1")
         self.max_batch_size = max_batch_size
+        # bf16 where the CPU is fast at it: autocast over the (shared, fp32) weights
+        # (``seed_agents.precision``); None or float32 computes in the weights' own dtype.
+        self.compute_dtype = compute_dtype
         self.batch_wait_s = batch_wait_s
         self.policy_version = policy_version
         pad = self.tokenizer.pad_token_id
@@ -313,7 +318,7 @@ class LocalBackend:
     def score(self, prompt_ids: list[int], completion_ids: list[int]) -> list[float]:
         from seed_agents.scoring import sequence_logprobs
 
-        with self._lock, torch.no_grad():
+        with self._lock, torch.no_grad(), compute_in(self.compute_dtype):
             return sequence_logprobs(self.model, prompt_ids, completion_ids).tolist()
 
     async def ascore(self, prompt_ids: list[int], completion_ids: list[int]) -> list[float]:
@@ -425,7 +430,8 @@ class LocalBackend:
         if mask is not None and on_token is not None:
             on_token = mask.streamed(on_token)
         processors = LogitsProcessorList([mask] if mask is not None else [])
-        with self._lock, torch.no_grad(), _token_streamer(self.model, on_token, len(prompts)) as streamer:
+        with (self._lock, torch.no_grad(), compute_in(self.compute_dtype),
+              _token_streamer(self.model, on_token, len(prompts)) as streamer):
             if params.temperature > 0:  # the warpers (and order) transformers' own sampling applies
                 processors.append(TemperatureLogitsWarper(params.temperature))
                 if params.top_p < 1.0:

@@ -38,6 +38,7 @@ from typing import Any
 import httpx
 
 from seed_agents.backends.base import BackendError, BackendUnavailable, CompletionPiece
+from seed_agents.backends.vllm_admin import VLLMAdmin
 from seed_agents.http import RetryableResponse, RetryPolicy, retryable_status
 from seed_agents.redact import redact
 from seed_agents.types import Completion, FinishReason, SamplingParams
@@ -170,10 +171,7 @@ class VLLMBackend:
 
     def health(self, timeout_s: float = 5.0) -> bool:
         """True if the server answers ``/health`` with 200 right now (no retries)."""
-        try:
-            return httpx.get(f"{self.base_url}/health", timeout=timeout_s).status_code == 200
-        except httpx.HTTPError:
-            return False
+        return VLLMAdmin(self.base_url).health(timeout_s)
 
     def close(self) -> None:
         """Release connections: the sync client and every async client whose loop can

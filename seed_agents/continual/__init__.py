@@ -3,8 +3,9 @@
 ``gate.decide`` compares a candidate with the promoted version on paired canary results
 (a one-sided paired bootstrap over tasks) and returns a ``GateDecision``;
 ``VersionRegistry`` applies it to the trace store atomically (promote, reject, rollback,
-resolve), and ``seed-agents versions`` (``cli``) is the operators' view of it. The
-continual loop composes these; the gateway follows ``VersionRegistry.resolve``.
+resolve), and ``seed-agents versions`` (``seed_agents.app.commands.continual``) is the
+operators' view of it. The continual loop (``seed_agents.app.continual``) composes these;
+the gateway follows ``VersionRegistry.resolve``.
 """
 
 from seed_agents.continual.gate import CanaryResult, GateConfig, GateDecision, decide

@@ -36,7 +36,7 @@ from pydantic import BaseModel, ConfigDict
 
 from seed_agents.continual.gate import GateDecision
 from seed_agents.store import ModelVersionRecord, StoreError, TraceStore
-from seed_agents.store.store import DecisionRecord
+from seed_agents.store import DecisionRecord
 
 __all__ = ["DecisionRecord", "ServedVersion", "VersionRegistry", "VersionStatus", "served_name_of"]
 

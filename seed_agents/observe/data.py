@@ -25,6 +25,7 @@ from sqlalchemy.engine import Connection
 
 from seed_agents.observe.curve import Outcome
 from seed_agents.store import (
+    DecisionRecord,
     ModelVersionRecord,
     RewardPolicy,
     RewardRecord,
@@ -32,7 +33,6 @@ from seed_agents.store import (
     TraceStore,
 )
 from seed_agents.store.schema import calls, claims, decisions, model_versions, rewards, sessions
-from seed_agents.store.store import DecisionRecord
 from seed_agents.tool_calls import parse_tool_calls
 from seed_agents.types import LLMCall, Skill
 

@@ -26,103 +26,27 @@ the collector keeps such episodes for the next run.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import re
 import time
-from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, Any, Literal
 
 import httpx
 from langchain_core.messages import BaseMessage
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from seed_agents.config import BackendConfig
+from seed_agents.config.core import BackendConfig
 from seed_agents.http import RetryableResponse, RetryPolicy, retryable_status
 from seed_agents.redact import redact
-from seed_agents.skills import parse_skill
+from seed_agents.skills import Analyzer, AnalyzerReply, RuleBasedAnalyzer, count_of, fit_words
+from seed_agents.types import EpisodeRecord
 
 if TYPE_CHECKING:
-    from seed_agents.envs import EnvSuite, EpisodeRecord
+    from seed_agents.envs import EnvSuite
 
-
-class AnalyzerReply(BaseModel):
-    """One analyzer answer. ``error`` set means no usable reply (the request failed)."""
-
-    text: str = Field("", description="The raw reply (the SFT target when it parses).")
-    prompt_tokens: int = Field(0, ge=0, description="As reported by the endpoint; 0 when unknown.")
-    completion_tokens: int = Field(0, ge=0, description="As reported by the endpoint; 0 when unknown.")
-    latency_s: float = Field(0.0, ge=0, description="Wall time of the request, retries included.")
-    cost_usd: float = Field(0.0, ge=0, description="From the configured prices per 1M tokens; 0 when unpriced.")
-    attempts: int = Field(1, ge=0, description="Requests sent for this reply (1 + retries).")
-    error: str | None = Field(None, description="Why there is no reply; None on success.")
-
-
-class Analyzer(ABC):
-    """Writes one skill JSON per episode.
-
-    LLM analyzers read ``messages`` (the analyzer prompt, the same one the policy gets in
-    training); an offline analyzer (an env suite's ``offline_analyzer()``) reads the
-    structured ``episode`` instead. Subclass it; ``graphs.hindsight`` tells an analyzer
-    from a chat model by this type. ``analyze`` never raises for a failed request: the
-    reply carries ``error``.
-    """
-
-    name: str = "analyzer"
-
-    @abstractmethod
-    async def analyze(self, messages: list[BaseMessage], episode: EpisodeRecord | None = None) -> AnalyzerReply:
-        """The reply for one episode; ``episode`` is None where only the prompt exists."""
-
-    async def aclose(self) -> None:
-        """Release clients and backends this analyzer owns. Default: none."""
-
-
-NO_STEPS = ("no structured steps recorded for this episode (metadata.env_steps): it was played by an older "
-            "seed-agents or by a graph that is not the env agent; play it again to analyze it offline")
-WORD_BUDGET = 110
-"""Words a rule-written skill may use: under ``parse_skill``'s default maximum of 120."""
-
-
-class RuleBasedAnalyzer(Analyzer):
-    """Base of the env suites' offline analyzers: a pure ``summarize(episode)`` turned into
-    the reply. An episode without structured steps is an error, never a guess from text."""
-
-    #: Replaces a skill that would not parse (too long, too short).
-    fallback_skill = "Each turn, copy exactly one command from the list that moves you toward the goal."
-
-    async def analyze(self, messages: list[BaseMessage] | None = None,
-                      episode: EpisodeRecord | None = None) -> AnalyzerReply:
-        t0 = time.perf_counter()
-        if episode is None or not episode.steps:
-            return AnalyzerReply(error=NO_STEPS)
-        return AnalyzerReply(text=self.write(episode), latency_s=time.perf_counter() - t0)
-
-    def write(self, episode: EpisodeRecord) -> str:
-        """The skill JSON for one episode (pure and deterministic)."""
-        summary, skill = self.summarize(episode)
-        if parse_skill(json.dumps({"episode_summary": summary, "episode_skill": skill}))[2] is not None:
-            skill = self.fallback_skill
-        return json.dumps({"episode_summary": summary, "episode_skill": skill}, ensure_ascii=False)
-
-    @abstractmethod
-    def summarize(self, episode: EpisodeRecord) -> tuple[str, str]:
-        """(episode summary, skill) for an episode with at least one step."""
-
-
-def fit_words(sentences: list[str], budget: int = WORD_BUDGET) -> str:
-    """The leading sentences that fit in ``budget`` words (at least the first)."""
-    out: list[str] = []
-    for sentence in sentences:
-        if len(" ".join([*out, sentence]).split()) > budget:
-            break
-        out.append(sentence)
-    return " ".join(out or sentences[:1])
-
-
-def count_of(n: int, noun: str) -> str:
-    """'1 step', '3 steps'."""
-    return f"{n} {noun}{'s' * (n != 1)}"
+# The contract lives beside the skills (seed_agents.skills); named here for the concrete analyzers' users.
+__all__ = ["Analyzer", "AnalyzerConfig", "AnalyzerReply", "LangChainAnalyzer", "OpenAIChatAnalyzer", "PolicyAnalyzer",
+           "RuleBasedAnalyzer", "count_of", "fit_words", "make_analyzer"]
 
 
 class AnalyzerConfig(BaseModel):

@@ -17,7 +17,6 @@ and give each analyzer its own ``out``.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import filecmp
 import json
@@ -31,12 +30,29 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from seed_agents.aio import run_sync
-from seed_agents.config import AgentConfig, BackendConfig, ConfigError, first_error, load_config
-from seed_agents.envs import EnvSuite, EpisodeRecord, as_env_suite
+from seed_agents.config import (
+    AgentConfig,
+    BackendConfig,
+    ConfigError,
+    first_error,
+)
+from seed_agents.envs import EnvSuite, as_env_suite
 from seed_agents.redact import redact
 from seed_agents.runner import RunnerConfig
-from seed_agents.stage1.analyzers import Analyzer, AnalyzerConfig, AnalyzerReply, PolicyAnalyzer, make_analyzer
-from seed_agents.types import SamplingParams, SkillExample, Task, Trajectory
+from seed_agents.stage1.analyzers import (
+    Analyzer,
+    AnalyzerConfig,
+    AnalyzerReply,
+    PolicyAnalyzer,
+    make_analyzer,
+)
+from seed_agents.types import (
+    EpisodeRecord,
+    SamplingParams,
+    SkillExample,
+    Task,
+    Trajectory,
+)
 
 
 class CollectConfig(BaseModel):
@@ -265,7 +281,12 @@ async def _analyze_all(cfg: CollectConfig, analyzer: Analyzer, todo: list[Trajec
     the failed requests, and the cost of all requests."""
     from seed_agents.capture import JsonlSink
     from seed_agents.chat_model import to_chat_dicts
-    from seed_agents.skills import build_analyzer_messages, episode_steps, first_user_message, parse_skill
+    from seed_agents.skills import (
+        build_analyzer_messages,
+        episode_steps,
+        first_user_message,
+        parse_skill,
+    )
 
     written: list[SkillExample] = []
     failures: list[tuple[Trajectory, AnalyzerReply]] = []
@@ -371,64 +392,3 @@ def format_summary(summary: dict[str, Any]) -> str:
     if summary["reject_reasons"]:
         lines.append(f"{'reject_reasons':<20} {summary['reject_reasons']}")
     return "\n".join(lines)
-
-
-# -- CLI ------------------------------------------------------------------------------------------
-
-# CLI flag -> CollectConfig field. Flags left unset keep the config's (or the YAML's) values.
-_FLAGS = {
-    "out": "out", "env": "env", "split": "split", "seed": "seed", "num_tasks": "num_tasks",
-    "group": "runner.group_size", "temperature": "sampling.temperature", "max_tokens": "sampling.max_tokens",
-    "max_turns": "agent.max_turns", "model": "backend.model", "backend": "backend.kind", "base_url": "backend.base_url",
-    "from_trajectories": "from_trajectories", "analyzer": "analyzer.kind", "analyzer_name": "analyzer.name", "analyzer_model": "analyzer.model",
-    "analyzer_base_url": "analyzer.base_url", "api_key_env": "analyzer.api_key_env", "analyzer_spec": "analyzer.spec",
-    "analyzer_concurrency": "analyzer.max_concurrency", "requests_per_minute": "analyzer.requests_per_minute",
-}
-
-
-def build_config(args: argparse.Namespace) -> CollectConfig:
-    return load_config(CollectConfig, args.config, {field: getattr(args, flag, None) for flag, field in _FLAGS.items()})
-
-
-def cmd_collect(args: argparse.Namespace) -> int:
-    """Exit 0 when every episode is analyzed; 1 when some requests failed (re-run to retry them)."""
-    cfg = build_config(args)
-    summary = run_collect(cfg)
-    print(format_summary(summary))
-    out = Path(cfg.out)
-    print(f"wrote {out / 'examples.jsonl'}, {out / 'trajectories.jsonl'}, {out / 'summary.json'}")
-    if summary["failed_requests"]:
-        print(f"{summary['failed_requests']} analyzer requests failed (first: {summary['first_errors'][0]}); "
-              f"re-run the same command to retry them (finished episodes are kept).")
-        return 1
-    return 0
-
-
-def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("collect", help="Roll out the base policy and have an analyzer write a skill per episode (resumable).",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
-                       epilog="Exit status: 0 when every episode is analyzed; 1 when some analyzer requests failed "
-                              "(re-run the same command to retry them); 2 on a bad config or an unreachable backend.")
-    p.add_argument("--config", help="YAML with CollectConfig fields; flags override it.")
-    p.add_argument("--out", help="Output directory (default runs/skills); re-run with the same one to resume.")
-    p.add_argument("--env", help="Environment suite (default textworld).")
-    p.add_argument("--split", help="Task split (default train).")
-    p.add_argument("--seed", type=int)
-    p.add_argument("--num-tasks", dest="num_tasks", type=int, help="Distinct tasks (default 8).")
-    p.add_argument("--group", type=int, help="Episodes per task, G (default 4; paper 8).")
-    p.add_argument("--temperature", type=float, help="Policy sampling temperature (default 0.4, as in the paper).")
-    p.add_argument("--max-tokens", dest="max_tokens", type=int, help="Policy tokens per turn.")
-    p.add_argument("--max-turns", dest="max_turns", type=int, help="Agent turns per episode.")
-    p.add_argument("--model", help="Policy: smollm2-135m, a local folder or a hub id; with vllm the served name.")
-    p.add_argument("--backend", choices=["local", "vllm"], help="Policy backend.")
-    p.add_argument("--base-url", dest="base_url", help="Policy vLLM server URL.")
-    p.add_argument("--from-trajectories", dest="from_trajectories", help="Analyze this trajectories.jsonl instead of rolling out.")
-    p.add_argument("--analyzer", choices=["rule_based", "openai", "langchain", "policy"], help="Who writes the skills (default rule_based, the offline stand-in).")
-    p.add_argument("--analyzer-model", dest="analyzer_model", help="openai: model name; policy: model folder/alias.")
-    p.add_argument("--analyzer-name", dest="analyzer_name", help="Name recorded with each example and shown by `skills eval`.")
-    p.add_argument("--analyzer-base-url", dest="analyzer_base_url", help="openai: endpoint URL (with or without /v1).")
-    p.add_argument("--api-key-env", dest="api_key_env", help="openai: NAME of the env variable holding the API key (default OPENAI_API_KEY).")
-    p.add_argument("--analyzer-spec", dest="analyzer_spec", help="langchain: 'pkg.module:ChatModelClass'.")
-    p.add_argument("--analyzer-concurrency", dest="analyzer_concurrency", type=int, help="Analyzer requests in flight.")
-    p.add_argument("--requests-per-minute", dest="requests_per_minute", type=float, help="Analyzer rate limit.")
-    p.set_defaults(func=cmd_collect)

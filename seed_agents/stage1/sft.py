@@ -16,7 +16,6 @@ strict parser stage 2 applies; an unparsable skill gives no distillation signal)
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import random
@@ -29,7 +28,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from seed_agents.aio import run_sync
-from seed_agents.config import ConfigError, first_error, load_config
+from seed_agents.config import ConfigError, first_error
 from seed_agents.types import SkillExample
 
 
@@ -286,12 +285,27 @@ def run_sft(cfg: SFTRunConfig, *, overwrite: bool = False) -> dict[str, Any]:
         return summary
 
 
-def _epoch_printer() -> Any:
-    """A callback printing one line per epoch instead of the Trainer's dict per step.
+def _epoch_printer(every_s: float = 30.0) -> Any:
+    """A callback printing a progress line at most every ``every_s`` seconds (step, s/step,
+    time left) and one line per epoch, instead of the Trainer's dict per step: an epoch on a
+    loaded 2-core machine takes minutes, and a first run must not sit silent through it.
     (Built here: importing transformers at module level would slow down the CLI.)"""
     from transformers import TrainerCallback
 
     class EpochPrinter(TrainerCallback):
+        def on_train_begin(self, args, state, control, **kw):  # noqa: ANN001
+            self.t0 = self.last = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kw):  # noqa: ANN001
+            now = time.perf_counter()
+            if now - self.last < every_s or not state.max_steps:
+                return
+            self.last = now
+            per_step = (now - self.t0) / max(state.global_step, 1)
+            left = per_step * (state.max_steps - state.global_step)
+            print(f"SFT step {state.global_step}/{state.max_steps}  {per_step:.1f} s/step  about {left / 60:.1f} min left",
+                  flush=True)
+
         def on_log(self, args, state, control, logs=None, **kw):  # noqa: ANN001
             if logs and "eval_loss" in logs and state.global_step > 0:
                 train = next((e["loss"] for e in reversed(state.log_history) if "loss" in e), float("nan"))
@@ -315,38 +329,3 @@ def format_summary(s: dict[str, Any]) -> str:
         f"{'skill parse rate':<22}{f(pr['before']):>10}{f(pr['after']):>10}   (n={pr['n']}, greedy)",
     ]
     return "\n".join(lines)
-
-
-# -- CLI --------------------------------------------------------------------------------
-
-_FLAGS = {"examples": "examples", "model": "model", "out": "out", "epochs": "epochs", "lr": "learning_rate",
-          "lora_r": "lora_r", "heldout": "heldout_fraction", "seed": "seed", "batch_size": "batch_size",
-          "max_length": "max_length", "eval_max_tokens": "eval_max_tokens"}
-
-
-def cmd_sft(args: argparse.Namespace) -> int:
-    cfg = load_config(SFTRunConfig, args.config, {field: getattr(args, flag, None) for flag, field in _FLAGS.items()})
-    summary = run_sft(cfg, overwrite=args.overwrite)
-    print(format_summary(summary))
-    print(f"wrote {summary['model_dir']} (use it as backend.model of `seed-agents train`) and {Path(cfg.out) / 'sft_summary.json'}")
-    return 0
-
-
-def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("sft", help="SFT the policy on analyzer prompt -> skill JSON (TRL); report held-out loss and parse rate.")
-    p.add_argument("--examples", nargs="+", help="examples.jsonl files from `skills collect`.")
-    p.add_argument("--config", help="YAML with SFTRunConfig fields; flags override it.")
-    p.add_argument("--model", help="Model to fine-tune (default smollm2-135m).")
-    p.add_argument("--out", help="Output directory (default runs/skills_sft).")
-    p.add_argument("--epochs", type=float)
-    p.add_argument("--lr", type=float, help="Learning rate.")
-    p.add_argument("--lora-r", dest="lora_r", type=int, help="LoRA rank (merged into the saved model).")
-    p.add_argument("--heldout", type=float, help="Held-out fraction of tasks (default 0.2).")
-    p.add_argument("--batch-size", dest="batch_size", type=int)
-    p.add_argument("--max-length", dest="max_length", type=int)
-    p.add_argument("--eval-max-tokens", dest="eval_max_tokens", type=int)
-    p.add_argument("--seed", type=int)
-    p.add_argument("--overwrite", action="store_true",
-                   help="Replace the run in --out: its model and summary move to <out>.old-<time>/, deleted when "
-                        "this run finishes and moved back if it fails.")
-    p.set_defaults(func=cmd_sft)

@@ -24,7 +24,6 @@ what its skills do to a fixed policy on held-out episodes:
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import functools
 import hashlib
@@ -40,7 +39,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from seed_agents.aio import run_sync
-from seed_agents.config import AgentConfig, ConfigError, first_error, load_config
+from seed_agents.config import AgentConfig, ConfigError, first_error
 from seed_agents.envs import EnvSuite
 from seed_agents.types import LLMCall, SamplingParams, SkillExample, Task, Trajectory
 
@@ -76,7 +75,7 @@ class UsefulnessConfig(BaseModel):
     max_episodes: int | None = Field(None, ge=1, description="Score at most this many episodes per analyzer (the first in file order).")
     batch_size: int = Field(4, ge=1, le=1024, description="Sequences per scoring forward pass.")
     seed: int = Field(0, description="Base sampling seed of the re-run check.")
-    rerun: RerunConfig = Field(default_factory=RerunConfig)
+    rerun: RerunConfig = Field(default_factory=RerunConfig, description="The optional re-run check (--rerun turns it on).")
 
 
 # -- the math (pure; unit-tested on hand-made numbers) ------------------------------------
@@ -529,42 +528,3 @@ def format_table(rows: Sequence[dict[str, Any]]) -> str:
                  "(want > 0 on successes, < 0 on failures); margin = dSucc - dFail; paired: share of skills that raise "
                  "their group's successful actions more than its failed ones")
     return "\n".join(lines)
-
-
-# -- CLI ----------------------------------------------------------------------------------
-
-_FLAGS = {"trajectories": "trajectories", "examples": "examples", "model": "model", "injector": "injector",
-          "tasks_from": "tasks_from", "split": "split", "out": "out", "max_episodes": "max_episodes",
-          "seed": "seed", "env": "rerun.env", "rerun_episodes": "rerun.episodes_per_task",
-          "rerun_tasks": "rerun.max_tasks"}
-
-
-def cmd_eval(args: argparse.Namespace) -> int:
-    overrides = {field: getattr(args, flag, None) for flag, field in _FLAGS.items()}
-    overrides["rerun.enabled"] = True if args.rerun else None
-    overrides["paired"] = False if args.no_paired else None
-    cfg = load_config(UsefulnessConfig, args.config, overrides)
-    result = run_usefulness(cfg)
-    print(format_table(result["rows"]))
-    print(f"wrote {Path(cfg.out) / 'usefulness.json'}")
-    return 0
-
-
-def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("eval", help="Does inserting each analyzer's skill raise the policy's log-prob of better actions?")
-    p.add_argument("--trajectories", help="trajectories.jsonl of a collect run.")
-    p.add_argument("--examples", nargs="+", help="examples.jsonl files (one per analyzer).")
-    p.add_argument("--config", help="YAML with UsefulnessConfig fields; flags override it.")
-    p.add_argument("--model", help="Policy that scores (default smollm2-135m).")
-    p.add_argument("--injector", choices=["system", "task_line"])
-    p.add_argument("--tasks-from", dest="tasks_from", help="JSON with held-out task ids (e.g. sft_summary.json).")
-    p.add_argument("--split", help="Keep only episodes of this split.")
-    p.add_argument("--max-episodes", dest="max_episodes", type=int, help="Episodes scored per analyzer.")
-    p.add_argument("--no-paired", dest="no_paired", action="store_true", help="Skip the paired within-group comparison.")
-    p.add_argument("--rerun", action="store_true", help="Also re-play tasks with and without the skills (slow).")
-    p.add_argument("--env", help="Env suite of the re-run (default textworld).")
-    p.add_argument("--rerun-episodes", dest="rerun_episodes", type=int, help="Episodes per task and arm.")
-    p.add_argument("--rerun-tasks", dest="rerun_tasks", type=int, help="Tasks re-run.")
-    p.add_argument("--seed", type=int)
-    p.add_argument("--out", help="Output directory (default runs/skills_eval).")
-    p.set_defaults(func=cmd_eval)

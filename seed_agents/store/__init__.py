@@ -7,14 +7,28 @@ sessions as the JSONL ``Trajectory`` records the training pipeline reads.
 """
 
 from seed_agents.store.export import export_trajectories
-from seed_agents.store.records import ModelVersionRecord, RewardPolicy, RewardRecord, SessionRecord, StoreError
+from seed_agents.store.records import (
+    CycleRecord,
+    DecisionRecord,
+    ModelVersionRecord,
+    QueueLengths,
+    RewardPolicy,
+    RewardRecord,
+    SessionEpisode,
+    SessionRecord,
+    StoreError,
+)
 from seed_agents.store.sink import StoreSink
 from seed_agents.store.store import TraceStore
 
 __all__ = [
+    "CycleRecord",
+    "DecisionRecord",
     "ModelVersionRecord",
+    "QueueLengths",
     "RewardPolicy",
     "RewardRecord",
+    "SessionEpisode",
     "SessionRecord",
     "StoreError",
     "StoreSink",

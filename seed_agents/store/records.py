@@ -1,7 +1,9 @@
 """What the trace store hands back, and how several rewards become one.
 
-These are read models: the store builds them from rows; callers never construct them to
-write. ``RewardPolicy`` is the one place that decides which reward a session trains on.
+Every record type of the store lives here: sessions and their episodes, rewards, model
+versions and decisions, continual-loop cycles and queue lengths. These are read models:
+the store builds them from rows; callers never construct them to write. ``RewardPolicy``
+is the one place that decides which reward a session trains on.
 """
 
 from __future__ import annotations
@@ -11,11 +13,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from seed_agents.errors import StoreError  # noqa: F401 - named here for the store; a UserError, one line in the CLI
 from seed_agents.types import FaultKind, StopReason, Trajectory
-
-
-class StoreError(RuntimeError):
-    """A store request that cannot be done; the message says what to fix."""
 
 
 class SessionRecord(BaseModel):
@@ -55,8 +54,11 @@ class ModelVersionRecord(BaseModel):
     metadata: dict[str, Any]
 
 
-class EpisodeRecord(BaseModel):
+class SessionEpisode(BaseModel):
     """What a runner episode adds to its session (``metadata["episode"]``).
+
+    Not the env agent's ``EpisodeRecord`` (the structured turns an offline analyzer
+    reads); this one is what the store keeps of a ``Trajectory`` for its session.
 
     Kept so that ``to_trajectory`` gives a faulted episode back its fault: a file-based
     trainer reading an export then skips it, as the store's own selection does.
@@ -73,11 +75,53 @@ class EpisodeRecord(BaseModel):
     env_metadata: dict[str, Any] = Field(default_factory=dict)
 
     @classmethod
-    def of(cls, trajectory: Trajectory) -> EpisodeRecord:
+    def of(cls, trajectory: Trajectory) -> SessionEpisode:
         return cls(trajectory_id=trajectory.trajectory_id, group_id=trajectory.group_id,
                    sample_index=trajectory.sample_index, split=trajectory.split,
                    stop_reason=trajectory.stop_reason, fault=trajectory.fault, success=trajectory.success,
                    error=trajectory.error, env_metadata=trajectory.metadata)
+
+
+class DecisionRecord(BaseModel):
+    """One stored decision about a model version: what moved, who decided, on what evidence.
+
+    ``seed_agents.continual.versions`` decides; the store writes the row and hands it back.
+    """
+
+    decision_id: int
+    name: str
+    version: int = Field(description="The version decided on: the one rejected, or the one switched to (== to_version).")
+    action: str = Field(description="'promote', 'reject', 'rollback' or 'retire'.")
+    actor: str = Field(description="Who decided: 'gate', 'operator', 'bootstrap', 'recovery', 'migration', ...")
+    from_version: int | None = Field(description="The promoted version before the decision (None: none was).")
+    to_version: int | None = Field(description="The promoted version after it (equal to from_version when nothing moved).")
+    summary: str = Field(description="One line for people.")
+    evidence: dict[str, Any] = Field(description="What the decision rests on, e.g. the gate's paired canary statistics.")
+    created_at: float
+
+
+class CycleRecord(BaseModel):
+    """One cycle of the continual loop: its state and what it produced (read model)."""
+
+    cycle_id: int
+    name: str = Field(description="The model name the cycle trains a candidate of.")
+    state: str = Field(description="'claimed', 'trained', 'loaded', 'decided', 'released' or 'skipped'.")
+    base_version: int | None = Field(description="The promoted version the candidate is trained from and compared with.")
+    candidate_version: int | None = Field(description="The candidate it registered (from 'trained' on).")
+    decision_id: int | None = Field(description="The stored decision on the candidate (state 'decided').")
+    attempts: int = Field(description="Processes that worked on it: more than 1 after a crash and a resume.")
+    created_at: float
+    updated_at: float
+    metadata: dict[str, Any]
+
+
+class QueueLengths(BaseModel):
+    """Rewarded sessions by where they are in the continual loop (what a dashboard shows)."""
+
+    unclaimed: int = Field(description="Trainable (ended, rewarded, not consumed, not flagged) and waiting.")
+    claimed: int = Field(description="Claimed by a cycle that has not trained yet.")
+    trained: int = Field(description="Trained into a candidate (whatever the gate said about it).")
+    unusable: int = Field(description="Claimed, then found unusable (e.g. every replay unreplayable); never trained.")
 
 
 class RewardPolicy(BaseModel):

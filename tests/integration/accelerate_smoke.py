@@ -37,17 +37,17 @@ import torch.distributed as dist
 from accelerate.utils import gather_object
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from graphs.env_agent import build_env_agent
-from graphs.hindsight import with_hindsight
 from seed_agents.backends.local import LocalBackend
 from seed_agents.chat_model import SeedChatModel
 from seed_agents.envs import EnvObservation
+from seed_agents.graphs.env_agent import build_env_agent
+from seed_agents.graphs.hindsight import with_hindsight
 from seed_agents.models import build_tiny_model
 from seed_agents.runner import EpisodeRunner, RunnerConfig
 from seed_agents.testing import SKILL_JSON, FakeBackend, ParityEnv
+from seed_agents.trainers.rollout import GraphRollout
+from seed_agents.trainers.seed_trainer import RolloutBatch, SEEDConfig, SEEDTrainer
 from seed_agents.types import SamplingParams, Task
-from trainers.rollout import GraphRollout
-from trainers.seed_trainer import RolloutBatch, SEEDConfig, SEEDTrainer
 
 G = 4  # episodes per task
 TASKS_PER_RANK = 2

@@ -9,16 +9,16 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-import tools.alfworld as alf
-from graphs.alfworld import SYSTEM_PROMPT
+import seed_agents.tools.alfworld as alf
 from seed_agents.capture import read_jsonl
 from seed_agents.chat_model import SeedChatModel
+from seed_agents.graphs.alfworld import SYSTEM_PROMPT
 from seed_agents.metrics import summarize
 from seed_agents.runner import EpisodeRunner, RunnerConfig
 from seed_agents.testing import FakeBackend, random_play
+from seed_agents.tools.alfworld import INVALID_ACTION_TEXT, SPLITS, AlfWorldSuite
 from seed_agents.types import SamplingParams, StopReason, Trajectory
 from tests.fixtures.alfworld.make_fixtures import build_data_dir
-from tools.alfworld import INVALID_ACTION_TEXT, SPLITS, AlfWorldSuite
 
 pytestmark = pytest.mark.integration
 
@@ -178,7 +178,7 @@ def test_engines_are_reused_across_episodes(suite):
 
 
 def test_cli_eval_reports_success_by_type(tmp_path, data_dir, tiny_model_dir, suite):
-    from seed_agents.cli import main
+    from seed_agents.app.cli import main
 
     cfg = tmp_path / "cfg.yaml"
     cfg.write_text(f"env: alfworld\nsplit: valid_seen\nepisodes: 6\nenv_options:\n  data_dir: {data_dir}\n")

@@ -4,8 +4,8 @@ import json
 
 import pytest
 
+from seed_agents.app.cli import main
 from seed_agents.capture import read_jsonl
-from seed_agents.cli import main
 from seed_agents.rows import trajectory_to_rows
 from seed_agents.types import LLMCall, Trajectory
 

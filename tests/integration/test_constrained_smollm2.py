@@ -10,13 +10,13 @@ import asyncio
 import pytest
 from langchain_core.messages import HumanMessage
 
-from graphs.hindsight import write_skill
+from examples.knowledge_base import TOOLS, answer_reward, build_agent, make_tasks
 from seed_agents.capture import capture
 from seed_agents.chat_model import SeedChatModel
+from seed_agents.graphs.hindsight import write_skill
 from seed_agents.runner import EpisodeRunner, RunnerConfig
 from seed_agents.skills import first_user_message
 from seed_agents.types import SamplingParams
-from tools.knowledge_base import TOOLS, answer_reward, build_agent, make_tasks
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -10,12 +10,12 @@ import asyncio
 import pytest
 from langchain_core.messages import HumanMessage
 
-from graphs.calculator import TOOLS
-from graphs.hindsight import write_skill
 from seed_agents.backends.grammar import skill_tag
 from seed_agents.backends.local import LocalBackend
 from seed_agents.capture import capture
 from seed_agents.chat_model import SeedChatModel
+from seed_agents.graphs.calculator import TOOLS
+from seed_agents.graphs.hindsight import write_skill
 from seed_agents.skills import parse_skill
 from seed_agents.types import LLMCall, SamplingParams
 

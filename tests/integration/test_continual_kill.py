@@ -21,11 +21,11 @@ import pytest
 pytestmark = pytest.mark.integration
 pytest.importorskip("trl")
 
+from examples.library_service import DemoServer  # noqa: E402
 from seed_agents.continual import VersionRegistry  # noqa: E402
 from seed_agents.faults import CRASH_ENV  # noqa: E402
 from seed_agents.store import TraceStore  # noqa: E402
 from tests.unit.test_continual_loop import make_config, seed_sessions  # noqa: E402
-from tools.demo_service import DemoServer  # noqa: E402
 
 NAME = "library-agent"
 
@@ -34,7 +34,7 @@ def continual(config: Path, *extra: str, crash: str | None = None) -> subprocess
     env = {k: v for k, v in os.environ.items() if k != CRASH_ENV}
     if crash:
         env[CRASH_ENV] = crash
-    return subprocess.run([sys.executable, "-m", "seed_agents.cli", "continual", "--config", str(config), *extra],
+    return subprocess.run([sys.executable, "-m", "seed_agents", "continual", "--config", str(config), *extra],
                           capture_output=True, text=True, env=env, timeout=900)
 
 

@@ -115,11 +115,11 @@ def test_static_report_renders_in_chromium(populated_store, tmp_path):
 def test_gateway_dashboard_renders_in_chromium(populated_store, tmp_path, tiny_model_dir):
     from transformers import AutoTokenizer
 
+    from examples.library_service import DemoServer
     from seed_agents.gateway.app import build_app
     from seed_agents.gateway.config import GatewayConfig
     from seed_agents.gateway.testing import FakeVLLM
     from seed_agents.gateway.upstream import Upstream
-    from tools.demo_service import DemoServer
 
     store, populated = populated_store
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)

@@ -36,7 +36,7 @@ KILLS = {"rollout": "rollout@3", "update": "update@2", "checkpoint": "checkpoint
 
 def train(config: Path, out: Path, *extra: str, crash: str | None = None) -> subprocess.CompletedProcess:
     env = {**os.environ, CRASH_ENV: crash} if crash else {k: v for k, v in os.environ.items() if k != CRASH_ENV}
-    return subprocess.run([sys.executable, "-m", "seed_agents.cli", "train", "--config", str(config),
+    return subprocess.run([sys.executable, "-m", "seed_agents", "train", "--config", str(config),
                            "--out", str(out), *extra], capture_output=True, text=True, env=env, timeout=600)
 
 

@@ -17,10 +17,10 @@ from langchain_core.tools import BaseTool
 from langgraph.graph import END, START, MessagesState, StateGraph
 from langgraph.prebuilt import ToolNode
 
+from examples.library_service import DemoServer, create_app
 from seed_agents.serve import free_port
-from tools.demo_service import DemoServer, create_app
-from tools.openapi import AuthConfig, load_spec, openapi_tools
-from tools.replay import Recording, ReplayConfig, ReplayTransport, Unreplayable
+from seed_agents.tools.openapi import AuthConfig, load_spec, openapi_tools
+from seed_agents.tools.replay import Recording, ReplayConfig, ReplayTransport, Unreplayable
 
 pytestmark = pytest.mark.integration
 
@@ -163,8 +163,8 @@ def test_an_unreplayable_write_ends_the_agent_episode_as_a_fault(prod: DemoServe
     recording does not hold; the runner records an `unreplayable` fault, never a failure."""
     from transformers import AutoTokenizer
 
-    from graphs.tool_agent import build_tool_agent
     from seed_agents.chat_model import SeedChatModel
+    from seed_agents.graphs.tool_agent import build_tool_agent
     from seed_agents.runner import EpisodeRunner, RunnerConfig
     from seed_agents.testing import FakeBackend
     from seed_agents.types import FaultKind, Task

@@ -7,9 +7,9 @@ import json
 
 import pytest
 
+from seed_agents.app.cli import main
 from seed_agents.capture import read_jsonl
 from seed_agents.chat_model import SeedChatModel
-from seed_agents.cli import main
 from seed_agents.runner import RunnerConfig
 from seed_agents.stage1.analyzers import AnalyzerConfig
 from seed_agents.stage1.collect import CollectConfig, run_collect

@@ -9,7 +9,7 @@ import pytest
 pytest.importorskip("trl")
 pytest.importorskip("textworld")
 
-from seed_agents.cli_train import run_train  # noqa: E402
+from seed_agents.app.train import run_train  # noqa: E402
 from seed_agents.config import TrainConfig  # noqa: E402
 from seed_agents.stage1.auto import cache_key  # noqa: E402
 

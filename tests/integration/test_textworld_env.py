@@ -6,10 +6,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-import tools.textworld as tw
+import seed_agents.tools.textworld as tw
 from seed_agents.envs import TextEnv
 from seed_agents.testing import random_play
-from tools.textworld import INVALID_ACTION_TEXT, TextWorldSuite, TwMakeError
+from seed_agents.tools.textworld import INVALID_ACTION_TEXT, TextWorldSuite, TwMakeError
 
 pytestmark = [
     pytest.mark.integration,

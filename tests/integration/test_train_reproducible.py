@@ -62,7 +62,7 @@ def build_jittery_agent(chat_model: Any) -> Any:
 
 
 def train(config: Path, out: Path) -> None:
-    proc = subprocess.run([sys.executable, "-m", "seed_agents.cli", "train", "--config", str(config), "--out", str(out)],
+    proc = subprocess.run([sys.executable, "-m", "seed_agents", "train", "--config", str(config), "--out", str(out)],
                           capture_output=True, text=True, timeout=900, cwd=ROOT)  # the agent is imported from tests/
     assert proc.returncode == 0, proc.stderr[-3000:]
 

@@ -37,9 +37,9 @@ from seed_agents.backends.vllm import VLLMBackend  # noqa: E402
 from seed_agents.capture import read_jsonl  # noqa: E402
 from seed_agents.scoring import sequence_logprobs  # noqa: E402
 from seed_agents.serve import VLLMServer  # noqa: E402
+from seed_agents.trainers.weight_sync import FullWeightSync, LoRASync, WeightSyncError  # noqa: E402
 from seed_agents.types import Completion, SamplingParams, Trajectory  # noqa: E402
 from tests.conformance import LOGPROB_ATOL  # noqa: E402
-from trainers.weight_sync import FullWeightSync, LoRASync, WeightSyncError  # noqa: E402
 
 pytestmark = pytest.mark.integration
 
@@ -124,7 +124,7 @@ def _check_versions(trajectories: list[Trajectory], iterations: int, *, analyzer
 
 
 def test_run_train_full_weight_sync_reaches_the_server(vllm_server, tiny_model_dir, prompt_ids, tw_cache, tmp_path):
-    from seed_agents.cli_train import run_train
+    from seed_agents.app.train import run_train
     from seed_agents.config import AgentConfig, BackendConfig, SkillConfig, TrainConfig, TrainerConfig
     from seed_agents.runner import RunnerConfig
 
@@ -212,14 +212,14 @@ class _SyncEachStep(TrainerCallback):
 
 
 def test_lora_sync_serves_a_new_adapter_per_version(vllm_server, tiny_model_dir, prompt_ids, tmp_path):
-    from graphs.env_agent import build_env_agent
-    from graphs.hindsight import with_hindsight
     from seed_agents.chat_model import SeedChatModel
+    from seed_agents.graphs.env_agent import build_env_agent
+    from seed_agents.graphs.hindsight import with_hindsight
     from seed_agents.runner import EpisodeRunner, RunnerConfig
     from seed_agents.testing import SKILL_JSON, FakeBackend, ParityEnv
+    from seed_agents.trainers.rollout import GraphRollout
+    from seed_agents.trainers.seed_trainer import SEEDConfig, SEEDTrainer
     from seed_agents.types import Task
-    from trainers.rollout import GraphRollout
-    from trainers.seed_trainer import SEEDConfig, SEEDTrainer
 
     base_name = vllm_server.served_model_name
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)

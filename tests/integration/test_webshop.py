@@ -8,14 +8,14 @@ import re
 
 import pytest
 
+from seed_agents.app.cli import main
 from seed_agents.capture import read_jsonl
 from seed_agents.chat_model import SeedChatModel
-from seed_agents.cli import main
 from seed_agents.metrics import summarize
 from seed_agents.runner import EpisodeRunner, RunnerConfig
 from seed_agents.testing import FakeBackend
+from seed_agents.tools.webshop import Goal, WebShopSuite, get_reward
 from seed_agents.types import SamplingParams, StopReason, Trajectory
-from tools.webshop import Goal, WebShopSuite, get_reward
 
 pytestmark = pytest.mark.integration
 

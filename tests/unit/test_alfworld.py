@@ -13,11 +13,18 @@ from pathlib import Path
 
 import pytest
 
-import tools.alfworld as alf
+import seed_agents.tools.alfworld as alf
 from seed_agents.config import EvalConfig, TrainConfig, load_config
 from seed_agents.envs import EnvSuite, TextEnv, available_envs, load_env_suite
-from tools.alfworld import (
-    INVALID_ACTION_TEXT, SPLITS, TASK_TYPES, AlfWorldDataError, AlfWorldEnv, AlfWorldSuite, shaped_reward, split_intro,
+from seed_agents.tools.alfworld import (
+    INVALID_ACTION_TEXT,
+    SPLITS,
+    TASK_TYPES,
+    AlfWorldDataError,
+    AlfWorldEnv,
+    AlfWorldSuite,
+    shaped_reward,
+    split_intro,
 )
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
@@ -192,7 +199,7 @@ def test_suite_reads_nothing_until_asked(tmp_path):
 
 
 def test_cli_prints_one_clear_error(tmp_path, capsys):
-    from seed_agents.cli import main
+    from seed_agents.app.cli import main
 
     cfg = tmp_path / "cfg.yaml"
     cfg.write_text(f"env: alfworld\nsplit: valid_seen\nenv_options:\n  data_dir: {tmp_path / 'nowhere'}\n")
@@ -315,7 +322,7 @@ def test_step_before_reset_and_after_close(fake_engine, tmp_path):
 
 
 def test_agent_defaults_match_the_graph_defaults():
-    from graphs.alfworld import build_alfworld_agent
+    from seed_agents.graphs.alfworld import build_alfworld_agent
 
     params = inspect.signature(build_alfworld_agent).parameters
     assert AlfWorldSuite.agent_defaults == {k: params[k].default for k in ("max_turns", "history", "history_window")}
@@ -358,11 +365,11 @@ def test_eval_config_validates():
 
 # -- the offline analyzer: skills from the goal and the commands, as data -----------------------
 
-from tools.alfworld_analyzer import AlfWorldAnalyzer, generalize, goal_of  # noqa: E402
+from seed_agents.tools.alfworld_analyzer import AlfWorldAnalyzer, generalize, goal_of  # noqa: E402
 
 
 def alf_turn(listed, action, *, invalid=False, reward=0.0):
-    from seed_agents.envs import EnvStep
+    from seed_agents.types import EnvStep
 
     return EnvStep(observation="...", admissible_actions=listed, action=action, invalid=invalid, reward=reward)
 
@@ -370,8 +377,8 @@ def alf_turn(listed, action, *, invalid=False, reward=0.0):
 def alf_skill(steps, success, game_type="clean", goal="Your task is to: put a clean mug in coffeemachine."):
     import asyncio
 
-    from seed_agents.envs import EpisodeRecord
     from seed_agents.skills import parse_skill
+    from seed_agents.types import EpisodeRecord
 
     episode = EpisodeRecord(success=success, steps=steps, metadata={"objective": goal, "game_type": game_type})
     reply = asyncio.run(AlfWorldAnalyzer().analyze(None, episode))
@@ -409,7 +416,7 @@ def test_alfworld_failure_rules_name_the_missing_steps_and_never_quote_failures(
 
 def test_alfworld_analyzer_helpers():
     assert generalize("take mug 12 from countertop 3") == "take mug from countertop"
-    from seed_agents.envs import EpisodeRecord
+    from seed_agents.types import EpisodeRecord
 
     assert goal_of(EpisodeRecord(first_observation="You see a shelf 1.\n\nYour task is to: put a mug in shelf.")) \
         == "put a mug in shelf"
@@ -420,12 +427,11 @@ def test_alfworld_analyzer_reads_what_the_env_agent_recorded(fake_engine, tmp_pa
     info["objective"], the commands from the recorded turns."""
     import asyncio
 
-    from graphs.alfworld import build_alfworld_agent
     from seed_agents.capture import capture
     from seed_agents.chat_model import SeedChatModel
-    from seed_agents.envs import EpisodeRecord
+    from seed_agents.graphs.alfworld import build_alfworld_agent
     from seed_agents.testing import FakeBackend
-    from seed_agents.types import SamplingParams, Task
+    from seed_agents.types import EpisodeRecord, SamplingParams, Task
 
     llm = SeedChatModel(backend=FakeBackend(tokenizer, ["go to shelf 1", "move mug 1 to shelf 1"]), tokenizer=tokenizer,
                         sampling=SamplingParams(max_tokens=12))

@@ -1,14 +1,13 @@
 """SeedChatModel: rendering, tools, capture, and wrapping LangGraph's prebuilt agent."""
 
 import asyncio
-import json
 
 from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, ToolMessage
 
-from graphs.calculator import TOOLS, build_react_calculator, calculator_reward, calculator_tasks
-from graphs.tool_agent import build_tool_agent
 from seed_agents.capture import capture
 from seed_agents.chat_model import SeedChatModel
+from seed_agents.graphs.calculator import TOOLS, build_react_calculator, calculator_reward, calculator_tasks
+from seed_agents.graphs.tool_agent import build_tool_agent
 from seed_agents.runner import EpisodeRunner, RunnerConfig
 from seed_agents.testing import FakeBackend
 from seed_agents.types import SamplingParams, StopReason

@@ -17,11 +17,11 @@ from typing import Any
 import pytest
 from langchain_core.messages import AIMessageChunk, BaseMessage, HumanMessage
 
-from graphs.calculator import TOOLS, build_react_calculator
 from seed_agents.backends.base import CompletionPiece, StreamingBackend
 from seed_agents.backends.local import LocalBackend
 from seed_agents.capture import capture
 from seed_agents.chat_model import SeedChatModel
+from seed_agents.graphs.calculator import TOOLS, build_react_calculator
 from seed_agents.reply import ReplyBuilder
 from seed_agents.skills import teacher_prompt_ids
 from seed_agents.testing import FakeBackend, ScriptedServer

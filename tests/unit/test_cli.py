@@ -4,7 +4,7 @@ import socket
 
 import pytest
 
-from seed_agents.cli import main
+from seed_agents.app.cli import main
 from seed_agents.metrics import summarize
 from seed_agents.types import FaultKind, LLMCall, StopReason, Trajectory
 

@@ -1,6 +1,6 @@
 """Every user error is one line on stderr, a non-zero exit, no traceback, and ``--out`` untouched.
 
-The table drives ``seed_agents.cli.main`` in-process (fast: each case fails in its checks,
+The table drives ``seed_agents.app.cli.main`` in-process (fast: each case fails in its checks,
 before any model loads); a few cases run the console command as a subprocess end to end.
 A case's ``out`` is either absent (it must stay absent) or a previous run (its files must
 stay byte-identical): nothing is written or moved in ``--out`` before every check passed.
@@ -18,13 +18,13 @@ from pathlib import Path
 
 import pytest
 
-from seed_agents.cli import main
+from seed_agents.app.cli import main
 from seed_agents.types import SkillExample, Task, Trajectory
 
 REPO = Path(__file__).resolve().parents[2]
 CALC_TASKS = REPO / "configs" / "data" / "calculator_train.jsonl"
-GRAPH = ("graph:\n  build: graphs.calculator:build_react_calculator\n  tasks: {tasks}\n"
-         "  reward: graphs.calculator:calculator_reward\n  input: messages\n")
+GRAPH = ("graph:\n  build: seed_agents.graphs.calculator:build_react_calculator\n  tasks: {tasks}\n"
+         "  reward: seed_agents.graphs.calculator:calculator_reward\n  input: messages\n")
 
 
 @dataclass
@@ -298,7 +298,7 @@ def test_debug_shows_the_traceback(tmp_path, capsys):
 def _console(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, **(env or {})}
     env.pop("SEED_AGENTS_ONLINE", None)
-    return subprocess.run([sys.executable, "-m", "seed_agents.cli", *argv], capture_output=True, text=True, env=env,
+    return subprocess.run([sys.executable, "-m", "seed_agents", *argv], capture_output=True, text=True, env=env,
                           timeout=120, cwd=REPO)
 
 
@@ -334,7 +334,7 @@ def test_console_dead_server_fails_fast_with_the_url(tmp_path, tiny_model_dir):
 
 
 def test_overwrite_restores_the_previous_run_when_the_new_one_fails(tmp_path, capsys, tiny_model_dir, monkeypatch):
-    from seed_agents.config import ConfigError
+    from seed_agents.errors import ConfigError
 
     out = make_out("eval_run", tmp_path)
     before = snapshot(out)
@@ -386,36 +386,39 @@ def test_no_trainable_rows_is_one_line(tmp_path, capsys, tiny_model_dir):
 
 
 def test_failed_weight_sync_is_one_line_with_the_url(tmp_path, capsys, tiny_model_dir, monkeypatch):
-    from trainers import weight_sync
+    from seed_agents.backends.vllm_admin import VLLMAdmin
+    from seed_agents.trainers import weight_sync
 
     url = f"http://127.0.0.1:{free_port()}"
     monkeypatch.setattr(weight_sync.InProcessSync, "sync",
-                        lambda self, model: weight_sync._post(url, "/collective_rpc", {}, 2.0))
-    cfg = _tiny_train_yaml(tmp_path, tiny_model_dir, "graphs.calculator:build_react_calculator",
-                           "graphs.calculator:calculator_reward")
+                        lambda self, model: VLLMAdmin(url, timeout_s=2.0).reload_weights("weights"))
+    cfg = _tiny_train_yaml(tmp_path, tiny_model_dir, "seed_agents.graphs.calculator:build_react_calculator",
+                           "seed_agents.graphs.calculator:calculator_reward")
     code, err = run_cli(capsys, ["train", "--config", str(cfg), "--out", str(tmp_path / "run")])
     line = assert_one_line(err, progress=True)
-    assert code != 0 and f"{url}/collective_rpc" in line and "weight sync" in line
+    assert code != 0 and f"{url}/collective_rpc" in line and "vLLM server still running" in line
 
 
 def test_weight_sync_dev_mode_hint_matches_the_routers_404(monkeypatch):
     import httpx
 
-    from trainers import weight_sync
+    from seed_agents.backends import vllm_admin
+    from seed_agents.errors import WeightSyncError
 
     def answer(status, body):
-        def post(url, json, timeout):
+        def post(url, json, headers, timeout):
             return httpx.Response(status, content=body, headers={"content-type": "application/json"},
                                   request=httpx.Request("POST", url))
         return post
 
-    monkeypatch.setattr(weight_sync.httpx, "post", answer(404, b'{"detail": "Not Found"}'))
-    with pytest.raises(weight_sync.WeightSyncError, match="VLLM_SERVER_DEV_MODE=1") as e:
-        weight_sync._post("http://h:1", "/collective_rpc", {}, 1.0)
+    admin = vllm_admin.VLLMAdmin("http://h:1", timeout_s=1.0)
+    monkeypatch.setattr(vllm_admin.httpx, "post", answer(404, b'{"detail": "Not Found"}'))
+    with pytest.raises(WeightSyncError, match="VLLM_SERVER_DEV_MODE=1") as e:
+        admin.reload_weights("weights")
     assert "http://h:1/collective_rpc" in str(e.value) and "\n" not in str(e.value)
-    monkeypatch.setattr(weight_sync.httpx, "post", answer(404, b'{"detail": "No adapter found for /x"}'))
-    with pytest.raises(weight_sync.WeightSyncError) as e:
-        weight_sync._post("http://h:1", "/collective_rpc", {}, 1.0)
+    monkeypatch.setattr(vllm_admin.httpx, "post", answer(404, b'{"detail": "No adapter found for /x"}'))
+    with pytest.raises(WeightSyncError) as e:
+        admin.reload_weights("weights")
     assert "DEV_MODE" not in str(e.value)  # vLLM's own 404: the hint would mislead
 
 

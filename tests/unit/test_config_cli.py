@@ -14,9 +14,17 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel
 
-from seed_agents.cli import _parser, build_eval_config
-from seed_agents.config import (PAPER, ConfigError, EvalConfig, RenamedConfigKey, TrainConfig, TrainerConfig,
-                                agent_fields_given, load_config)
+from seed_agents.app.cli import _parser, build_eval_config
+from seed_agents.config import (
+    PAPER,
+    ConfigError,
+    EvalConfig,
+    RenamedConfigKey,
+    TrainConfig,
+    TrainerConfig,
+    agent_fields_given,
+    load_config,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -33,23 +41,66 @@ def leaf_fields(model: type[BaseModel], prefix: str = ""):
 
 
 def subparser(command: str) -> argparse.ArgumentParser:
-    action = next(a for a in _parser()._actions if isinstance(a, argparse._SubParsersAction))
-    return action.choices[command]
+    """The parser of ``command``, e.g. "eval" or "skills collect"."""
+    parser = _parser()
+    for name in command.split():
+        action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        parser = action.choices[name]
+    return parser
 
 
-def parse(*argv: str) -> argparse.Namespace:
+def parse(*argv: str) -> argparse.ArgumentParser:
     return _parser().parse_args(list(argv))
 
 
-@pytest.mark.parametrize("command,model", [("eval", EvalConfig), ("train", TrainConfig)])
-def test_every_config_field_is_a_documented_flag(command, model):
+def _configs():
+    from seed_agents.app.commands.continual import ContinualConfig, VersionChangeConfig, VersionsConfig
+    from seed_agents.app.commands.observe import ReportConfig, StatusConfig
+    from seed_agents.app.commands.serve import ServeConfig
+    from seed_agents.app.commands.traces import ExportConfig
+    from seed_agents.gateway.config import GatewayConfig
+    from seed_agents.stage1.collect import CollectConfig
+    from seed_agents.stage1.sft import SFTRunConfig
+    from seed_agents.stage1.usefulness import UsefulnessConfig
+
+    return {"eval": EvalConfig, "train": TrainConfig, "serve": ServeConfig, "skills collect": CollectConfig,
+            "skills sft": SFTRunConfig, "skills eval": UsefulnessConfig, "gateway": GatewayConfig,
+            "continual": ContinualConfig, "versions list": VersionsConfig, "versions promote": VersionChangeConfig,
+            "versions rollback": VersionChangeConfig, "status": StatusConfig, "report": ReportConfig,
+            "traces export": ExportConfig}
+
+
+COMMANDS = list(_configs())
+
+
+def test_every_command_is_covered():
+    """A new command (or subcommand) gets a config, and a row in ``_configs``."""
+    def leaves(parser: argparse.ArgumentParser, prefix: str = ""):
+        subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        if not subs:
+            yield prefix.strip()
+        for action in subs:
+            for name, child in action.choices.items():
+                yield from leaves(child, f"{prefix}{name} ")
+
+    assert sorted(leaves(_parser())) == sorted(COMMANDS)
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_config_field_is_a_documented_flag(command):
+    """``COMMAND --help`` lists every field of the command's config with its description and its default."""
+    model = _configs()[command]
     parser = subparser(command)
     flags = {flag: action for action in parser._actions for flag in action.option_strings}
     help_text = " ".join(parser.format_help().split())
     for path, field in leaf_fields(model):
         flag = "--" + path.replace("_", "-")
         assert flag in flags, flag
+        assert field.description, f"{command}: {path} has no description"
         assert " ".join(field.description.split())[:30] in help_text, path
+        shown = " ".join((flags[flag].help or "").split())
+        assert "(default: " in shown or "(required" in shown, (path, shown)
+        assert "default factory" not in shown, (path, shown)
     for action in parser._actions:  # --config, --overwrite, --resume and the short flags too
         assert action.help and action.help != argparse.SUPPRESS, action.option_strings
 
@@ -104,7 +155,7 @@ def test_defaults_then_yaml_then_flags(tmp_path):
 
 def test_paper_defaults_live_in_one_place():
     from seed_agents import distill
-    from trainers.seed_trainer import SEEDConfig
+    from seed_agents.trainers.seed_trainer import SEEDConfig
 
     trainer = TrainerConfig()
     assert (trainer.opd_coef, trainer.gate_sharpness, trainer.kl_coef, trainer.entropy_coef, trainer.clip_eps) == (
@@ -125,7 +176,7 @@ def test_paper_defaults_live_in_one_place():
 
 def test_seed_config_takes_every_coefficient_from_its_own_field(tmp_path):
     pytest.importorskip("trl")
-    from seed_agents.cli_train import seed_config
+    from seed_agents.app.policy import seed_config
 
     cfg = TrainConfig.model_validate({"trainer": {"opd_coef": 0.02, "gate_sharpness": 7.0, "kl_coef": 0.03,
                                                   "entropy_coef": 0.004, "clip_eps": 0.25, "report_to": ["tensorboard"]}})
@@ -138,7 +189,7 @@ def test_seed_config_takes_every_coefficient_from_its_own_field(tmp_path):
 def test_seed_config_switches_checkpointing_without_a_deprecation_warning(tmp_path, on):
     """transformers 5 warns on every run given the old ``gradient_checkpointing`` name."""
     pytest.importorskip("trl")
-    from seed_agents.cli_train import seed_config
+    from seed_agents.app.policy import seed_config
 
     cfg = TrainConfig.model_validate({"trainer": {"gradient_checkpointing": on}})
     with warnings.catch_warnings():
@@ -156,7 +207,7 @@ def test_the_old_gate_key_still_loads_with_one_deprecation_line(tmp_path):
     with warnings.catch_warnings(), pytest.raises(ConfigError, match="keep only gate_sharpness"):
         load_config(TrainConfig, yaml, {})
     yaml.write_text("trainer:\n  opd_beta: 4.0\n")
-    console = subprocess.run([sys.executable, "-m", "seed_agents.cli", "train", "--config", str(yaml), "--iterations", "0"],
+    console = subprocess.run([sys.executable, "-m", "seed_agents", "train", "--config", str(yaml), "--iterations", "0"],
                              capture_output=True, text=True, cwd=REPO, timeout=120)
     lines = console.stderr.strip().splitlines()
     assert console.returncode == 2 and len(lines) == 2, console.stderr  # the deprecation, then the one error
@@ -164,14 +215,12 @@ def test_the_old_gate_key_still_loads_with_one_deprecation_line(tmp_path):
                         "trainer.gate_sharpness (same meaning)")
 
 
-def test_cli_and_train_root_do_not_import_each_other():
-    tree = ast.parse((REPO / "seed_agents" / "cli_train.py").read_text())
-    imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
-    imported |= {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
-    assert "seed_agents.cli" not in imported
-    # building every command's flags (and --help) loads neither transformers nor the trainer stack
-    code = ("import sys; from seed_agents.cli import _parser; _parser(); "
-            "print(sorted(m for m in ('transformers', 'trl', 'torch', 'seed_agents.cli_train') if m in sys.modules))")
+def test_building_the_cli_loads_no_model_or_trainer_stack():
+    """Every command's flags (and --help) are built without transformers, torch, TRL or the
+    app modules that import them (they load inside the command that runs)."""
+    code = ("import sys; from seed_agents.app.cli import _parser; _parser(); "
+            "print(sorted(m for m in ('transformers', 'trl', 'torch', 'seed_agents.app.train', 'seed_agents.app.policy', "
+            "'seed_agents.app.continual') if m in sys.modules))")
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert loaded.stdout.strip() == "[]", loaded.stderr
 
@@ -193,7 +242,7 @@ def test_importing_the_package_loads_no_trainer_env_or_prebuilt_agent():
     """``import seed_agents`` is cheap: no TRL, torch, TextWorld, ALFWorld or LangGraph
     prebuilt agents (they load where a command needs them)."""
     code = ("import sys, seed_agents; heavy = ('trl', 'torch', 'transformers', 'textworld', 'alfworld', "
-            "'langgraph.prebuilt', 'tools', 'graphs', 'trainers'); "
+            "'langgraph.prebuilt', 'seed_agents.tools', 'seed_agents.graphs', 'seed_agents.trainers', 'seed_agents.app'); "
             "print(sorted(m for m in sys.modules if m in heavy or m.split('.')[0] in heavy[:5]))")
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert loaded.returncode == 0, loaded.stderr

@@ -17,7 +17,6 @@ import xgrammar as xgr
 from langchain_core.messages import HumanMessage
 from langchain_core.tools import tool
 
-from graphs.hindsight import write_skill
 from seed_agents.backends.grammar import (
     GrammarMask,
     _compiler,
@@ -28,6 +27,7 @@ from seed_agents.backends.local import LocalBackend
 from seed_agents.backends.vllm import completion_body
 from seed_agents.capture import capture
 from seed_agents.chat_model import SeedChatModel, forced_tool_prefix
+from seed_agents.graphs.hindsight import write_skill
 from seed_agents.skills import parse_skill
 from seed_agents.stage1.analyzers import PolicyAnalyzer
 from seed_agents.tool_calls import format_tool_call, parse_tool_calls

@@ -18,11 +18,11 @@ import pytest
 
 pytest.importorskip("trl")
 
-from seed_agents.continual.config import ContinualConfig  # noqa: E402
-from seed_agents.continual.loop import ContinualLoop, cycle_overview  # noqa: E402
+from examples.library_service import LIBRARY_TASKS, DemoServer, library_reward  # noqa: E402
+from seed_agents.app.continual import ContinualLoop, cycle_overview  # noqa: E402
+from seed_agents.app.continual_config import ContinualConfig  # noqa: E402
 from seed_agents.store import TraceStore  # noqa: E402
 from seed_agents.types import LLMCall, Task  # noqa: E402
-from tools.demo_service import LIBRARY_TASKS, DemoServer, library_reward  # noqa: E402
 
 
 def seed_sessions(store: TraceStore, n: int, *, start: int = 0, task: bool = True) -> list[str]:
@@ -50,10 +50,10 @@ def make_config(tmp_path: Path, tiny_model_dir: str, prod_url: str, **over: Any)
         "trainer": {"learning_rate": 1e-3, "lora_r": 4, "kl_coef": 0.0, "gradient_checkpointing": False},
         "runner": {"concurrency": 4, "progress": False},
         "agent": {"tools": {"base_url": prod_url, "allow_hosts": ["127.0.0.1"]}, "max_turns": 2,
-                  "reward": "tools.demo_service:library_reward"},
+                  "reward": "examples.library_service:library_reward"},
         "replay": {"mode": "shadow", "read_source": "live", "live_reads_per_s": 50},
         "sessions_per_cycle": 2, "group_size": 2,
-        "canary": {"tasks": str(canary), "seeds": 1, "sandbox_app": "tools.demo_service:create_app"},
+        "canary": {"tasks": str(canary), "seeds": 1, "sandbox_app": "examples.library_service:create_app"},
         "gate": {"min_tasks": 2, "resamples": 200},
         **over,
     }
@@ -149,8 +149,29 @@ def test_config_errors_are_one_line(tmp_path, tiny_model_dir) -> None:
     from seed_agents.config import ConfigError, load_config
 
     path = tmp_path / "c.yaml"
-    path.write_text(json.dumps({"store": "sqlite:///x.db", "agent": {"tools": {}, "reward": "m:f"},
+    tools = {"base_url": "http://127.0.0.1:8000", "allow_hosts": ["127.0.0.1"]}
+    path.write_text(json.dumps({"store": "sqlite:///x.db", "agent": {"tools": tools, "reward": "m:f"},
                                 "canary": {"tasks": "t.jsonl"}, "trainer": {"lora_r": None}}))
     with pytest.raises(ConfigError, match="lora_r is required") as info:
         load_config(ContinualConfig, path, {})
     assert "\n" not in str(info.value)
+
+
+def test_the_tools_and_replay_sections_are_checked_when_the_config_loads(tmp_path) -> None:
+    """Typed sections: a tools section without its URL, or a replay that could write to
+    production, is the config's one-line error before the loop opens anything."""
+    from seed_agents.config import ConfigError, load_config
+
+    path = tmp_path / "c.yaml"
+    base = {"store": "sqlite:///x.db", "agent": {"tools": {}, "reward": "m:f"}, "canary": {"tasks": "t.jsonl"}}
+    path.write_text(json.dumps(base))
+    with pytest.raises(ConfigError, match="agent.tools.base_url: Field required") as info:
+        load_config(ContinualConfig, path, {})
+    assert "\n" not in str(info.value)
+    tools = {"base_url": "http://127.0.0.1:8000", "allow_hosts": ["127.0.0.1"]}
+    path.write_text(json.dumps({**base, "agent": {"tools": tools, "reward": "m:f"}, "replay": {"mode": "record"}}))
+    with pytest.raises(ConfigError, match="replay.mode must be shadow"):
+        load_config(ContinualConfig, path, {})
+    path.write_text(json.dumps({**base, "agent": {"tools": tools, "reward": "m:f"}, "replay": {"live_reads_per_s": 1.0}}))
+    cfg = load_config(ContinualConfig, path, {})
+    assert cfg.replay.mode == "shadow" and cfg.agent.tools.base_url == "http://127.0.0.1:8000"

@@ -10,8 +10,8 @@ import pytest
 
 pytest.importorskip("trl")
 
-from graphs.calculator import build_react_calculator
-from seed_agents.cli_train import run_train
+from seed_agents.app.train import run_train
+from seed_agents.graphs.calculator import build_react_calculator
 from seed_agents.rows import trajectory_to_rows
 from seed_agents.types import Trajectory
 from tests.unit.test_train_cli import calc_config
@@ -33,8 +33,8 @@ def test_the_calculator_agent_uses_the_current_api_without_deprecation_warnings(
 @pytest.mark.parametrize("build", ["build_react_calculator", "build_graph_calculator"])
 def test_wrapped_tool_agent_trains_one_iteration_on_captured_rows(tmp_path, tiny_model_dir, build):
     cfg = calc_config(tmp_path, tiny_model_dir, graph={
-        "build": f"graphs.calculator:{build}", "tasks": str(calc_config(tmp_path, tiny_model_dir).graph.tasks),
-        "reward": "graphs.calculator:calculator_reward", "input": "messages"})
+        "build": f"seed_agents.graphs.calculator:{build}", "tasks": str(calc_config(tmp_path, tiny_model_dir).graph.tasks),
+        "reward": "seed_agents.graphs.calculator:calculator_reward", "input": "messages"})
     summary = run_train(cfg)
     assert summary["iterations"] == 1 and summary["policy_version"] == 1  # one optimizer step happened
     out = tmp_path / "run"

@@ -6,8 +6,14 @@ import pytest
 import torch
 
 from seed_agents.distill import (
-    SEEDCoefficients, entropy_from_logits, gated_opd_loss, group_advantages, kl_k3, masked_mean,
-    ppo_clip_loss, seed_objective,
+    SEEDCoefficients,
+    entropy_from_logits,
+    gated_opd_loss,
+    group_advantages,
+    kl_k3,
+    masked_mean,
+    ppo_clip_loss,
+    seed_objective,
 )
 
 

@@ -4,9 +4,9 @@ import asyncio
 
 import pytest
 
-from graphs.env_agent import build_env_agent, parse_action
 from seed_agents.capture import capture
 from seed_agents.chat_model import SeedChatModel
+from seed_agents.graphs.env_agent import build_env_agent, parse_action
 from seed_agents.rows import trajectory_to_rows
 from seed_agents.runner import EpisodeRunner, RunnerConfig
 from seed_agents.testing import FakeBackend, ScriptedEnv

@@ -71,7 +71,7 @@ def test_a_looping_agent_is_an_outcome_not_a_fault(tokenizer):
 
 
 def test_rows_and_advantages_come_from_clean_episodes_only(tokenizer):
-    from trainers.rollout import GraphRollout
+    from seed_agents.trainers.rollout import GraphRollout
 
     llm = fake_llm(tokenizer)
     runner = faulty_runner(llm, group_size=2, timeout_s=0.5)
@@ -131,7 +131,7 @@ def test_a_server_that_dies_mid_eval_stops_it_with_the_url_and_nonzero_exit(toke
                                                                                  capsys):
     """`seed-agents eval` against a server that dies after 2 answers: the episodes after it
     are skipped (not retried one by one), the exit code is non-zero and the URL is named."""
-    from seed_agents.cli import main
+    from seed_agents.app.cli import main
 
     server = dying_server(tokenizer, n_ok=2)
     try:
@@ -168,7 +168,7 @@ def train_yaml(tmp_path: Path, tiny_model_dir: str, faults: list[str | None], **
 
 
 def test_train_skips_faulted_episodes_and_counts_them(tmp_path, tiny_model_dir):
-    from seed_agents.cli import main
+    from seed_agents.app.cli import main
 
     assert main(["train", "--config", str(train_yaml(tmp_path, tiny_model_dir, [None, "env"]))]) == 0
     (metrics,) = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
@@ -179,7 +179,7 @@ def test_train_skips_faulted_episodes_and_counts_them(tmp_path, tiny_model_dir):
 
 
 def test_a_raising_reward_stops_training_before_any_update(tmp_path, tiny_model_dir, capsys):
-    from seed_agents.cli import main
+    from seed_agents.app.cli import main
 
     code = main(["train", "--config", str(train_yaml(tmp_path, tiny_model_dir, ["reward", "reward"]))])
     err = capsys.readouterr().err

@@ -384,26 +384,28 @@ def test_a_gateway_bug_is_an_openai_shaped_500(fake, store, tokenizer, monkeypat
 # -- the command line ------------------------------------------------------------------------------
 
 
-def test_cli_flags_and_config(tmp_path):
-    import argparse
+def test_cli_flags_and_config(tmp_path, monkeypatch):
+    from seed_agents.app.cli import _parser, main
+    from seed_agents.app.commands.gateway import load_gateway_config
+    from seed_agents.errors import ConfigError
 
-    from seed_agents.config import ConfigError
-    from seed_agents.gateway import add_parser, load_gateway_config, main
-
-    parser = argparse.ArgumentParser()
-    add_parser(parser.add_subparsers(dest="command"))
-    args = parser.parse_args(["gateway", "--upstream", "http://u:8000", "--model", "m", "--store", "sqlite:///x.db", "--port", "9"])
-    assert (args.upstream, args.model, args.store, args.port, args.host, args.tokenizer, args.config) == \
-        ("http://u:8000", "m", "sqlite:///x.db", 9, None, None, None)
+    args = _parser().parse_args(["gateway", "--upstream", "http://u:8000", "--model", "m", "--store", "sqlite:///x.db",
+                                 "--port", "9", "--security.max-request-bytes", "4096"])
+    assert args.config is None and args.config_flags(args) == {
+        "upstream": "http://u:8000", "model": "m", "store": "sqlite:///x.db", "port": "9",
+        "security": {"max_request_bytes": "4096"}}
 
     yaml_file = tmp_path / "gw.yaml"
     yaml_file.write_text("model: from-yaml\nport: 7000\nsecurity:\n  redact_env: [MY_TOKEN]\n")
-    cfg = load_gateway_config(str(yaml_file), {"upstream": "http://u", "port": 9100, "model": None})
+    cfg = load_gateway_config(str(yaml_file), {"upstream": "http://u", "port": 9100, "model": None,
+                                               "security": {"max_request_bytes": 4096}})
     assert (cfg.model, cfg.port, cfg.host, cfg.security.redact_env) == ("from-yaml", 9100, "127.0.0.1", ["MY_TOKEN"])
+    assert cfg.security.max_request_bytes == 4096  # a flag of a section keeps the YAML's other keys
     with pytest.raises(ConfigError, match="model"):
         load_gateway_config(None, {"upstream": "http://u"})
     yaml_file.write_text("model: m\nupstream: http://u\nupstream_api_key_env: sk-live-0123456789abcdef\n")
     with pytest.raises(ConfigError) as e:
         load_gateway_config(str(yaml_file), {})
     assert "sk-live" not in str(e.value)  # a pasted key is never echoed
-    assert main(["--config", str(tmp_path / "missing.yaml"), "--upstream", "http://u", "--model", "m"]) == 2
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # what main() sets for its process, undone after the test
+    assert main(["gateway", "--config", str(tmp_path / "missing.yaml"), "--upstream", "http://u", "--model", "m"]) == 2

@@ -3,12 +3,12 @@
 import asyncio
 import json
 
-from graphs.calculator import TOOLS
-from graphs.env_agent import build_env_agent
-from graphs.hindsight import with_hindsight, write_skill
-from graphs.tool_agent import build_tool_agent
 from seed_agents.capture import capture
 from seed_agents.chat_model import SeedChatModel
+from seed_agents.graphs.calculator import TOOLS
+from seed_agents.graphs.env_agent import build_env_agent
+from seed_agents.graphs.hindsight import with_hindsight, write_skill
+from seed_agents.graphs.tool_agent import build_tool_agent
 from seed_agents.runner import EpisodeRunner, RunnerConfig
 from seed_agents.testing import FakeBackend, ScriptedEnv
 from seed_agents.types import SamplingParams, Skill, Task
@@ -162,7 +162,7 @@ def test_tool_agent_keys_survive_the_wrap(tokenizer):
 
 
 def test_prebuilt_react_agent_under_the_runner_with_a_success_fn(tokenizer):
-    from graphs.calculator import build_react_calculator, final_answer
+    from seed_agents.graphs.calculator import build_react_calculator, final_answer
 
     llm = make_llm(tokenizer, tool_reply(tokenizer), max_tokens=64)
     graph = with_hindsight(build_react_calculator(llm), llm, success_fn=lambda s: final_answer(s).endswith("7."))
@@ -180,7 +180,7 @@ def test_an_analyzer_object_writes_the_skill_without_an_llm_call(tokenizer):
     """``skills.source: rule_based``: the suite's offline analyzer reads the episode's
     structured turns (from the final state's metadata); the policy is asked nothing, so
     there is no analyzer call and no call_id."""
-    from tools.textworld_analyzer import TextWorldAnalyzer
+    from seed_agents.tools.textworld_analyzer import TextWorldAnalyzer
 
     reply, seen = scripted(tokenizer)
     llm = make_llm(tokenizer, reply)

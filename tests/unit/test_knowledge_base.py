@@ -9,8 +9,7 @@ from pathlib import Path
 import pytest
 from langchain_core.messages import AIMessage
 
-from seed_agents.types import Task
-from tools.knowledge_base import (
+from examples.knowledge_base import (
     SPLITS,
     TOOLS,
     add,
@@ -21,6 +20,7 @@ from tools.knowledge_base import (
     make_tasks,
     multiply,
 )
+from seed_agents.types import Task
 
 MANIFESTS = Path(__file__).resolve().parents[2] / "bench" / "tool_agent"
 

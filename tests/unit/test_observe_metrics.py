@@ -18,12 +18,12 @@ from prometheus_client.openmetrics.parser import (
 )
 from prometheus_client.parser import text_string_to_metric_families
 
+from examples.library_service import DemoServer
 from seed_agents.gateway.app import build_app
 from seed_agents.gateway.config import GatewayConfig, RegistryConfig
 from seed_agents.gateway.upstream import Upstream
 from seed_agents.observe.testing import MODEL, populate
 from seed_agents.store import StoreError
-from tools.demo_service import DemoServer
 
 ADMIN = {"Authorization": "Bearer adm-key-123456"}
 CLIENT = {"Authorization": "Bearer cli-key-123456"}

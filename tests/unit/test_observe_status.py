@@ -6,13 +6,12 @@ writes: versions decided by the real gate, sessions with tool calls, rewards, sk
 
 from __future__ import annotations
 
-import argparse
 import re
 
 import pytest
 
-from seed_agents.config import ConfigError
-from seed_agents.observe import cli as observe_cli
+from seed_agents.app.cli import _parser
+from seed_agents.errors import ConfigError
 from seed_agents.observe.data import (
     QUEUES,
     decision_counts,
@@ -107,9 +106,7 @@ def test_status_of_an_empty_store(store):
 
 
 def _run(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser()
-    observe_cli.add_parser(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
+    args = _parser().parse_args(argv)
     return args.func(args)
 
 
@@ -130,7 +127,7 @@ def test_cli_refuses_a_missing_store_without_creating_it(tmp_path):
     assert not (tmp_path / "typo.db").exists()
     with pytest.raises(ConfigError, match="store URL"):
         _run(["report", "--store", "nonsense://", "--out", str(tmp_path / "r.html")])
-    with pytest.raises(SystemExit):
+    with pytest.raises(ConfigError, match="window"):
         _run(["status", "--window", "soon"])
 
 

@@ -17,7 +17,14 @@ from langchain_core.messages import AIMessage, ToolMessage
 from langgraph.graph import END, START, MessagesState, StateGraph
 from langgraph.prebuilt import ToolNode
 
-from tools.openapi import AuthConfig, OpenAPIToolsConfig, load_spec, openapi_tools, read_only_predicate, retry_after_seconds
+from seed_agents.tools.openapi import (
+    AuthConfig,
+    OpenAPIToolsConfig,
+    load_spec,
+    openapi_tools,
+    read_only_predicate,
+    retry_after_seconds,
+)
 
 BASE = "https://shop.example/api"
 HOSTS = ["shop.example"]

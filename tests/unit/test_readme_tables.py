@@ -1,5 +1,5 @@
-"""The README's result tables say what docs/results say: a hand-edited figure, or a result
-file re-written without regenerating the README, fails here."""
+"""The result tables of the README and the docs/ pages say what docs/results say: a
+hand-edited figure, or a result file re-written without regenerating the pages, fails here."""
 
 from __future__ import annotations
 
@@ -18,43 +18,84 @@ tables = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(tables)
 
 
-def test_the_real_readme_matches_the_committed_results(capsys):
+def test_the_real_pages_match_the_committed_results(capsys):
     assert tables.main(["--check"]) == 0, capsys.readouterr().out[-3000:]
-    assert "tables:" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "tables:" in out
+    for name in tables.RENDERERS:  # every table is on some page: a move between pages lost none
+        assert f"{name} (" in out, f"no page holds the {name} table"
 
 
 @pytest.fixture
 def copy(tmp_path):
-    """The real README and results, copied: edits here never touch the repo's."""
+    """The real README, docs pages and results, copied: edits here never touch the repo's."""
     shutil.copy(ROOT / "README.md", tmp_path / "README.md")
-    shutil.copytree(ROOT / "docs" / "results", tmp_path / "results")
+    (tmp_path / "docs").mkdir()
+    for page in (ROOT / "docs").glob("*.md"):
+        shutil.copy(page, tmp_path / "docs" / page.name)
+    shutil.copytree(ROOT / "docs" / "results", tmp_path / "docs" / "results")
     return tmp_path
 
 
 def args(d: Path, *extra: str) -> list[str]:
-    return ["--readme", str(d / "README.md"), "--results-dir", str(d / "results"), *extra]
+    return ["--root", str(d), *extra]
 
 
 def marked(text: str) -> list[tuple[str, str]]:
     return [(m.group("name"), m.group("body")) for m in tables.MARKER.finditer(text)]
 
 
-def test_a_hand_edited_figure_is_caught_and_regenerating_restores_it(copy, capsys):
-    readme = (copy / "README.md").read_text()
-    sections = marked(readme)
-    assert sections, "README.md has no results markers"
-    name, body = sections[0]
+def marked_page(d: Path) -> Path:
+    """The first docs page that holds a table (the tables live there, not in the README)."""
+    return next(p for p in sorted((d / "docs").glob("*.md")) if marked(p.read_text()))
+
+
+def test_a_hand_edited_figure_in_a_docs_page_is_caught_and_regenerating_restores_it(copy, capsys):
+    page = marked_page(copy)
+    text = page.read_text()
+    _, body = marked(text)[0]
     figure = next(tok for tok in body.split() if tok[:1].isdigit() and "." in tok)  # first decimal figure
     edited = body.replace(figure, "9" + figure, 1)
-    (copy / "README.md").write_text(readme.replace(body, edited, 1))
+    page.write_text(text.replace(body, edited, 1))
     assert tables.main(args(copy, "--check")) == 1
-    assert "9" + figure in capsys.readouterr().out  # the diff shows the edited line
+    captured = capsys.readouterr()
+    assert "9" + figure in captured.out  # the diff shows the edited line
+    assert f"docs/{page.name}" in captured.out and f"docs/{page.name}" in captured.err  # and names the page
     assert tables.main(args(copy)) == 0
-    assert (copy / "README.md").read_text() == readme
+    assert page.read_text() == text
+
+
+def test_a_table_in_the_readme_is_checked_too(copy):
+    """A table that moves back to the README front page is still checked."""
+    page = marked_page(copy)
+    text = page.read_text()
+    m = next(tables.MARKER.finditer(text))
+    page.write_text(text.replace(m.group(0), "", 1))
+    readme = (copy / "README.md").read_text()
+    (copy / "README.md").write_text(readme + "\n" + m.group(0).replace(m.group("body"), "stale 1.23\n") + "\n")
+    assert tables.main(args(copy, "--check")) == 1
+    assert tables.main(args(copy)) == 0 and tables.main(args(copy, "--check")) == 0
+    assert m.group("body") in (copy / "README.md").read_text()
+
+
+def test_one_table_on_two_pages_is_one_clear_error(copy, capsys):
+    page = marked_page(copy)
+    m = next(tables.MARKER.finditer(page.read_text()))
+    (copy / "README.md").write_text((copy / "README.md").read_text() + "\n" + m.group(0) + "\n")
+    assert tables.main(args(copy, "--check")) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and f"results:{m.group('name')} appears twice" in err
+    assert "README.md" in err and f"docs/{page.name}" in err
+
+
+def test_a_marker_never_closed_is_one_clear_error(tmp_path, capsys):
+    (tmp_path / "README.md").write_text("x\n<!-- results:seed_overhead -->\nold\n")
+    assert tables.main(args(tmp_path, "--check")) == 2
+    assert "never closed" in capsys.readouterr().err
 
 
 def test_a_result_file_rewritten_without_regenerating_is_caught(copy):
-    path = next(p for p in sorted((copy / "results").glob("*.json")) if p.stem.startswith("capture_overhead_"))
+    path = next(p for p in sorted((copy / "docs" / "results").glob("*.json")) if p.stem.startswith("capture_overhead_"))
     doc = json.loads(path.read_text())
     doc["results"]["ratio"] += 0.1
     path.write_text(json.dumps(doc))
@@ -62,16 +103,26 @@ def test_a_result_file_rewritten_without_regenerating_is_caught(copy):
 
 
 def test_text_outside_the_markers_is_never_touched(copy):
-    readme = (copy / "README.md").read_text()
-    name, body = marked(readme)[0]
-    (copy / "README.md").write_text(readme.replace(body, "stale\n", 1) + "\nhand-written 1.23 stays\n")
+    page = marked_page(copy)
+    text = page.read_text()
+    _, body = marked(text)[0]
+    page.write_text(text.replace(body, "stale\n", 1) + "\nhand-written 1.23 stays\n")
     assert tables.main(args(copy)) == 0
-    assert (copy / "README.md").read_text() == readme + "\nhand-written 1.23 stays\n"
+    assert page.read_text() == text + "\nhand-written 1.23 stays\n"
+
+
+def test_pages_and_results_dir_name_the_files_explicitly(copy, tmp_path_factory):
+    """``--pages`` renders only the files named, ``--results-dir`` reads results from anywhere."""
+    page = marked_page(copy)
+    results = tmp_path_factory.mktemp("elsewhere") / "results"
+    shutil.move(copy / "docs" / "results", results)
+    assert tables.main(["--pages", str(page), "--results-dir", str(results), "--check"]) == 0
+    assert tables.main(args(copy, "--check")) == 2  # the root's own docs/results is gone
 
 
 def test_a_marker_without_results_is_one_clear_error(tmp_path, capsys):
-    (tmp_path / "results").mkdir()
-    (tmp_path / "README.md").write_text("x\n<!-- results:seed_overhead -->\nold\n<!-- /results:seed_overhead -->\n")
+    (tmp_path / "docs" / "results").mkdir(parents=True)
+    (tmp_path / "docs" / "page.md").write_text("x\n<!-- results:seed_overhead -->\nold\n<!-- /results:seed_overhead -->\n")
     assert tables.main(args(tmp_path, "--check")) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "no docs/results/seed_overhead.json" in err

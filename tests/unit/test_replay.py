@@ -16,9 +16,9 @@ from langchain_core.tools import BaseTool
 from langgraph.graph import END, START, MessagesState, StateGraph
 from langgraph.prebuilt import ToolNode
 
-from tools.demo_service import create_app
-from tools.openapi import AuthConfig, openapi_tools, read_only_predicate
-from tools.replay import (
+from examples.library_service import create_app
+from seed_agents.tools.openapi import AuthConfig, openapi_tools, read_only_predicate
+from seed_agents.tools.replay import (
     MISS_STATUS,
     REPLAY_HEADER,
     Exchange,

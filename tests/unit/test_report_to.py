@@ -8,7 +8,8 @@ import pytest
 
 pytest.importorskip("trl")
 
-from seed_agents.cli_train import check_report_to, run_train  # noqa: E402
+from seed_agents.app.policy import check_report_to
+from seed_agents.app.train import run_train  # noqa: E402
 from seed_agents.config import ConfigError, ReportTo, TrainConfig  # noqa: E402
 
 CALC_TASKS = Path(__file__).resolve().parents[2] / "configs" / "data" / "calculator_train.jsonl"
@@ -18,8 +19,8 @@ SEED_METRICS = ("loss/ppo", "loss/opd", "opd/gate", "success_rate", "skill_parse
 def tiny_config(tmp_path: Path, model: str, report_to: list[str]) -> TrainConfig:
     return TrainConfig.model_validate({
         "num_tasks": 2, "tasks_per_iteration": 1, "iterations": 2, "out": str(tmp_path / "run"),
-        "graph": {"build": "graphs.calculator:build_react_calculator", "tasks": str(CALC_TASKS),
-                  "reward": "graphs.calculator:calculator_reward", "input": "messages"},
+        "graph": {"build": "seed_agents.graphs.calculator:build_react_calculator", "tasks": str(CALC_TASKS),
+                  "reward": "seed_agents.graphs.calculator:calculator_reward", "input": "messages"},
         "backend": {"kind": "local", "model": model},
         "sampling": {"max_tokens": 8, "temperature": 1.0},
         "runner": {"group_size": 2, "progress": False},

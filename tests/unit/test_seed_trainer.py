@@ -9,17 +9,16 @@ datasets = pytest.importorskip("datasets")
 from transformers import AutoModelForCausalLM  # noqa: E402
 from trl import GRPOTrainer  # noqa: E402
 
-from graphs.env_agent import build_env_agent  # noqa: E402
-from graphs.hindsight import with_hindsight  # noqa: E402
 from seed_agents.backends.local import LocalBackend  # noqa: E402
 from seed_agents.chat_model import SeedChatModel  # noqa: E402
+from seed_agents.graphs.env_agent import build_env_agent  # noqa: E402
+from seed_agents.graphs.hindsight import with_hindsight  # noqa: E402
 from seed_agents.runner import EpisodeRunner, RunnerConfig  # noqa: E402
 from seed_agents.testing import SKILL_JSON, FakeBackend, ParityEnv  # noqa: E402
+from seed_agents.trainers.rollout import GraphRollout  # noqa: E402
+from seed_agents.trainers.seed_trainer import SEEDConfig, SEEDTrainer  # noqa: E402
+from seed_agents.trainers.weight_sync import InProcessSync  # noqa: E402
 from seed_agents.types import SamplingParams, Task  # noqa: E402
-from trainers.rollout import GraphRollout  # noqa: E402
-from trainers.seed_trainer import SEEDConfig, SEEDTrainer  # noqa: E402
-from trainers.weight_sync import InProcessSync  # noqa: E402
-
 
 
 def make_trainer(tiny_model_dir, tokenizer, tmp_path, *, opd_coef=0.01, skills="external", **cfg):
@@ -89,7 +88,7 @@ def test_teacher_logprobs_use_the_skill_prompt_and_pre_update_weights(tiny_model
     after an optimizer update (num_iterations=2), like the old log-probs."""
     import trl.trainer.grpo_trainer as grpo_module
 
-    import trainers.seed_trainer as seed_module
+    import seed_agents.trainers.seed_trainer as seed_module
 
     monkeypatch.setattr(grpo_module, "shuffle_sequence_dict", lambda d: d)  # rows keep the batch's order
     trainer, _ = make_trainer(tiny_model_dir, tokenizer, tmp_path, learning_rate=1e-2, num_iterations=2, max_steps=2)

@@ -5,14 +5,21 @@ import json
 import pytest
 from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, ToolMessage
 
-from graphs.calculator import TOOLS
-from graphs.env_agent import build_env_agent
-from graphs.tool_agent import build_tool_agent
 from seed_agents.capture import capture
 from seed_agents.chat_model import SeedChatModel
+from seed_agents.graphs.calculator import TOOLS
+from seed_agents.graphs.env_agent import build_env_agent
+from seed_agents.graphs.tool_agent import build_tool_agent
 from seed_agents.skills import (
-    SKILL_HEADER, SystemBlockInjector, TaskLineInjector, build_analyzer_messages, episode_steps, format_trajectory,
-    messages_from_dicts, parse_skill, teacher_prompt_ids,
+    SKILL_HEADER,
+    SystemBlockInjector,
+    TaskLineInjector,
+    build_analyzer_messages,
+    episode_steps,
+    format_trajectory,
+    messages_from_dicts,
+    parse_skill,
+    teacher_prompt_ids,
 )
 from seed_agents.testing import FakeBackend, ScriptedEnv
 from seed_agents.types import LLMCall, SamplingParams, Skill, Task

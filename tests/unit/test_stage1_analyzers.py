@@ -16,16 +16,20 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from graphs.env_agent import render_turn
 from seed_agents.capture import capture
 from seed_agents.chat_model import SeedChatModel
+from seed_agents.graphs.env_agent import render_turn
 from seed_agents.skills import build_analyzer_messages, parse_skill
 from seed_agents.stage1.analyzers import (
-    AnalyzerConfig, LangChainAnalyzer, OpenAIChatAnalyzer, PolicyAnalyzer, make_analyzer,
+    AnalyzerConfig,
+    LangChainAnalyzer,
+    OpenAIChatAnalyzer,
+    PolicyAnalyzer,
+    make_analyzer,
 )
 from seed_agents.testing import SKILL_JSON, FakeBackend
-from tools.textworld import TextWorldSuite
-from tools.textworld_analyzer import TextWorldAnalyzer
+from seed_agents.tools.textworld import TextWorldSuite
+from seed_agents.tools.textworld_analyzer import TextWorldAnalyzer
 
 OBJECTIVE = ("Welcome to TextWorld! Here is your task for today. First of all, attempt to venture south. "
              "Then, take the whisk from the chest in the cookery. Alright, thanks!")

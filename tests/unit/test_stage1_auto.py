@@ -6,13 +6,13 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from graphs.env_agent import build_env_agent
 from seed_agents.config import AgentConfig, TrainConfig, with_suite_defaults
-from seed_agents.envs import EnvSuite, EpisodeRecord
+from seed_agents.envs import EnvSuite
+from seed_agents.graphs.env_agent import build_env_agent
 from seed_agents.stage1.analyzers import Analyzer, AnalyzerReply
 from seed_agents.stage1.auto import applies, cache_key, stage1_model
 from seed_agents.testing import ScriptedEnv
-from seed_agents.types import SkillExample, Task
+from seed_agents.types import EpisodeRecord, SkillExample, Task
 
 
 class DoorAnalyzer(Analyzer):
@@ -55,7 +55,7 @@ def test_stage1_applies_to_seed_on_textworld_with_the_local_backend_only():
         ({"stage1": {"run": "off"}}, "off"),
         ({"skills": {"source": "none"}}, "skills.source"),
         ({"skills": {"source": "frozen"}}, "skills.source"),
-        ({"graph": {"build": "graphs.calculator:build_react_calculator", "tasks": "t.jsonl", "reward": "m:r"}},
+        ({"graph": {"build": "seed_agents.graphs.calculator:build_react_calculator", "tasks": "t.jsonl", "reward": "m:r"}},
          "skills collect"),
         ({"backend": {"kind": "vllm"}}, "serve"),
         ({"backend": {"weights": "/some/model"}}, "backend.weights"),

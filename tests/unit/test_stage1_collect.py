@@ -10,20 +10,19 @@ from typing import Any
 
 import pytest
 
-from graphs.env_agent import build_env_agent
-from seed_agents.skills import first_user_message
+from seed_agents.app.cli import main
 from seed_agents.capture import read_jsonl
 from seed_agents.chat_model import SeedChatModel, to_chat_dicts
-from seed_agents.cli import main
-from seed_agents.config import ConfigError
-from seed_agents.runner import RunnerConfig
-from seed_agents.skills import build_analyzer_messages, episode_steps, parse_skill
 from seed_agents.envs import EnvSuite
+from seed_agents.errors import ConfigError
+from seed_agents.graphs.env_agent import build_env_agent
+from seed_agents.runner import RunnerConfig
+from seed_agents.skills import build_analyzer_messages, episode_steps, first_user_message, parse_skill
 from seed_agents.stage1.analyzers import Analyzer, AnalyzerReply
 from seed_agents.stage1.collect import CollectConfig, run_collect
 from seed_agents.testing import SKILL_JSON, FakeBackend, ScriptedEnv
+from seed_agents.tools.textworld_analyzer import TextWorldAnalyzer
 from seed_agents.types import SamplingParams, SkillExample, Task, Trajectory
-from tools.textworld_analyzer import TextWorldAnalyzer
 
 
 class FakeSuite(EnvSuite):

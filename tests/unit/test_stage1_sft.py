@@ -7,9 +7,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from seed_agents.app.cli import main
 from seed_agents.chat_model import to_chat_dicts
-from seed_agents.cli import main
-from seed_agents.config import ConfigError
+from seed_agents.errors import ConfigError
 from seed_agents.skills import build_analyzer_messages, parse_skill
 from seed_agents.stage1.sft import SFTRunConfig, read_examples, run_sft, split_examples, to_dataset_rows
 from seed_agents.testing import SKILL_JSON
@@ -188,3 +188,23 @@ def test_sft_teaches_smollm2_the_skill_format(tmp_path, smollm2_dir):
     assert s["split"]["mode"] == "task" and s["split"]["n_heldout"] == 6
     assert s["heldout_loss"]["after"] < s["heldout_loss"]["before"]
     assert s["parse_rate"]["after"] > max(0.5, s["parse_rate"]["before"])
+
+
+def test_sft_prints_progress_between_epochs(capsys):
+    """An epoch can take minutes on a loaded machine: a line with the step, the pace and the
+    time left comes at most every ``every_s`` seconds, not only at the epoch's end."""
+    from types import SimpleNamespace
+
+    from seed_agents.stage1.sft import _epoch_printer
+
+    printer = _epoch_printer(every_s=0.0)
+    state = SimpleNamespace(global_step=0, max_steps=40, log_history=[])
+    printer.on_train_begin(None, state, None)
+    state.global_step = 10
+    printer.on_step_end(None, state, None)
+    line = capsys.readouterr().out.strip()
+    assert line.startswith("SFT step 10/40") and "s/step" in line and "min left" in line
+    quiet = _epoch_printer(every_s=3600.0)
+    quiet.on_train_begin(None, state, None)
+    quiet.on_step_end(None, state, None)
+    assert capsys.readouterr().out == ""  # within the interval: silent

@@ -8,17 +8,26 @@ import torch
 from langchain_core.messages import HumanMessage, SystemMessage
 from transformers import AutoModelForCausalLM
 
-from graphs.env_agent import build_env_agent
+from seed_agents.app.cli import main
 from seed_agents.backends.local import LocalBackend
 from seed_agents.chat_model import SeedChatModel
-from seed_agents.cli import main
-from seed_agents.config import ConfigError
 from seed_agents.envs import EnvSuite
+from seed_agents.errors import ConfigError
+from seed_agents.graphs.env_agent import build_env_agent
 from seed_agents.scoring import sequence_logprobs
 from seed_agents.skills import SystemBlockInjector, TaskLineInjector, teacher_prompt_ids
 from seed_agents.stage1.usefulness import (
-    RerunConfig, Scorer, UsefulnessConfig, evaluate_skills, find_tasks, mean, outcome_deltas, paired_outcome,
-    per_token_delta, rerun_check, run_usefulness,
+    RerunConfig,
+    Scorer,
+    UsefulnessConfig,
+    evaluate_skills,
+    find_tasks,
+    mean,
+    outcome_deltas,
+    paired_outcome,
+    per_token_delta,
+    rerun_check,
+    run_usefulness,
 )
 from seed_agents.testing import FakeBackend, ScriptedEnv
 from seed_agents.types import LLMCall, SamplingParams, SkillExample, Task, Trajectory
@@ -214,8 +223,8 @@ def test_bad_inputs_give_one_clear_error(tmp_path, episodes, capsys):
     (tmp_path / "bad.json").write_text(json.dumps({"other": 1}))
     with pytest.raises(ConfigError, match="heldout_task_ids"):
         run_usefulness(UsefulnessConfig(trajectories=tp, examples=files, tasks_from=tmp_path / "bad.json"))
-    with pytest.raises(SystemExit):
-        main(["skills", "eval", "--trajectories", str(tp), "--examples", str(files[0]), "--injector", "nope"])
+    assert main(["skills", "eval", "--trajectories", str(tp), "--examples", str(files[0]), "--injector", "nope"]) == 2
+    assert "injector: Input should be 'system' or 'task_line'" in capsys.readouterr().err  # the field, the choices
     assert main(["skills", "eval", "--trajectories", str(tmp_path / "x.jsonl"), "--examples", str(files[0])]) == 2
     assert "does not exist" in capsys.readouterr().err
 

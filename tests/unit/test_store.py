@@ -12,7 +12,6 @@ import pytest
 
 from seed_agents.config import ConfigError
 from seed_agents.store import RewardPolicy, RewardRecord, StoreError, TraceStore
-from seed_agents.store import export as export_cli
 from seed_agents.store.schema import calls
 from seed_agents.types import LLMCall
 from tests.store_suite import StoreSuite, finished_session
@@ -72,23 +71,22 @@ def test_reward_policy_resolve(policy: RewardPolicy, expected: float | None) -> 
 
 
 def test_traces_export_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    import argparse
+    from seed_agents.app.cli import _parser
 
     url = f"sqlite:///{tmp_path}/traces.db"
     with TraceStore.open(url) as store:
         finished_session(store, "ok")
         finished_session(store, "open", end=False)
-    parser = argparse.ArgumentParser()
-    export_cli.add_parser(parser.add_subparsers(dest="command"))
+    parser = _parser()
     out = tmp_path / "out.jsonl"
-    args = parser.parse_args(["export", "--store", url, "--out", str(out), "--only-trainable"])
+    args = parser.parse_args(["traces", "export", "--store", url, "--out", str(out), "--only-trainable"])
     assert args.func(args) == 0
     assert "exported 1 trainable sessions" in capsys.readouterr().out
     assert len(out.read_text().splitlines()) == 1
-    for argv in (["export", "--store", "mysql://x/y", "--out", str(out)],
-                 ["export", "--store", url, "--out", str(out), "--precedence", "user", "--combine", "first"]):
+    for argv in (["traces", "export", "--store", "mysql://x/y", "--out", str(out)],
+                 ["traces", "export", "--store", url, "--out", str(out), "--precedence", "user", "--combine", "first"]):
         args = parser.parse_args(argv)
-        if "mysql" in argv[2]:
+        if "mysql" in argv[3]:
             with pytest.raises(ConfigError, match="--store: unsupported store URL scheme"):
                 args.func(args)
         else:

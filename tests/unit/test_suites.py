@@ -74,11 +74,11 @@ def test_an_object_that_is_no_suite_is_one_clear_error():
 
 
 def test_builtin_suites_subclass_it_and_say_what_they_offer(tmp_path):
-    from tools.alfworld import AlfWorldSuite
-    from tools.alfworld_analyzer import AlfWorldAnalyzer
-    from tools.textworld import TextWorldSuite
-    from tools.textworld_analyzer import TextWorldAnalyzer
-    from tools.webshop.suite import WebShopSuite
+    from seed_agents.tools.alfworld import AlfWorldSuite
+    from seed_agents.tools.alfworld_analyzer import AlfWorldAnalyzer
+    from seed_agents.tools.textworld import TextWorldSuite
+    from seed_agents.tools.textworld_analyzer import TextWorldAnalyzer
+    from seed_agents.tools.webshop.suite import WebShopSuite
 
     tw, alf, shop = TextWorldSuite(cache_dir=tmp_path), AlfWorldSuite(data_dir=tmp_path), WebShopSuite()
     assert all(isinstance(s, EnvSuite) for s in (tw, alf, shop))

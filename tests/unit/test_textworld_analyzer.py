@@ -9,15 +9,20 @@ from typing import Any
 
 import pytest
 
-from graphs.env_agent import build_env_agent
 from seed_agents.capture import capture
 from seed_agents.chat_model import SeedChatModel
-from seed_agents.envs import ENV_STEPS_KEY, EnvStep, EpisodeRecord
+from seed_agents.graphs.env_agent import build_env_agent
 from seed_agents.skills import parse_skill
 from seed_agents.testing import FakeBackend, ScriptedEnv
-from seed_agents.types import SamplingParams, Task
-from tools.textworld import TextWorldSuite
-from tools.textworld_analyzer import TextWorldAnalyzer
+from seed_agents.tools.textworld import TextWorldSuite
+from seed_agents.tools.textworld_analyzer import TextWorldAnalyzer
+from seed_agents.types import (
+    ENV_STEPS_KEY,
+    EnvStep,
+    EpisodeRecord,
+    SamplingParams,
+    Task,
+)
 
 OBJECTIVE = ("Welcome to TextWorld! Here is your task for today. First of all, attempt to venture south. "
              "Then, take the whisk from the chest in the cookery. Alright, thanks!")
@@ -144,8 +149,8 @@ def test_reads_the_turns_the_env_agent_recorded(tokenizer):
 # choice would make the skill (an SFT target and a teacher prompt) depend on the process.
 _DETERMINISM_SCRIPT = """
 import asyncio, json
-from seed_agents.envs import EnvStep, EpisodeRecord
-from tools.textworld_analyzer import TextWorldAnalyzer
+from seed_agents.types import EnvStep, EpisodeRecord
+from seed_agents.tools.textworld_analyzer import TextWorldAnalyzer
 listed = ["take apple from table", "take apple from shelf", "take apple from box", "take apple from bag",
           "take apple from crate", "look"]
 first = "Welcome to TextWorld! Your task is to take the apple.\\n\\n-= Pantry =-\\nShelves."

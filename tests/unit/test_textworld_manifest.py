@@ -3,7 +3,7 @@
 import pytest
 
 from seed_agents.envs import EnvSuite, available_envs, load_env_suite
-from tools.textworld import SEEN_TYPES, SPLITS, UNSEEN_TYPES, TextWorldSuite, clean_feedback, manifest
+from seed_agents.tools.textworld import SEEN_TYPES, SPLITS, UNSEEN_TYPES, TextWorldSuite, clean_feedback, manifest
 
 
 def test_ids_are_stable_and_unique():

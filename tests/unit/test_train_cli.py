@@ -7,10 +7,9 @@ import pytest
 
 pytest.importorskip("trl")
 
-from seed_agents.cli import main  # noqa: E402
-from seed_agents.cli_train import run_train  # noqa: E402
+from seed_agents.app.cli import main  # noqa: E402
+from seed_agents.app.train import run_train  # noqa: E402
 from seed_agents.config import ConfigError, TrainConfig  # noqa: E402
-
 
 CALC_TASKS = Path(__file__).resolve().parents[2] / "configs" / "data" / "calculator_train.jsonl"
 
@@ -18,8 +17,8 @@ CALC_TASKS = Path(__file__).resolve().parents[2] / "configs" / "data" / "calcula
 def calc_config(tmp_path, tiny_model_dir, **over):
     raw = {
         "num_tasks": 4, "tasks_per_iteration": 1, "iterations": 1, "out": str(tmp_path / "run"),
-        "graph": {"build": "graphs.calculator:build_react_calculator", "tasks": str(CALC_TASKS),
-                  "reward": "graphs.calculator:calculator_reward", "input": "messages"},
+        "graph": {"build": "seed_agents.graphs.calculator:build_react_calculator", "tasks": str(CALC_TASKS),
+                  "reward": "seed_agents.graphs.calculator:calculator_reward", "input": "messages"},
         "backend": {"kind": "local", "model": tiny_model_dir},
         "sampling": {"max_tokens": 8, "temperature": 1.0},
         "runner": {"group_size": 2, "progress": False},
@@ -78,7 +77,7 @@ def test_bad_train_configs_get_one_clear_error(tmp_path, capsys, tiny_model_dir)
     assert main(["train", "--config", str(cfg)]) == 2
     assert "group_size must be >= 2" in capsys.readouterr().err
     bad = calc_config(tmp_path, tiny_model_dir).model_dump(mode="json")
-    bad["graph"]["build"] = "graphs.calculator:nope"
+    bad["graph"]["build"] = "seed_agents.graphs.calculator:nope"
     cfg.write_text(json.dumps(bad))
     assert main(["train", "--config", str(cfg)]) == 2
     assert "has no attribute 'nope'" in capsys.readouterr().err

@@ -14,9 +14,9 @@ import pytest
 
 pytest.importorskip("trl")
 
+from seed_agents.app.cli import main  # noqa: E402
 from seed_agents.backends.local import LocalBackend  # noqa: E402
 from seed_agents.chat_model import SeedChatModel  # noqa: E402
-from seed_agents.cli import main  # noqa: E402
 from seed_agents.runner import EpisodeRunner, RunnerConfig  # noqa: E402
 from seed_agents.store import StoreSink, TraceStore  # noqa: E402
 from seed_agents.testing import build_faulty_agent, faulty_reward  # noqa: E402
@@ -88,7 +88,7 @@ def test_a_killed_store_run_resumes_on_the_sessions_it_had_claimed(tmp_path, tin
 
     from seed_agents.faults import CRASH_ENV
 
-    argv = [sys.executable, "-m", "seed_agents.cli", "train", "--config", config(tmp_path, tiny_model_dir, iterations=2),
+    argv = [sys.executable, "-m", "seed_agents", "train", "--config", config(tmp_path, tiny_model_dir, iterations=2),
             "--from-store", store_url, "--out", str(tmp_path / "run")]
     killed = subprocess.run(argv, capture_output=True, text=True, env={**os.environ, CRASH_ENV: "update@2"}, timeout=300)
     assert killed.returncode == -9, killed.stderr[-2000:]

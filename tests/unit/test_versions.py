@@ -21,9 +21,9 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
-from seed_agents.config import ConfigError
+from seed_agents.app.commands import continual as versions_cli
 from seed_agents.continual import CanaryResult, GateConfig, GateDecision, VersionRegistry, decide
-from seed_agents.continual import cli as versions_cli
+from seed_agents.errors import ConfigError
 from seed_agents.gateway.app import build_app
 from seed_agents.gateway.config import GatewayConfig, RegistryConfig
 from seed_agents.gateway.upstream import Upstream

@@ -15,7 +15,6 @@ def test_extension_imports_without_our_dependencies():
 
 def test_public_names_still_resolve_lazily():
     import seed_agents
-
     import seed_agents.chat_model  # noqa: F401 - importing the submodule must not shadow the function
 
     assert callable(seed_agents.capture) and not isinstance(seed_agents.capture, type(seed_agents))

@@ -10,10 +10,10 @@ import pytest
 
 from seed_agents.config import ConfigError, EvalConfig, TrainConfig, load_config
 from seed_agents.envs import EnvSuite, TextEnv, load_env_suite
-from tools.webshop import WebShopDataError, WebShopEnv, WebShopSuite, get_reward, synthetic_catalog
-from tools.webshop.catalog import GOAL_SHUFFLE_SEED, Goal, load_webshop
-from tools.webshop.env import RESULTS_PER_PAGE, SEARCH_ACTION
-from tools.webshop.search import BM25Index, tokenize
+from seed_agents.tools.webshop import WebShopDataError, WebShopEnv, WebShopSuite, get_reward, synthetic_catalog
+from seed_agents.tools.webshop.catalog import GOAL_SHUFFLE_SEED, Goal, load_webshop
+from seed_agents.tools.webshop.env import RESULTS_PER_PAGE, SEARCH_ACTION
+from seed_agents.tools.webshop.search import BM25Index, tokenize
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 CATEGORIES = {f"synthetic-{c}" for c in ("beauty", "electronics", "fashion", "food", "furniture")}
@@ -54,7 +54,7 @@ def test_vectorized_bm25_equals_the_plain_python_formula_bit_for_bit(seed):
     and the same top-k, ties to the earlier document included."""
     import random
 
-    from tools.webshop.search import reference_scores, reference_search
+    from seed_agents.tools.webshop.search import reference_scores, reference_search
 
     rng = random.Random(seed)
     vocab = ["red", "shirt", "cotton", "wine", "glass", "blue", "shoe", "the", "battery", "x1"]
@@ -346,7 +346,7 @@ def test_catalog_webshop_without_data_dir():
 
 
 def test_cli_prints_the_data_error_without_a_traceback(tmp_path, capsys):
-    from seed_agents.cli import main
+    from seed_agents.app.cli import main
 
     cfg = tmp_path / "eval.yaml"
     cfg.write_text(f"env: webshop\nsplit: test\nenv_options:\n  data_dir: {tmp_path / 'missing'}\n")

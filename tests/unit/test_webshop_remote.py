@@ -11,8 +11,8 @@ from urllib.parse import unquote
 
 import pytest
 
-from tools.webshop import WebShopSuite, get_reward
-from tools.webshop.remote import parse_page
+from seed_agents.tools.webshop import WebShopSuite, get_reward
+from seed_agents.tools.webshop.remote import parse_page
 
 SUITE = WebShopSuite(seed=0)
 CATALOG = SUITE.catalog

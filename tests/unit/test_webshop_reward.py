@@ -6,8 +6,8 @@ reward = r_type * (attributes matched + options matched + [price <= budget])
 
 import pytest
 
-from tools.webshop.catalog import Goal, Product
-from tools.webshop.reward import get_reward, normalize_color, title_nouns, token_set_ratio, type_reward
+from seed_agents.tools.webshop.catalog import Goal, Product
+from seed_agents.tools.webshop.reward import get_reward, normalize_color, title_nouns, token_set_ratio, type_reward
 
 SHIRT = Product(
     asin="B000SHIRT1", title="Acme Red Cotton T-Shirt", price=20.0, price_tag="$20.0", category="fashion",

@@ -16,11 +16,17 @@ reward is 0 until Buy Now, so a trajectory's reward is its final score and
 ``summarize``'s ``mean_reward`` x 100 is the score.
 """
 
-from tools.webshop.catalog import Catalog, Goal, Product, WebShopDataError, load_webshop
-from tools.webshop.env import WebShopEnv
-from tools.webshop.reward import get_reward
-from tools.webshop.suite import WebShopSuite
-from tools.webshop.synthetic import synthetic_catalog
+from seed_agents.tools.webshop.catalog import (
+           Catalog,
+           Goal,
+           Product,
+           WebShopDataError,
+           load_webshop,
+)
+from seed_agents.tools.webshop.env import WebShopEnv
+from seed_agents.tools.webshop.reward import get_reward
+from seed_agents.tools.webshop.suite import WebShopSuite
+from seed_agents.tools.webshop.synthetic import synthetic_catalog
 
 __all__ = ["Catalog", "Goal", "Product", "WebShopDataError", "WebShopEnv", "WebShopSuite", "get_reward",
            "load_webshop", "synthetic_catalog"]

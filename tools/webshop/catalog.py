@@ -36,7 +36,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tools.webshop.search import BM25Index
+from seed_agents.errors import ConfigError
+from seed_agents.tools.webshop.search import BM25Index
 
 SEARCH_TOP_K = 50
 PRICE_STEPS = tuple(10.0 * i for i in range(1, 100))  # budgets are multiples of $10
@@ -130,7 +131,6 @@ class Catalog:
 
     def split_range(self, split: str) -> range:
         if split not in self.splits:
-            from seed_agents.config import ConfigError  # a ValueError the CLI shows as one line
 
             raise ConfigError(f"unknown WebShop split {split!r} of the {self.source} catalog; valid splits: "
                               f"{', '.join(self.splits)}; choose one with --split (or split: in the config)")

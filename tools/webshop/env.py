@@ -25,8 +25,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from seed_agents.envs import EnvObservation
-from tools.webshop.catalog import Catalog, Goal, Product
-from tools.webshop.reward import get_reward
+from seed_agents.tools.webshop.catalog import Catalog, Goal, Product
+from seed_agents.tools.webshop.reward import get_reward
 
 RESULTS_PER_PAGE = 10
 BACK_TO_SEARCH, NEXT_PAGE, PREV_PAGE, BUY_NOW = "Back to Search", "Next >", "< Prev", "Buy Now"

@@ -24,7 +24,7 @@ from urllib.parse import quote
 import httpx
 
 from seed_agents.envs import EnvObservation
-from tools.webshop.env import SEARCH_ACTION
+from seed_agents.tools.webshop.env import SEARCH_ACTION
 
 _ACTION = re.compile(r"\s*(search|click)\s*\[(.*)\]\s*", re.IGNORECASE | re.DOTALL)
 _VOID = {"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "source", "wbr"}

@@ -5,12 +5,19 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from seed_agents.config import ConfigError
 from seed_agents.envs import EnvSuite
+from seed_agents.errors import ConfigError
+from seed_agents.tools.webshop.catalog import (
+    Catalog,
+    Goal,
+    WebShopDataError,
+    cached,
+    find_webshop_files,
+    load_webshop_files,
+)
+from seed_agents.tools.webshop.env import WebShopEnv
+from seed_agents.tools.webshop.synthetic import synthetic_catalog
 from seed_agents.types import Task
-from tools.webshop.catalog import Catalog, Goal, WebShopDataError, cached, find_webshop_files, load_webshop_files
-from tools.webshop.env import WebShopEnv
-from tools.webshop.synthetic import synthetic_catalog
 
 CATALOGS = ("webshop", "synthetic")
 _GRAPH_OPTIONS = ("max_turns", "history", "history_window", "system_prompt")
@@ -98,13 +105,13 @@ class WebShopSuite(EnvSuite):
     def make_env(self, task: Task) -> Any:
         goal = Goal.from_data(task.data)
         if self.server_url is not None:
-            from tools.webshop.remote import WebShopServerEnv
+            from seed_agents.tools.webshop.remote import WebShopServerEnv
 
             return WebShopServerEnv(self.server_url, int(task.data["goal_index"]), task_id=task.task_id,
                                     game_type=goal.category)
         return WebShopEnv(self.catalog, goal, task_id=task.task_id)
 
     def build_graph(self, llm: Any, **options: Any) -> Any:
-        from graphs.webshop import build_webshop_agent
+        from seed_agents.graphs.webshop import build_webshop_agent
 
         return build_webshop_agent(llm, **{**self.options, **options})

@@ -13,7 +13,13 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from tools.webshop.catalog import Catalog, Goal, Product, budget_for, instruction_with_budget
+from seed_agents.tools.webshop.catalog import (
+    Catalog,
+    Goal,
+    Product,
+    budget_for,
+    instruction_with_budget,
+)
 
 SYNTHETIC_SPLITS = {"test": (0, 100), "eval": (100, 200), "train": (200, None)}
 PRODUCTS_PER_TYPE = 6

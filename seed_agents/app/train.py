@@ -3,33 +3,90 @@
     tasks -> (runner: agent graph + hindsight node, G episodes per task)
           -> rows + teacher prompts -> SEEDTrainer step -> weight sync -> next iteration
 
-It is the composition root: the builders every command uses (``open_backend``,
-``open_chat_model``, ``agent_config``; ``seed-agents eval`` plays with them too) and the
-one place that joins seed_agents, graphs, tools (via entry points) and trainers. It never
-imports ``seed_agents.cli``; the CLI imports it only inside the commands that run, so
-``seed-agents --help`` costs no transformers import. The run directory holds
-metrics.jsonl, trajectories.jsonl, skills.jsonl, checkpoints/ and learning_curve.png;
-``--resume`` continues from the last checkpoint and first drops trace records of
-iterations the checkpoint does not contain, so nothing is duplicated.
+``run_train`` reads in order: check everything, write the run dir, build the policy
+(``seed_agents.app.policy``), the rollout (an env suite's graph, any graph with its tasks
+and reward, or recorded sessions from a trace store), the trainer and the periodic
+held-out evaluation, then train. The run directory holds metrics.jsonl,
+trajectories.jsonl, skills.jsonl, checkpoints/ and learning_curve.png; ``--resume``
+continues from the last checkpoint and first drops trace records of iterations the
+checkpoint does not contain, so nothing is duplicated.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import datasets
+import torch
 from transformers import TrainerCallback
 
 from seed_agents.aio import run_sync
-from seed_agents.config import (AgentConfig, BackendConfig, ConfigError, EvalConfig, TrainConfig, agent_fields_given,
-                                with_suite_defaults)
-from seed_agents.envs import EnvSuite
+from seed_agents.app.builders import agent_config, read_tasks, rollout_seed
+from seed_agents.app.policy import Policy, build_analyzer, build_policy, check_report_to, initial_weights, seed_config
+from seed_agents.capture import JsonlSink, capture
+from seed_agents.chat_model import SeedChatModel
+from seed_agents.config import TrainConfig
+from seed_agents.errors import ConfigError
 from seed_agents.faults import crash_point
-from seed_agents.runner import check_fault_budget
-from seed_agents.types import SamplingParams
+from seed_agents.graphs.hindsight import with_hindsight
+from seed_agents.imports import load_object
+from seed_agents.metrics import summarize
+from seed_agents.preflight import check_backend, check_out, load_suite, suite_tasks
+from seed_agents.runner import EpisodeRunner, check_fault_budget, default_reward
+from seed_agents.skills import SystemBlockInjector, TaskLineInjector
+from seed_agents.store import RewardPolicy, StoreError, TraceStore
+from seed_agents.trainers.rollout import GraphRollout
+from seed_agents.trainers.seed_trainer import SEEDTrainer
+from seed_agents.trainers.store_rollout import StoreRollout, store_tasks
+from seed_agents.trainers.weight_sync import InProcessSync
+
+
+def run_train(cfg: TrainConfig, resume: bool = False) -> dict[str, Any]:
+    # -- checks: nothing in the run dir is written until the config, the env and its tasks,
+    # the model and the server are known to be good --------------------------------------
+    out = Path(cfg.out)
+    checkpoint, done_steps = check_run_dir(out, resume)
+    check_report_to(cfg.trainer.report_to)
+    src = load_task_source(cfg, out, resume)
+
+    # -- the run dir: written from here on ------------------------------------------------
+    if resume:
+        if checkpoint is None:
+            print(f"--resume: {out} has no complete checkpoint yet; restarting it from step 0", flush=True)
+        truncate_traces(out, done_steps)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(cfg.model_dump_json(indent=2))
+    if src.store is not None and not (out / STORE_TASKS).exists():
+        (out / STORE_TASKS).write_text("".join(t.model_dump_json() + "\n" for t in src.tasks), encoding="utf-8")
+    torch.manual_seed(cfg.seed)
+
+    # -- policy, agent graph (+ hindsight node) or stored sessions, trainer -------------
+    policy = build_policy(cfg, out)
+    rollout = build_rollout(cfg, src, policy, out)
+    args = seed_config(cfg, out)
+    if args.world_size > 1 and args.process_index > 0:  # each rank plays its own episodes
+        rollout.out_dir = out / f"rank{args.process_index}"
+    dataset = datasets.Dataset.from_list([{"prompt": task.model_dump_json()} for task in src.tasks])
+    trainer = SEEDTrainer(model=policy.model, args=args, train_dataset=dataset, rollout=rollout,
+                          processing_class=policy.tokenizer)
+    evaluate = build_periodic_eval(cfg, src, policy, out, world_size=args.world_size)
+    trainer.add_callback(_SyncAndLog(policy.sync, policy.backend, out, evaluate=evaluate,
+                                     every=cfg.eval.every if cfg.eval else 0, at_start=bool(cfg.eval and cfg.eval.at_start),
+                                     last=cfg.iterations, resync=resume))
+    t0 = time.perf_counter()
+    trainer.train(resume_from_checkpoint=checkpoint if resume else None)
+    png = plot_learning_curve(out)
+    summary = {"iterations": trainer.state.global_step, "policy_version": policy.backend.policy_version,
+               "initial_weights": str(policy.weights),
+               "wall_s": time.perf_counter() - t0, "learning_curve": str(png) if png else None}
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    return summary
+
 
 TRACE_FILES = ("metrics.jsonl", "trajectories.jsonl", "skills.jsonl", "eval.jsonl", "eval_trajectories.jsonl")
 
@@ -58,30 +115,7 @@ def truncate_traces(out: Path, keep_before: int) -> None:
         tmp.replace(path)
 
 
-def read_tasks(path: Path) -> list[Any]:
-    from seed_agents.config import first_error
-    from seed_agents.types import Task
-
-    try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
-    except OSError as err:
-        raise ConfigError(f"cannot read tasks file {path}: {err.strerror or err}; check the tasks path in the config") from None
-    tasks = []
-    for number, line in enumerate(lines, 1):
-        if line.strip():
-            try:
-                tasks.append(Task.model_validate_json(line))
-            except ValueError as err:
-                raise ConfigError(f"{path}:{number}: not a Task record ({first_error(err)}); write one JSON object per "
-                                  f"line: {{\"task_id\": ..., \"data\": {{...}}}}") from None
-    if not tasks:
-        raise ConfigError(f"{path} holds no tasks; write one Task record per line")
-    return tasks
-
-
 def store_policy(cfg: TrainConfig) -> Any:
-    from seed_agents.store import RewardPolicy
-
     assert cfg.store is not None
     return RewardPolicy(precedence=cfg.store.precedence, combine=cfg.store.combine)
 
@@ -89,8 +123,6 @@ def store_policy(cfg: TrainConfig) -> Any:
 def store_run_id(out: Path) -> str:
     """A stable id for this run dir: its updates claim sessions under ``<id>-it<k>``, so a
     resumed run finds the sessions its interrupted iteration had already claimed."""
-    import hashlib
-
     return "train-" + hashlib.sha1(str(out.resolve()).encode()).hexdigest()[:12]
 
 
@@ -102,9 +134,6 @@ fewer unconsumed sessions (this run claimed some), yet the data order must not c
 def open_store_tasks(cfg: TrainConfig, out: Path, resume: bool) -> tuple[Any, list[Any]]:
     """The store and its trainable task keys; enough of them for every iteration, since
     each session trains once (a task key's sessions are all claimed by one update)."""
-    from seed_agents.store import StoreError, TraceStore
-    from trainers.store_rollout import store_tasks
-
     assert cfg.store is not None
     try:
         store = TraceStore.open(cfg.store.url)
@@ -119,14 +148,6 @@ def open_store_tasks(cfg: TrainConfig, out: Path, resume: bool) -> tuple[Any, li
                           f"{cfg.iterations} iterations x {cfg.tasks_per_iteration} tasks need {need}: "
                           f"lower iterations or tasks_per_iteration, or record more traffic")
     return store, tasks
-
-
-def initial_weights(backend: BackendConfig) -> str:
-    """The weights a run starts from: ``backend.weights``; else, in-process, the model
-    itself; else (a server) the local copy named by ``tokenizer``, then the served name."""
-    if backend.weights:
-        return backend.weights
-    return backend.model if backend.kind == "local" else (backend.tokenizer or backend.model)
 
 
 COMPLETE_MARKER = "seed_agents_complete"
@@ -189,58 +210,11 @@ def plot_learning_curve(out: Path) -> Path | None:
     return png
 
 
-def run_train(cfg: TrainConfig, resume: bool = False) -> dict[str, Any]:
-    import datasets
-    import torch
-
-    from trainers.seed_trainer import SEEDTrainer
-
-    # -- checks: nothing in the run dir is written until the config, the env and its tasks,
-    # the model and the server are known to be good --------------------------------------
-    out = Path(cfg.out)
-    checkpoint, done_steps = check_run_dir(out, resume)
-    check_report_to(cfg.trainer.report_to)
-    src = load_task_source(cfg, out, resume)
-
-    # -- the run dir: written from here on ------------------------------------------------
-    if resume:
-        if checkpoint is None:
-            print(f"--resume: {out} has no complete checkpoint yet; restarting it from step 0", flush=True)
-        truncate_traces(out, done_steps)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(cfg.model_dump_json(indent=2))
-    if src.store is not None and not (out / STORE_TASKS).exists():
-        (out / STORE_TASKS).write_text("".join(t.model_dump_json() + "\n" for t in src.tasks), encoding="utf-8")
-    torch.manual_seed(cfg.seed)
-
-    # -- policy, agent graph (+ hindsight node) or stored sessions, trainer -------------
-    policy = build_policy(cfg, out)
-    rollout = build_rollout(cfg, src, policy, out)
-    args = seed_config(cfg, out)
-    if args.world_size > 1 and args.process_index > 0:  # each rank plays its own episodes
-        rollout.out_dir = out / f"rank{args.process_index}"
-    dataset = datasets.Dataset.from_list([{"prompt": task.model_dump_json()} for task in src.tasks])
-    trainer = SEEDTrainer(model=policy.model, args=args, train_dataset=dataset, rollout=rollout,
-                          processing_class=policy.tokenizer)
-    evaluate = build_periodic_eval(cfg, src, policy, out, world_size=args.world_size)
-    trainer.add_callback(_SyncAndLog(policy.sync, policy.backend, out, evaluate=evaluate,
-                                     every=cfg.eval.every if cfg.eval else 0, at_start=bool(cfg.eval and cfg.eval.at_start),
-                                     last=cfg.iterations, resync=resume))
-    t0 = time.perf_counter()
-    trainer.train(resume_from_checkpoint=checkpoint if resume else None)
-    png = plot_learning_curve(out)
-    summary = {"iterations": trainer.state.global_step, "policy_version": policy.backend.policy_version,
-               "initial_weights": str(policy.weights),
-               "wall_s": time.perf_counter() - t0, "learning_curve": str(png) if png else None}
-    (out / "summary.json").write_text(json.dumps(summary, indent=2))
-    return summary
 
 
 def check_run_dir(out: Path, resume: bool) -> tuple[str | None, int]:
     """(the checkpoint to resume from, its step); a plain run over an existing run and a
     --resume without one are user errors. Writes nothing."""
-    from seed_agents.preflight import check_out
-
     checkpoint, done_steps = last_checkpoint(out)
     # config.json is written first: a run killed before its first trace still holds it
     holds_run = any((out / name).exists() for name in (*TRACE_FILES, "config.json"))
@@ -258,7 +232,6 @@ def check_run_dir(out: Path, resume: bool) -> tuple[str | None, int]:
 class TaskSource:
     """Where a run's tasks come from and how an episode of one is played and scored: an
     env suite, any graph with its tasks and reward, or (``store``) recorded sessions."""
-
     tasks: list[Any]
     eval_tasks: list[Any] | None = None
     suite: Any = None
@@ -280,10 +253,6 @@ class TaskSource:
 def load_task_source(cfg: TrainConfig, out: Path, resume: bool) -> TaskSource:
     """Tasks, env and reward, every one checked (with the model and server names) before
     the run dir is touched; the env suite's tasks are prepared (e.g. games generated)."""
-    from seed_agents.imports import load_object
-    from seed_agents.preflight import check_backend, load_suite, suite_tasks
-    from seed_agents.runner import default_reward
-
     src = TaskSource(tasks=[], reward_fn=default_reward, make_input=lambda task: {"task": task})
     if cfg.store is not None:  # recorded sessions: a task is a task key, its group the sessions
         src.store, src.tasks = open_store_tasks(cfg, out, resume)
@@ -316,86 +285,13 @@ def load_task_source(cfg: TrainConfig, out: Path, resume: bool) -> TaskSource:
     return src
 
 
-@dataclass
-class Policy:
-    """The trainer's model and everything that samples from it or serves it."""
-
-    weights: str  # the folder the run starts from (the stage-1 model where it applies)
-    tokenizer: Any
-    model: Any
-    backend: Any
-    sync: Any
-    llm: Any  # SeedChatModel over ``backend``
-
-
-def build_policy(cfg: TrainConfig, out: Path) -> Policy:
-    """Stage 1 (skill SFT) first where it applies, then the model, its backend (in-process,
-    or a vLLM server checked to answer) and the weight sync that fits them."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from seed_agents.backends.local import LocalBackend
-    from seed_agents.chat_model import SeedChatModel
-    from seed_agents.models import resolve_model
-    from seed_agents.stage1.auto import stage1_model
-    from trainers.weight_sync import FullWeightSync, InProcessSync, LoRASync
-
-    served = cfg.backend
-    stage1_dir = stage1_model(cfg)
-    weights = str(stage1_dir) if stage1_dir is not None else resolve_model(initial_weights(served))
-    tokenizer = AutoTokenizer.from_pretrained(resolve_model(served.tokenizer) if served.tokenizer else weights)
-    model = AutoModelForCausalLM.from_pretrained(weights, dtype=torch.float32)
-    if cfg.trainer.lora_r:
-        from peft import LoraConfig, get_peft_model
-
-        model = get_peft_model(model, LoraConfig(r=cfg.trainer.lora_r, lora_alpha=cfg.trainer.lora_alpha,
-                                                 target_modules="all-linear", task_type="CAUSAL_LM"))
-    if served.kind == "local":  # the trainer's own model samples: every update is live at once
-        backend: Any = LocalBackend(model, tokenizer=tokenizer, max_batch_size=served.max_batch_size)
-        sync: Any = InProcessSync(backend)
-    else:
-        backend, _ = open_backend(served)
-        lora = cfg.sync == "lora" or (cfg.sync == "auto" and cfg.trainer.lora_r)
-        sync = (LoRASync(backend, out / "weights") if lora
-                else FullWeightSync(backend, out / "weights", method=served.reload_method))
-    llm = SeedChatModel(backend=backend, tokenizer=tokenizer, sampling=cfg.sampling, model_name=served.model)
-    return Policy(weights=weights, tokenizer=tokenizer, model=model, backend=backend, sync=sync, llm=llm)
-
-
-def build_analyzer(cfg: TrainConfig, policy: Policy, suite: Any = None) -> Any:
-    """Who writes the hindsight skills: the policy itself (SEED), another model (external),
-    a frozen copy of the initial policy, or the env suite's offline analyzer (``suite``)."""
-    from seed_agents.backends.local import LocalBackend
-    from seed_agents.chat_model import SeedChatModel
-
-    skills = cfg.skills
-    if skills.source == "rule_based":
-        offline = suite.offline_analyzer() if suite is not None else None
-        if offline is None:
-            raise ConfigError(f"skills.source rule_based: the env {cfg.env!r} offers no offline analyzer; "
-                              f"use self, external or frozen")
-        return offline
-    if skills.source not in ("external", "frozen"):
-        return policy.llm
-    if skills.analyzer is not None:
-        return open_chat_model(skills.analyzer, model_name="analyzer")
-    frozen = LocalBackend(policy.weights, max_batch_size=cfg.backend.max_batch_size)  # a copy of the initial policy
-    return SeedChatModel(backend=frozen, tokenizer=frozen.tokenizer, model_name="analyzer")
-
-
 def build_rollout(cfg: TrainConfig, src: TaskSource, policy: Policy, out: Path) -> Any:
     """The ``Rollout`` the trainer calls each iteration: the agent graph wrapped by the
     hindsight node and played by the runner, or (``--from-store``) recorded sessions."""
-    from graphs.hindsight import with_hindsight
-    from seed_agents.runner import EpisodeRunner
-    from seed_agents.skills import SystemBlockInjector, TaskLineInjector
-    from trainers.rollout import GraphRollout
-
     skills = cfg.skills
     injector = TaskLineInjector() if skills.injector == "task_line" else SystemBlockInjector()
     analyzer = build_analyzer(cfg, policy, src.suite)
     if src.store is not None:
-        from trainers.store_rollout import StoreRollout
 
         return StoreRollout(src.store, policy.llm, run_id=store_run_id(out), policy=store_policy(cfg),
                             skills=skills.source, analyzer=analyzer, injector=injector,
@@ -414,77 +310,8 @@ def build_rollout(cfg: TrainConfig, src: TaskSource, policy: Policy, out: Path) 
                         out_dir=out)
 
 
-def rollout_seed(seed: int, backend: BackendConfig) -> int | None:
-    """The runner seed that makes rollouts reproducible (``EpisodeRunner(seed=)``): the
-    run's seed on the local backend; None on vLLM, whose 0.32 CPU build crashes on
-    concurrent seeded requests (docs/reproducibility.md)."""
-    return seed if backend.kind == "local" else None
-
-
-def agent_config(cfg: EvalConfig | TrainConfig, suite: EnvSuite | None) -> AgentConfig:
-    """The agent options: the user's, then the env suite's protocol defaults (ALFWorld's 30 turns ...)."""
-    return with_suite_defaults(cfg.agent, (suite.agent_defaults if suite is not None else None), agent_fields_given(cfg))
-
-
-def open_backend(config: BackendConfig) -> tuple[Any, Any]:
-    """(backend, tokenizer) for ``config``; a vLLM server must answer ``/health`` now, so a
-    server that died after the preflight check fails here, before any episode is played."""
-    from seed_agents.backends import BackendUnavailable, make_backend
-
-    backend, tokenizer = make_backend(config)
-    if config.kind == "vllm" and not backend.health():
-        backend.close()
-        raise BackendUnavailable(f"no vLLM server answers at {config.base_url}; start one with "
-                                 f"`seed-agents serve --model {config.model}`")
-    return backend, tokenizer
-
-
-def open_chat_model(config: BackendConfig, sampling: SamplingParams | None = None, *, model_name: str | None = None) -> Any:
-    """A ``SeedChatModel`` over ``open_backend(config)``: the policy of ``eval``, an external
-    analyzer. The caller closes ``llm.backend``."""
-    from seed_agents.chat_model import SeedChatModel
-
-    backend, tokenizer = open_backend(config)
-    return SeedChatModel(backend=backend, tokenizer=tokenizer, sampling=sampling or SamplingParams(),
-                         model_name=model_name or config.model)
-
-
-def check_report_to(integrations: list[str]) -> None:
-    """Each ``trainer.report_to`` integration's package is installed (transformers would
-    raise only once training starts)."""
-    if not integrations:
-        return
-    from transformers.integrations import get_available_reporting_integrations
-
-    missing = sorted(set(integrations) - set(get_available_reporting_integrations()))
-    if missing:
-        raise ConfigError(f"trainer.report_to: {', '.join(missing)} is not installed here; pip install it "
-                          f"(e.g. pip install {missing[0]}) or remove it from report_to")
-
-
-def seed_config(cfg: TrainConfig, out: Path) -> Any:
-    """The TRL arguments of a run: one optimizer step per iteration, a checkpoint per step."""
-    import torch
-
-    from trainers.seed_trainer import SEEDConfig
-
-    group, trainer = cfg.runner.group_size, cfg.trainer
-    return SEEDConfig(
-        output_dir=str(out / "checkpoints"), per_device_train_batch_size=cfg.tasks_per_iteration * group,
-        num_generations=group, max_steps=cfg.iterations, learning_rate=trainer.learning_rate, beta=trainer.kl_coef,
-        entropy_coef=trainer.entropy_coef, epsilon=trainer.clip_eps, max_grad_norm=trainer.max_grad_norm,
-        opd_coef=trainer.opd_coef, gate_sharpness=trainer.gate_sharpness, advantage_norm=trainer.advantage_norm,
-        use_cpu=not torch.cuda.is_available(), bf16=False, gradient_checkpointing=trainer.gradient_checkpointing,
-        report_to=list(trainer.report_to), run_name=out.name, logging_steps=1, save_strategy="steps", save_steps=1,
-        save_total_limit=2, seed=cfg.seed, disable_tqdm=True,
-    )
-
-
 def build_periodic_eval(cfg: TrainConfig, src: TaskSource, policy: Policy, out: Path, *, world_size: int) -> Any:
     """``evaluate(updates)``: held-out tasks, greedy, without the hindsight node; None when off."""
-    from seed_agents.chat_model import SeedChatModel
-    from seed_agents.runner import EpisodeRunner
-
     if cfg.eval is None:
         return None
     held_out = cfg.eval
@@ -510,9 +337,6 @@ def run_periodic_eval(runner: Any, tasks: list[Any], updates: int, episodes: int
     ``iteration`` is ``updates - 1`` (the iteration whose update was just applied; -1
     for the initial policy) so ``--resume`` truncates these rows like the other traces.
     """
-    from seed_agents.capture import JsonlSink, capture
-    from seed_agents.metrics import summarize
-
     t0 = time.perf_counter()
     with capture(eval_after_updates=updates):
         trajs = run_sync(runner.run(tasks, group_prefix=f"eval{updates}"))
@@ -540,7 +364,6 @@ class _SyncAndLog(TrainerCallback):
     and the other ranks adopt the new version after a barrier; with in-process backends
     every rank syncs its own model. Only rank 0 writes metrics.jsonl.
     """
-
     def __init__(self, sync: Any, backend: Any, out: Path, *, evaluate: Any = None, every: int = 0,
                  at_start: bool = False, last: int = 0, resync: bool = False) -> None:
         self.sync, self.backend, self.out, self.resync = sync, backend, out, resync
@@ -556,8 +379,6 @@ class _SyncAndLog(TrainerCallback):
             self.evaluate(updates)
 
     def _sync(self, state: Any, model: Any) -> None:
-        from trainers.weight_sync import InProcessSync
-
         crash_point("sync")
         if isinstance(self.sync, InProcessSync) or state.is_world_process_zero:
             self.sync.sync(model)  # raises on failure: the run stops on the old version, never mixes

@@ -1,83 +1,19 @@
-"""Typed configs, one per concern, composed. Field descriptions are the CLI help:
-``seed-agents eval`` and ``train`` generate their flags from these models (``seed_agents.cli``).
-
-The paper's coefficients live here once (``PAPER``), torch-free, so the configs, the pure
-loss functions (``seed_agents.distill``) and the TRL config (``trainers.seed_trainer``) all
-read the same numbers.
+"""The commands' configs: ``seed-agents eval`` and ``seed-agents train`` (and the sections
+they compose). Field descriptions are the CLI help: the app generates each command's flags
+from these models (``seed_agents.app.flags``).
 """
 
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from seed_agents.runner import RunnerConfig
+from seed_agents.config.core import PAPER, PAPER_LEARNING_RATE, AgentConfig, BackendConfig, RunnerConfig
+from seed_agents.config.loading import RenamedConfigKey
 from seed_agents.types import SamplingParams
-
-
-@dataclass(frozen=True)
-class SEEDCoefficients:
-    """Coefficients of the SEED objective (``seed_agents.distill.seed_objective``); the
-    defaults are the paper's. ``lam=0`` is plain GRPO.
-
-    ``gate_sharpness`` scales the OPD gate ``sigmoid(gate_sharpness * (l_skill - l_theta))``;
-    the paper calls it beta, a name TRL already gives the KL coefficient (``kl`` here)."""
-
-    clip_eps: float = 0.2
-    entropy: float = 0.001
-    lam: float = 0.01
-    kl: float = 0.01
-    gate_sharpness: float = 5.0
-
-
-PAPER = SEEDCoefficients()
-PAPER_LEARNING_RATE = 1e-6
-"""The paper's RL learning rate (its SFT stage uses 5e-6)."""
-
-
-class BackendConfig(BaseModel):
-    """Which model serves the agent, and how to reach it."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    kind: Literal["local", "vllm"] = Field("local", description="local: transformers in-process; vllm: a running vLLM server.")
-    model: str = Field("smollm2-135m", description="Alias (smollm2-135m), local folder or hub id; for vllm, the served model name.")
-    tokenizer: str | None = Field(None, description="Tokenizer path/alias; defaults to `model` (with vllm, set it when the served name is not a local path).")
-    weights: str | None = Field(None, description="Training only: local copy of the served weights (vllm); defaults to `tokenizer`, then `model`.")
-    base_url: str = Field("http://127.0.0.1:8000", description="vLLM server URL (kind=vllm).")
-    max_concurrency: int = Field(32, ge=1, le=4096, description="Requests in flight to the server.")
-    timeout_s: float = Field(120.0, gt=0, description="Per-request timeout.")
-    max_retries: int = Field(3, ge=0, le=20, description="Retries on connection errors, timeouts and 5xx.")
-    max_batch_size: int = Field(8, ge=1, le=1024, description="Local backend: requests batched into one generate call.")
-    reload_method: Literal["seed_reload_weights", "reload_weights"] = Field("seed_reload_weights", description="vLLM full sync RPC: seed_reload_weights needs our worker extension (`seed-agents serve` loads it; exact for tied embeddings); reload_weights for a plain `vllm serve`.")
-
-    @field_validator("base_url")
-    @classmethod
-    def _http_url(cls, url: str) -> str:
-        from urllib.parse import urlsplit
-
-        parts = urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError("must be an http(s) URL such as http://127.0.0.1:8000")
-        try:
-            parts.port  # noqa: B018 - raises on a port that is not a number
-        except ValueError:
-            raise ValueError("has a port that is not a number (e.g. http://127.0.0.1:8000)") from None
-        return url
-
-
-class AgentConfig(BaseModel):
-    """Options of the env agent graph."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    max_turns: int = Field(10, ge=1, le=1000, description="Agent turns per episode.")
-    history: Literal["window", "chat"] = Field("window", description="window: fresh prompt with recent turns; chat: one growing chat.")
-    history_window: int = Field(5, ge=0, le=100, description="Past (observation, action) pairs shown in window mode.")
 
 
 class EvalConfig(BaseModel):
@@ -110,67 +46,6 @@ class EvalConfig(BaseModel):
         return self.episodes // self.runner.group_size
 
 
-class UserError(Exception):
-    """A problem the user can fix (input, paths, a server to start). The CLI prints its
-    message as one line, naming the problem and the fix, and exits with ``exit_code``;
-    a traceback only with ``seed-agents --debug``. Subclass it (with the builtin base the
-    callers expect) for errors that should read this way."""
-
-    exit_code = 2
-
-
-class ConfigError(UserError, ValueError):
-    """One clear message for a bad config, whatever its source (CLI flag or YAML)."""
-
-
-def validation_message(err: ValidationError, source: str = "config", model: type[BaseModel] | None = None) -> str:
-    """Every problem of ``err`` on one line: ``field: message (got value)``, with a
-    "did you mean" for a misspelt key when ``model`` says which keys exist."""
-    parts = []
-    for problem in err.errors():
-        loc = tuple(str(x) for x in problem["loc"])
-        msg = problem["msg"].removeprefix("Value error, ")
-        got = problem.get("input")
-        part = f"{'.'.join(loc)}: {msg}" if loc else msg
-        if problem["type"] == "extra_forbidden":
-            close = _close_keys(model, loc)
-            part += f" (did you mean {' or '.join(repr(k) for k in close)}?)" if close else ""
-        elif got is not None and not isinstance(got, dict | list):
-            part += f" (got {got!r})"
-        parts.append(part)
-    fix = "fix the flag" if source == "arguments" else "fix the file or the flag that overrides it"
-    return f"invalid {source}: " + "; ".join(" ".join(p.split()) for p in parts) + f"; {fix} (see --help)"
-
-
-def first_error(err: Exception) -> str:
-    """A short one-line reason for a record that did not parse (pydantic's own text spans
-    several lines and ends with a URL)."""
-    if isinstance(err, ValidationError) and err.errors():
-        first = err.errors()[0]
-        loc = ".".join(str(x) for x in first["loc"])
-        more = f" (+{err.error_count() - 1} more)" if err.error_count() > 1 else ""
-        return f"{loc + ': ' if loc else ''}{first['msg']}{more}"
-    return " ".join(str(err).split())
-
-
-def _close_keys(model: type[BaseModel] | None, loc: tuple[str, ...]) -> list[str]:
-    """Field names of the (nested) model at ``loc[:-1]`` that look like ``loc[-1]``."""
-    import difflib
-    import typing
-
-    for name in loc[:-1]:
-        if model is None:
-            return []
-        field = model.model_fields.get(name)
-        if field is None:
-            return []
-        candidates = [field.annotation, *typing.get_args(field.annotation)]
-        model = next((c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None)
-    if model is None or not loc:
-        return []
-    return difflib.get_close_matches(loc[-1], list(model.model_fields), n=2, cutoff=0.6)
-
-
 class SkillConfig(BaseModel):
     """Where hindsight skills come from and how they enter the teacher prompt."""
 
@@ -182,10 +57,6 @@ class SkillConfig(BaseModel):
     max_words: int = Field(120, ge=5, description="Longer skills are rejected.")
     max_tokens: int = Field(256, ge=16, le=8192, description="Analyzer completion budget.")
     analyzer: BackendConfig | None = Field(None, description="Backend of the external/frozen analyzer (default: a local copy of the initial policy).")
-
-
-class RenamedConfigKey(FutureWarning):
-    """A config key that still loads under its old name; the CLI shows it as one line."""
 
 
 ReportTo = Literal["azure_ml", "clearml", "codecarbon", "comet_ml", "dagshub", "dvclive", "flyte", "kubeflow", "mlflow",
@@ -347,79 +218,3 @@ def with_suite_defaults(agent: AgentConfig, defaults: dict[str, Any] | None, giv
     if not defaults:
         return agent
     return AgentConfig.model_validate({**agent.model_dump(), **{k: v for k, v in defaults.items() if k not in given}})
-
-
-def load_config(model: type[BaseModel], path: str | Path | None, overrides: dict[str, Any]) -> Any:
-    """Defaults < YAML file (optional) < ``overrides`` -> validated config, or one ConfigError.
-
-    ``overrides`` are the command-line flags: dotted keys (``{"runner.group_size": 2}``) or
-    nested mappings (``{"runner": {"group_size": 2}}``, what the generated CLI gives), merged
-    into the file key by key; None means "not given"."""
-    import yaml
-
-    raw: dict[str, Any] = {}
-    if path:
-        try:
-            raw = yaml.safe_load(Path(path).read_text()) or {}
-        except OSError as err:
-            raise ConfigError(f"cannot read config {path}: {err.strerror or err}; check the --config path") from None
-        except yaml.YAMLError as err:
-            mark = getattr(err, "problem_mark", None)
-            where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
-            problem = getattr(err, "problem", None) or str(err).splitlines()[0]
-            raise ConfigError(f"{path} is not valid YAML{where}: {problem}; fix the file") from None
-        if not isinstance(raw, dict):
-            raise ConfigError(f"{path}: expected a mapping of config keys at the top level, got {type(raw).__name__}; "
-                              f"write `key: value` lines")
-    _merge(raw, overrides, path)
-    _keep_command_defaults(model, raw)
-    try:
-        return model.model_validate(raw)
-    except ValidationError as err:
-        raise ConfigError(validation_message(err, str(path) if path else "arguments", model)) from None
-
-
-def _merge(into: dict[str, Any], overrides: dict[str, Any], path: str | Path | None) -> None:
-    """Set every non-None value of ``overrides`` in ``into`` (in place), one key at a time."""
-    for dotted, value in overrides.items():
-        value = _given(value)
-        if value is None:
-            continue
-        section = into
-        *parents, leaf = dotted.split(".")
-        for name in parents:
-            child = section.setdefault(name, {})
-            if not isinstance(child, dict):  # e.g. `runner: 3` in the YAML, then --group
-                raise ConfigError(f"{path}: {name} must be a mapping of its fields, got {child!r}; fix the file")
-            section = child
-        if isinstance(value, dict) and isinstance(section.get(leaf), dict):
-            _merge(section[leaf], value, path)
-        elif isinstance(value, dict) and leaf in section and section[leaf] is not None:
-            raise ConfigError(f"{path}: {leaf} must be a mapping of its fields, got {section[leaf]!r}; fix the file")
-        else:
-            section[leaf] = value
-
-
-def _keep_command_defaults(model: type[BaseModel], raw: dict[str, Any]) -> None:
-    """A section given in part keeps the command's own defaults for the rest (in place).
-
-    Commands set some sections' defaults themselves (``EvalConfig.sampling`` is
-    ``SamplingParams(max_tokens=24, ...)``, not the class default 64); without this, one
-    field given (``--temperature 0.3``) would rebuild the section from its class and
-    silently change the others. ``agent`` is left alone: its unset fields take the env
-    suite's protocol defaults (``with_suite_defaults``), which need to see what was given."""
-    for name, field in model.model_fields.items():
-        section = raw.get(name)
-        if name == "agent" or not isinstance(section, dict) or not isinstance(field.default, BaseModel):
-            continue
-        raw[name] = {**field.default.model_dump(exclude_unset=True), **section}
-
-
-def _given(value: Any) -> Any:
-    """``value`` without its None entries and the sections left empty: None (not given) or
-    an empty section would replace a default section (``TrainConfig.skills`` is not
-    ``SkillConfig()``)."""
-    if not isinstance(value, dict):
-        return value
-    kept = {key: pruned for key, item in value.items() if (pruned := _given(item)) is not None}
-    return kept or None

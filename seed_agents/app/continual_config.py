@@ -1,11 +1,12 @@
 """`seed-agents continual --config FILE`: one typed config, composed of the existing ones.
 
 The model, sampling, skills and optimizer settings are ``seed_agents.config``'s (the same
-fields as ``seed-agents train``); the tool API is ``tools.openapi.OpenAPIToolsConfig``, the
-shadow replays' rules ``tools.replay.ReplayConfig`` and the gate ``GateConfig``. What is
-new here: which sessions a cycle takes, how many replays make a group, and the canary.
-``tools`` and ``replay`` stay plain dicts in this model and are validated by their own
-models when the loop starts (``seed_agents`` does not import ``tools`` at import time).
+fields as ``seed-agents train``); the tool API is ``seed_agents.tools.openapi.OpenAPIToolsConfig``,
+the shadow replays' rules ``seed_agents.tools.replay.ReplayConfig`` and the gate ``GateConfig``.
+What is new here: which sessions a cycle takes, how many replays make a group, and the
+canary. Every section is typed, so a bad tools or replay section is one error when the
+config loads, before the loop opens the store or plays anything. It lives in the app layer
+because it composes the tools' own configs.
 """
 
 from __future__ import annotations
@@ -13,22 +14,23 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from seed_agents.config import BackendConfig, SkillConfig, TrainerConfig
+from seed_agents.config import BackendConfig, RunnerConfig, SkillConfig, TrainerConfig
 from seed_agents.continual.gate import GateConfig
-from seed_agents.runner import RunnerConfig
+from seed_agents.tools.openapi import OpenAPIToolsConfig
+from seed_agents.tools.replay import ReplayConfig
 from seed_agents.types import SamplingParams
 
 
 class ToolAgentConfig(BaseModel):
-    """The deployed agent as the loop replays it: ``graphs.tool_agent.build_tool_agent``
+    """The deployed agent as the loop replays it: ``seed_agents.graphs.tool_agent.build_tool_agent``
     over tools generated from the API's OpenAPI spec."""
 
     model_config = ConfigDict(extra="forbid")
 
     spec: str | None = Field(None, description="OpenAPI spec: a file or URL (default: <tools.base_url>/openapi.json).")
-    tools: dict[str, Any] = Field(description="tools.openapi.OpenAPIToolsConfig fields: base_url (production), allow_hosts, allow_operations, auth, ...")
+    tools: OpenAPIToolsConfig = Field(description="The tools generated from the spec (seed_agents.tools.openapi.OpenAPIToolsConfig): base_url (production), allow_hosts, allow_operations, auth, ...")
     system_prompt: str | None = Field(None, description="The agent's system message.")
     max_turns: int = Field(4, ge=1, le=100, description="Model turns per episode.")
     reward: str = Field(description="Import path of the verifiable reward(task, final_state) -> float; success is reward >= 1.")
@@ -43,7 +45,7 @@ class CanaryConfig(BaseModel):
     tasks: Path = Field(description="JSONL of Task records ({'task_id': ..., 'data': {'question': ..., ...}}).")
     seeds: int = Field(2, ge=1, le=64, description="Episodes per task and version; episode k samples with seed k.")
     temperature: float = Field(0.7, ge=0, description="Sampling temperature of canary episodes (0: greedy).")
-    sandbox_app: str | None = Field(None, description="Import path of an ASGI app factory (e.g. tools.demo_service:create_app): every canary episode gets a fresh instance, in process.")
+    sandbox_app: str | None = Field(None, description="Import path of an ASGI app factory (e.g. examples.library_service:create_app): every canary episode gets a fresh instance, in process.")
     recording: Path | None = Field(None, description="Without sandbox_app: a recording (tools.replay JSONL) that answers canary requests in replay mode; a request it lacks gets a 424.")
 
 
@@ -63,7 +65,7 @@ class ContinualConfig(BaseModel):
     trainer: TrainerConfig = Field(default_factory=lambda: TrainerConfig(learning_rate=1e-4, lora_r=8, kl_coef=0.0), description="One optimizer step per cycle; lora_r is required.")
     runner: RunnerConfig = Field(default_factory=lambda: RunnerConfig(concurrency=4, episode_timeout_s=300.0, progress=False))
     agent: ToolAgentConfig
-    replay: dict[str, Any] = Field(default_factory=lambda: {"mode": "shadow"}, description="tools.replay.ReplayConfig fields for training replays (mode must be shadow).")
+    replay: ReplayConfig = Field(default_factory=lambda: ReplayConfig(mode="shadow"), description="How training replays treat the tools (seed_agents.tools.replay.ReplayConfig; mode must be shadow, the default here).")
     sessions_per_cycle: int = Field(4, ge=1, le=10_000, description="Rewarded sessions claimed per cycle: each one is a task replayed group_size times.")
     group_size: int = Field(4, ge=2, le=256, description="Shadow replays per session: the GRPO group G.")
     precedence: list[str] = Field(default_factory=lambda: ["verifier", "user", "judge"], description="Reward sources that make a session eligible, most trusted first.")
@@ -72,11 +74,17 @@ class ContinualConfig(BaseModel):
     gate: GateConfig = Field(default_factory=GateConfig)
     poll_s: float = Field(30.0, gt=0, description="Wait between checks while no session is waiting.")
 
+    @field_validator("replay", mode="before")
+    @classmethod
+    def _shadow_by_default(cls, value: Any) -> Any:
+        """A replay section without ``mode`` means shadow here (``ReplayConfig``'s own default is not)."""
+        return {"mode": "shadow", **value} if isinstance(value, dict) else value
+
     @model_validator(mode="after")
     def _consistent(self) -> ContinualConfig:
         if self.trainer.lora_r is None:
             raise ValueError("trainer.lora_r is required: the loop trains LoRA candidates (one adapter per version)")
-        if self.replay.get("mode", "shadow") != "shadow":
+        if self.replay.mode != "shadow":
             raise ValueError("replay.mode must be shadow: training replays never send a write to production")
         if self.skills.source not in ("self", "none"):
             raise ValueError("skills.source must be self (SEED) or none (GRPO) in the continual loop")
@@ -84,7 +92,8 @@ class ContinualConfig(BaseModel):
 
     def train_fields(self, out: Path, n_groups: int) -> dict[str, Any]:
         """The ``seed_agents.config.TrainConfig`` of one cycle's update, so the loop reuses
-        ``cli_train``'s builders (model, LoRA, backend, TRL arguments) as they are."""
+        the train command's builders (``seed_agents.app.policy``: model, LoRA, backend, TRL
+        arguments) as they are."""
         return {
             "out": out, "seed": self.seed, "iterations": 1, "num_tasks": n_groups, "tasks_per_iteration": n_groups,
             "backend": self.backend.model_dump(), "sampling": self.sampling.model_dump(),

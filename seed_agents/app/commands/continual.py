@@ -22,54 +22,62 @@ import datetime as dt
 from collections.abc import Callable
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, Field
+
+from seed_agents.app.continual_config import ContinualConfig
+from seed_agents.app.flags import config_command
+from seed_agents.config import load_config
+
 DEFAULT_STORE = "sqlite:///runs/traces.db"
 _SUMMARY_WIDTH = 100
 
 
+class VersionsConfig(BaseModel):
+    """`seed-agents versions list`: which store, and which model name in its registry."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    store: str = Field(DEFAULT_STORE, description="Trace store URL (sqlite:///path/traces.db or postgresql://...).")
+    model: str | None = Field(None, description="Model name in the registry; unset: the only one the store holds.")
+
+
+class VersionChangeConfig(VersionsConfig):
+    """`seed-agents versions promote|rollback`: a switch of the served version, stored as a decision."""
+
+    reason: str | None = Field(None, description="Why; stored with the decision.")
+
+
 def add_parser(sub: argparse._SubParsersAction) -> None:
     """Register ``continual`` and ``versions`` (with ``list``, ``promote``, ``rollback``) on ``sub``."""
-    c = sub.add_parser("continual", help="The continual loop: train on rewarded sessions, gate, promote or reject.",
-                       description="Claim rewarded sessions, replay them in shadow mode, train a LoRA candidate "
-                                   "from the promoted version, evaluate both on the canary set and promote only "
-                                   "what the gate passes. One line per cycle. Safe to kill -9 and restart: an "
+    c = config_command(sub, "continual", ContinualConfig, cmd_continual,
+                       help="The continual loop: train on rewarded sessions, gate, promote or reject.",
+                       description=f"{ContinualConfig.__doc__}\n\nOne line per cycle. Safe to kill -9 and restart: an "
                                    "unfinished cycle is resumed from the state the store holds.")
-    c.add_argument("--config", required=True, help="YAML of seed_agents.continual.config.ContinualConfig.")
-    c.add_argument("--store", help="Override the config's store URL.")
+    c.add_argument("--config", metavar="YAML", required=True,
+                   help="YAML file with ContinualConfig fields (seed_agents.app.continual_config); flags override it.")
     how_long = c.add_mutually_exclusive_group()
     how_long.add_argument("--cycles", type=int, metavar="N", help="Stop after N cycles (waiting for sessions between).")
     how_long.add_argument("--once", action="store_true", help="Run at most one cycle, then exit (0 also when none waits).")
-    c.set_defaults(func=cmd_continual)
 
     p = sub.add_parser("versions", help="Model versions: list them, promote one (operator override), roll back.",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     vsub = p.add_subparsers(dest="versions_command", required=True, metavar="SUBCOMMAND")
-
-    def common(q: argparse.ArgumentParser) -> None:
-        q.add_argument("--store", default=DEFAULT_STORE, help=f"Store URL (default {DEFAULT_STORE}; or postgresql://...).")
-        q.add_argument("--model", help="Model name in the registry; default: the only one the store holds.")
-
-    q = vsub.add_parser("list", help="Every version: status, served name, created, last decision.")
-    common(q)
-    q.set_defaults(func=cmd_list)
-    q = vsub.add_parser("promote", help="Promote version N now, without the gate (stored as a manual decision).")
+    config_command(vsub, "list", VersionsConfig, cmd_list, yaml=False,
+                   help="Every version: status, served name, created, last decision.")
+    q = config_command(vsub, "promote", VersionChangeConfig, cmd_promote, yaml=False,
+                       help="Promote version N now, without the gate (stored as a manual decision).")
     q.add_argument("version", type=int, metavar="N", help="The version number to serve.")
-    q.add_argument("--reason", help="Why; stored with the decision.")
-    common(q)
-    q.set_defaults(func=cmd_promote)
-    q = vsub.add_parser("rollback", help="Serve the version the current one replaced; the current one is rejected.")
-    q.add_argument("--reason", help="Why; stored with the decision.")
-    common(q)
-    q.set_defaults(func=cmd_rollback)
+    config_command(vsub, "rollback", VersionChangeConfig, cmd_rollback, yaml=False,
+                   help="Serve the version the current one replaced; the current one is rejected.")
 
 
 def cmd_continual(args: argparse.Namespace) -> int:
-    from seed_agents.config import ConfigError, load_config
-    from seed_agents.continual.config import ContinualConfig
-    from seed_agents.continual.loop import ContinualLoop
+    from seed_agents.app.continual import ContinualLoop
+    from seed_agents.config import ConfigError
 
     if args.cycles is not None and args.cycles < 1:
         raise ConfigError(f"--cycles must be >= 1, got {args.cycles}")
-    cfg = load_config(ContinualConfig, args.config, {"store": args.store})
+    cfg = load_config(ContinualConfig, args.config, args.config_flags(args))
     loop = ContinualLoop(cfg, log=lambda line: print(line, flush=True))
     try:
         loop.run(args.cycles, once=args.once)
@@ -87,38 +95,40 @@ def cmd_list(args: argparse.Namespace) -> int:
         print(f"model {name!r}: {len(rows)} versions")
         print(_table(("VERSION", "STATUS", "SERVED AS", "CREATED", "LAST DECISION"), rows))
 
-    return _with_registry(args, show)
+    return _with_registry(load_config(VersionsConfig, None, args.config_flags(args)), show)
 
 
 def cmd_promote(args: argparse.Namespace) -> int:
     def promote(registry: Any, name: str) -> None:
-        d = registry.promote_manually(name, args.version, reason=args.reason)
+        d = registry.promote_manually(name, args.version, reason=cfg.reason)
         print(f"{name}: v{d.to_version} promoted (was {_v(d.from_version)}); decision #{d.decision_id} stored")
 
-    return _with_registry(args, promote)
+    cfg = load_config(VersionChangeConfig, None, args.config_flags(args))
+    return _with_registry(cfg, promote)
 
 
 def cmd_rollback(args: argparse.Namespace) -> int:
     def rollback(registry: Any, name: str) -> None:
-        d = registry.rollback(name, reason=args.reason)
+        d = registry.rollback(name, reason=cfg.reason)
         print(f"{name}: rolled back v{d.from_version} -> v{d.to_version} (v{d.from_version} is now rejected); "
               f"decision #{d.decision_id} stored")
 
-    return _with_registry(args, rollback)
+    cfg = load_config(VersionChangeConfig, None, args.config_flags(args))
+    return _with_registry(cfg, rollback)
 
 
-def _with_registry(args: argparse.Namespace, action: Callable[[Any, str], None]) -> int:
+def _with_registry(cfg: VersionsConfig, action: Callable[[Any, str], None]) -> int:
     """Open the store, pick the model name, run ``action``; every failure is one ConfigError line."""
     # Imported here: building the CLI parser must not load SQLAlchemy (and the error type's
     # module pulls in the runner; see seed_agents.store.export).
-    from seed_agents.config import ConfigError
     from seed_agents.continual.versions import VersionRegistry
+    from seed_agents.errors import ConfigError
     from seed_agents.store import StoreError, TraceStore
 
     try:
-        with TraceStore.open(args.store) as store:
+        with TraceStore.open(cfg.store) as store:
             registry = VersionRegistry(store)
-            action(registry, _model_name(registry, args.model))
+            action(registry, _model_name(registry, cfg.model))
     except StoreError as e:
         raise ConfigError(" ".join(str(e).split())) from None
     return 0

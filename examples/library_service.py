@@ -12,7 +12,7 @@ httpx client); the demo's traffic generator marks its requests, and whatever els
 production arrives unmarked, so the loop's replays need no demo-specific code to be counted.
 
 ``DemoServer`` runs an app under uvicorn on a loopback port in a background thread;
-``python -m tools.demo_service --port 8000`` serves it in the foreground.
+``python -m examples.library_service --port 8000`` serves it in the foreground.
 """
 
 from __future__ import annotations
@@ -351,7 +351,7 @@ class ViaGateway:
     def reward_and_end(self, session_id: str, reward: float) -> None:
         with httpx.Client(base_url=self.url, timeout=60) as client:
             client.post(f"/v1/sessions/{session_id}/reward", json={"value": reward, "source": "verifier",
-                                                                  "comment": "tools.demo_service:library_reward"}).raise_for_status()
+                                                                  "comment": "examples.library_service:library_reward"}).raise_for_status()
         self.end(session_id)
 
     def end(self, session_id: str) -> None:
@@ -375,7 +375,7 @@ async def play_traffic(store: Any, llm: Any, base_url: str, recordings: Any, *, 
     from pathlib import Path
 
     from seed_agents.store import StoreSink
-    from tools.openapi import load_spec
+    from seed_agents.tools.openapi import load_spec
 
     spec = load_spec(f"{base_url}/openapi.json", allow_hosts=["127.0.0.1"], transport=OriginTransport("traffic"))
     out = Path(recordings)
@@ -399,11 +399,11 @@ async def _one_session(store: Any, llm: Any, gateway: ViaGateway | None, http: h
                        spec: dict[str, Any], base_url: str, out: Any, i: int, *, max_turns: int,
                        system_prompt: str | None, return_loans: bool) -> str | None:
     """Traffic session ``i``; its session id once rewarded, None when it faulted or made no call."""
-    from graphs.tool_agent import build_tool_agent
+    from seed_agents.graphs.tool_agent import build_tool_agent
     from seed_agents.runner import EpisodeRunner, RunnerConfig
+    from seed_agents.tools.openapi import openapi_tools
+    from seed_agents.tools.replay import Recording, ReplayConfig, ReplayTransport
     from seed_agents.types import Task, new_id
-    from tools.openapi import openapi_tools
-    from tools.replay import Recording, ReplayConfig, ReplayTransport
 
     task = Task.model_validate(LIBRARY_TASKS[i % len(LIBRARY_TASKS)])
     path = out / f"traffic-{i:05d}.jsonl"
@@ -440,7 +440,7 @@ async def _return_loans(base_url: str, recording: Any) -> None:
     """Return the loans a session's recording shows it made (the members' own requests)."""
     import json
 
-    from tools.replay import Recording
+    from seed_agents.tools.replay import Recording
 
     loans = [json.loads(e.response)["id"] for e in Recording.load(recording, append=False).exchanges
              if e.method == "POST" and e.url.endswith("/loans") and e.status == 201]

@@ -175,7 +175,7 @@ def build_agent(llm: Any) -> Any:
     """The hand-written LangGraph tool agent (``graphs.tool_agent``) over the atlas tools.
     Every question needs a tool, so the first turn must call one (``tool_choice="any"``,
     decoded under the tools' grammar); SmolLM2 left to choose answers from memory."""
-    from graphs.tool_agent import build_tool_agent
+    from seed_agents.graphs.tool_agent import build_tool_agent
 
     return build_tool_agent(llm, TOOLS, system_prompt=SYSTEM_PROMPT, max_turns=4, first_tool_choice="any")
 

@@ -11,7 +11,7 @@ One cycle, top to bottom (``ContinualLoop.step``):
    rate limit, writes to the sandbox or the recording, else the episode is unreplayable
    (a fault, never trained on). The hindsight node writes each replay's skill (SEED).
 3. **train**: one SEED step on a LoRA adapter that starts from the promoted adapter, with
-   ``cli_train``'s builders; the adapter is saved whole, then ``finish_training`` stores
+   the train command's builders (``seed_agents.app.policy``); the adapter is saved whole, then ``finish_training`` stores
    it as the next candidate, the cycle as ``trained`` and the claims as ``trained`` (or
    ``unusable``: fewer than two clean replays) in one transaction.
 4. **load**: the candidate goes into the server under ``{name}-v{N}`` (vLLM
@@ -31,8 +31,9 @@ its decision: only ``VersionRegistry`` moves the promoted pointer. Crash points
 (``seed_agents.faults``): ``rollout`` (each replay or canary episode), ``update`` (before the
 optimizer step), ``continual-trained``, ``continual-loaded``, ``continual-decision``.
 
-Imports of ``graphs``, ``tools`` and ``trainers`` happen inside functions: this module is a
-composition root like ``cli_train`` (DESIGN.md, direction of imports).
+This is the app layer: it imports ``seed_agents.graphs``, ``seed_agents.tools`` and
+``seed_agents.trainers`` at the top; the CLI loads it only when ``continual`` runs. Where
+versions are sampled from (vLLM or in process) is ``seed_agents.app.serving``.
 """
 
 from __future__ import annotations
@@ -45,28 +46,50 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
-from seed_agents.config import UserError
-from seed_agents.continual.config import ContinualConfig
+import datasets
+import httpx
+from peft import set_peft_model_state_dict
+from safetensors.torch import load_file
+from transformers import TrainerCallback
+
+from seed_agents.app.builders import read_tasks
+from seed_agents.app.continual_config import ContinualConfig
+from seed_agents.app.policy import build_policy, seed_config
+from seed_agents.app.serving import Serving, serving_for
+from seed_agents.capture import JsonlSink
+from seed_agents.chat_model import SeedChatModel
+from seed_agents.config import TrainConfig
 from seed_agents.continual.gate import CanaryResult, GateDecision, decide
-from seed_agents.continual.versions import VersionRegistry, served_name_of
+from seed_agents.continual.versions import VersionRegistry
+from seed_agents.errors import ContinualError
 from seed_agents.faults import crash_point
-from seed_agents.store import ModelVersionRecord, RewardPolicy, StoreError, TraceStore
-from seed_agents.store.store import CycleRecord, QueueLengths
+from seed_agents.graphs.hindsight import with_hindsight
+from seed_agents.graphs.tool_agent import build_tool_agent
+from seed_agents.imports import load_object
+from seed_agents.runner import EpisodeRunner
+from seed_agents.skills import SystemBlockInjector, TaskLineInjector
+from seed_agents.store import (
+    CycleRecord,
+    ModelVersionRecord,
+    QueueLengths,
+    RewardPolicy,
+    StoreError,
+    TraceStore,
+)
+from seed_agents.tools.openapi import load_spec, openapi_tools, read_only_predicate
+from seed_agents.tools.replay import Recording, ReplayConfig, ReplayTransport
+from seed_agents.trainers.rollout import GraphRollout
+from seed_agents.trainers.seed_trainer import SEEDTrainer
 from seed_agents.types import FaultKind, Task, Trajectory
 
 __all__ = ["ContinualError", "ContinualLoop", "CycleOutcome", "cycle_overview"]
 
 
-class ContinualError(UserError, RuntimeError):
-    """The loop cannot go on for a reason an operator can fix (one line, exit 2)."""
-
-
 @dataclass
 class CycleOutcome:
     """What one cycle did; ``line()`` is what the CLI prints."""
-
     cycle_id: int
     state: str
     sessions: int
@@ -104,129 +127,6 @@ def cycle_overview(store: TraceStore, name: str | None = None, *, limit: int = 2
     return store.queue_lengths(policy), store.cycles(name, limit=limit)
 
 
-# ------------------------------------------------------------------------------ serving
-
-
-class Serving(Protocol):
-    """Where versions are sampled from: the running vLLM server, or in-process models."""
-
-    tokenizer: Any
-
-    def load(self, version: ModelVersionRecord) -> str:
-        """Make ``version`` servable (idempotent); return the name it is served under."""
-        ...
-
-    def backend(self, version: ModelVersionRecord) -> Any:
-        """A backend that samples from ``version`` (loaded first)."""
-        ...
-
-    def unload(self, version: ModelVersionRecord) -> None:
-        """Free a version that will not serve (best effort)."""
-        ...
-
-
-class LocalServing:
-    """In-process: one ``LocalBackend`` per version (base weights + the version's adapter),
-    the last few kept. Tests and CPU demos; a real deployment serves through vLLM."""
-
-    def __init__(self, weights: str, tokenizer: Any, *, max_batch_size: int, keep: int = 2) -> None:
-        self.weights, self.tokenizer, self.max_batch_size, self.keep = weights, tokenizer, max_batch_size, keep
-        self._backends: dict[str, Any] = {}
-
-    def load(self, version: ModelVersionRecord) -> str:
-        self.backend(version)
-        return served_name_of(version)
-
-    def backend(self, version: ModelVersionRecord) -> Any:
-        import torch
-        from transformers import AutoModelForCausalLM
-
-        from seed_agents.backends.local import LocalBackend
-
-        name = served_name_of(version)
-        if name not in self._backends:
-            model = AutoModelForCausalLM.from_pretrained(self.weights, dtype=torch.float32)
-            if version.path:
-                from peft import PeftModel
-
-                model = PeftModel.from_pretrained(model, version.path)
-            model.eval()
-            while len(self._backends) >= self.keep:
-                self._backends.pop(next(iter(self._backends)))
-            self._backends[name] = LocalBackend(model, tokenizer=self.tokenizer, max_batch_size=self.max_batch_size,
-                                                policy_version=version.version)
-        return self._backends[name]
-
-    def unload(self, version: ModelVersionRecord) -> None:
-        self._backends.pop(served_name_of(version), None)
-
-
-class VLLMServing:
-    """A running vLLM server with runtime LoRA (``--enable-lora``,
-    ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``): each version is an adapter under its own
-    served name (a same-name reload could serve stale prefix-cache blocks); version 0 is
-    the base model's served name. One ``VLLMBackend`` per served name, kept until the
-    version is unloaded: a canary asks for a backend per episode, and each backend owns a
-    connection pool."""
-
-    def __init__(self, cfg: Any, tokenizer: Any) -> None:
-        self.cfg, self.tokenizer = cfg, tokenizer
-        self._backends: dict[str, Any] = {}
-
-    def load(self, version: ModelVersionRecord) -> str:
-        """POST the adapter (again: a restarted server forgets runtime adapters; vLLM
-        answers 400 "has already been loaded" when it still has it, which is fine)."""
-        name = served_name_of(version)
-        if version.path:
-            self._post("/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(Path(version.path).resolve())},
-                       ok_if="already")
-        return name
-
-    def backend(self, version: ModelVersionRecord) -> Any:
-        from seed_agents.backends.vllm import VLLMBackend
-
-        name = served_name_of(version)
-        if name not in self._backends:
-            self.load(version)
-            self._backends[name] = VLLMBackend(self.cfg.base_url, name, max_concurrency=self.cfg.max_concurrency,
-                                               timeout_s=self.cfg.timeout_s, max_retries=self.cfg.max_retries,
-                                               policy_version=version.version)
-        return self._backends[name]
-
-    def unload(self, version: ModelVersionRecord) -> None:
-        backend = self._backends.pop(served_name_of(version), None)
-        if backend is not None:
-            backend.close()
-        if version.path:
-            try:  # vLLM 0.32 answers 404 "... cannot be found" for a name it does not hold
-                self._post("/v1/unload_lora_adapter", {"lora_name": served_name_of(version)}, ok_if="be found")
-            except Exception as e:  # noqa: BLE001 - a leftover adapter only costs memory
-                print(f"could not unload {served_name_of(version)} ({' '.join(str(e).split())}); it stays loaded")
-
-    def close(self) -> None:
-        for backend in self._backends.values():
-            backend.close()
-        self._backends.clear()
-
-    def _post(self, path: str, body: dict[str, Any], *, ok_if: str) -> None:
-        """POST to the server; a 400/404 whose text says ``ok_if`` (already loaded, not
-        loaded) is the state we wanted. Hand-written beside ``trainers.weight_sync``'s
-        ``LoRASync`` because that one also unloads the previous adapter, which here may
-        be the version serving users."""
-        import httpx
-
-        from trainers.weight_sync import WeightSyncError
-
-        url = self.cfg.base_url.rstrip("/") + path
-        try:
-            r = httpx.post(url, json=body, timeout=self.cfg.timeout_s)
-        except httpx.HTTPError as e:
-            raise WeightSyncError(f"POST {url} failed ({type(e).__name__}); is the vLLM server running?") from e
-        if r.status_code >= 400 and not (r.status_code in (400, 404) and ok_if in r.text.lower()):
-            raise WeightSyncError(f"POST {url} -> HTTP {r.status_code}: {' '.join(r.text.split())[:300]}; start vLLM "
-                                  f"with --enable-lora and VLLM_ALLOW_RUNTIME_LORA_UPDATING=True")
-
-
 # --------------------------------------------------------------------------------- loop
 
 
@@ -235,19 +135,9 @@ class ContinualLoop:
 
     def __init__(self, cfg: ContinualConfig, *, store: TraceStore | None = None, serving: Serving | None = None,
                  log: Callable[[str], None] = print) -> None:
-        from seed_agents.imports import load_object
-        from tools.openapi import (
-            OpenAPIToolsConfig,
-            load_spec,
-            openapi_tools,
-            read_only_predicate,
-        )
-        from tools.replay import ReplayConfig
-
         self.cfg, self.log = cfg, log
+        self.tools_cfg, self.replay_cfg = cfg.agent.tools, cfg.replay
         try:
-            self.tools_cfg = OpenAPIToolsConfig.model_validate(cfg.agent.tools)
-            self.replay_cfg = ReplayConfig.model_validate({"mode": "shadow", **cfg.replay})
             self.reward = load_object(cfg.agent.reward)
             self.sandbox_app = load_object(cfg.canary.sandbox_app) if cfg.canary.sandbox_app else None
         except ValueError as e:
@@ -258,14 +148,14 @@ class ContinualLoop:
         except (ValueError, OSError) as e:
             raise ContinualError(f"cannot load the OpenAPI spec {spec_source}: {' '.join(str(e).split())}") from None
         self.read_only = read_only_predicate(openapi_tools(self.spec, self.tools_cfg), self.tools_cfg.base_url)
-        self.canary_tasks = _read_tasks(cfg.canary.tasks)
+        self.canary_tasks = read_tasks(cfg.canary.tasks)
         self.policy = RewardPolicy(precedence=cfg.precedence, ignore_unlisted=cfg.ignore_unlisted)
         try:
             self.store = store or TraceStore.open(cfg.store)
         except StoreError as e:
             raise ContinualError(str(e)) from None
         self.registry = VersionRegistry(self.store)
-        self.serving = serving or _serving(cfg)
+        self.serving = serving or serving_for(cfg.backend)
         self.registry.bootstrap(cfg.name, served_name=cfg.backend.model)
 
     # ------------------------------------------------------------------ driving
@@ -349,9 +239,6 @@ class ContinualLoop:
                        base: ModelVersionRecord) -> tuple[list[Trajectory], dict[str, str]]:
         """``group_size`` shadow replays of each session's task by ``base``; sessions that
         cannot make a group (no task recorded, fewer than two clean replays), with why."""
-        from seed_agents.capture import JsonlSink
-        from tools.replay import Recording, ReplayTransport
-
         backend = self.serving.backend(base)
         unusable: dict[str, str] = {}
         jobs, transports = [], []
@@ -398,15 +285,6 @@ class ContinualLoop:
     def _train(self, cycle_id: int, base: ModelVersionRecord, trajs: list[Trajectory]) -> tuple[Path, dict[str, float]]:
         """One SEED step on a LoRA adapter starting from ``base``'s; the adapter is saved
         to ``adapters/cycle-<id>`` whole (written beside it, then renamed) or not at all."""
-        import datasets
-        from transformers import TrainerCallback
-
-        from seed_agents.cli_train import build_policy, seed_config
-        from seed_agents.config import TrainConfig
-        from seed_agents.skills import SystemBlockInjector, TaskLineInjector
-        from trainers.rollout import GraphRollout
-        from trainers.seed_trainer import SEEDTrainer
-
         out = self._cycle_dir(cycle_id)
         groups = sorted({t.group_id for t in trajs})
         tcfg = TrainConfig.model_validate(self.cfg.train_fields(out, len(groups)))
@@ -502,10 +380,6 @@ class ContinualLoop:
 
     def _canary_transport(self) -> Any:
         """A fresh sandbox app per episode (same state for every episode), else replay mode."""
-        import httpx
-
-        from tools.replay import Recording, ReplayConfig, ReplayTransport
-
         if self.sandbox_app is not None:
             return httpx.ASGITransport(app=self.sandbox_app())
         recording = Recording.load(self.cfg.canary.recording, append=False) if self.cfg.canary.recording else Recording()
@@ -517,12 +391,6 @@ class ContinualLoop:
                        transport: Any, hindsight: bool, temperature: float) -> Trajectory:
         """One episode of the deployed agent with its tools on ``transport``; nothing of it
         is written to the store (a replay is not traffic)."""
-        from graphs.hindsight import with_hindsight
-        from graphs.tool_agent import build_tool_agent
-        from seed_agents.chat_model import SeedChatModel
-        from seed_agents.runner import EpisodeRunner
-        from tools.openapi import openapi_tools
-
         sampling = self.cfg.sampling.model_copy(update={"seed": seed, "temperature": temperature})
         llm = SeedChatModel(backend=backend, tokenizer=self.serving.tokenizer, sampling=sampling,
                             model_name=self.cfg.name)
@@ -560,25 +428,8 @@ class ContinualLoop:
         self.store.close()
 
 
-def _serving(cfg: ContinualConfig) -> Serving:
-    from transformers import AutoTokenizer
-
-    from seed_agents.cli_train import initial_weights
-    from seed_agents.models import resolve_model
-
-    b = cfg.backend
-    weights = resolve_model(initial_weights(b))
-    tokenizer = AutoTokenizer.from_pretrained(resolve_model(b.tokenizer) if b.tokenizer else weights)
-    if b.kind == "local":
-        return LocalServing(weights, tokenizer, max_batch_size=b.max_batch_size)
-    return VLLMServing(b, tokenizer)
-
-
 def _load_adapter_weights(model: Any, path: str) -> None:
     """Start the fresh LoRA of ``build_policy`` from a stored adapter (same rank and targets)."""
-    from peft import set_peft_model_state_dict
-    from safetensors.torch import load_file
-
     file = Path(path) / "adapter_model.safetensors"
     if not file.is_file():
         raise ContinualError(f"the promoted adapter {path} has no adapter_model.safetensors; was it moved?")
@@ -586,9 +437,3 @@ def _load_adapter_weights(model: Any, path: str) -> None:
     if getattr(result, "unexpected_keys", None):
         raise ContinualError(f"the promoted adapter {path} does not fit trainer.lora_r / the model "
                              f"({len(result.unexpected_keys)} unexpected tensors); keep the LoRA settings of the run")
-
-
-def _read_tasks(path: Path) -> list[Task]:
-    from seed_agents.cli_train import read_tasks
-
-    return read_tasks(path)

@@ -1,0 +1,131 @@
+"""Where the continual loop's versions are sampled from: the running vLLM server, or
+in-process models.
+
+Each version is served under its own name (``served_name_of``): an adapter loaded with
+vLLM's runtime LoRA, or a ``LocalBackend`` over the base weights plus the adapter. The loop
+loads a candidate here before its canary and unloads a rejected one; the gateway serves
+only what the version registry promotes.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+from peft import PeftModel
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from seed_agents.app.policy import initial_weights
+from seed_agents.backends.local import LocalBackend
+from seed_agents.backends.vllm import VLLMBackend
+from seed_agents.backends.vllm_admin import VLLMAdmin
+from seed_agents.config import BackendConfig
+from seed_agents.continual.versions import served_name_of
+from seed_agents.models import resolve_model
+from seed_agents.store import ModelVersionRecord
+
+__all__ = ["LocalServing", "Serving", "VLLMServing", "serving_for"]
+
+
+class Serving(Protocol):
+    """Where versions are sampled from: the running vLLM server, or in-process models."""
+
+    tokenizer: Any
+
+    def load(self, version: ModelVersionRecord) -> str:
+        """Make ``version`` servable (idempotent); return the name it is served under."""
+        ...
+
+    def backend(self, version: ModelVersionRecord) -> Any:
+        """A backend that samples from ``version`` (loaded first)."""
+        ...
+
+    def unload(self, version: ModelVersionRecord) -> None:
+        """Free a version that will not serve (best effort)."""
+        ...
+
+
+class LocalServing:
+    """In-process: one ``LocalBackend`` per version (base weights + the version's adapter),
+    the last few kept. Tests and CPU demos; a real deployment serves through vLLM."""
+
+    def __init__(self, weights: str, tokenizer: Any, *, max_batch_size: int, keep: int = 2) -> None:
+        self.weights, self.tokenizer, self.max_batch_size, self.keep = weights, tokenizer, max_batch_size, keep
+        self._backends: dict[str, Any] = {}
+
+    def load(self, version: ModelVersionRecord) -> str:
+        self.backend(version)
+        return served_name_of(version)
+
+    def backend(self, version: ModelVersionRecord) -> Any:
+        name = served_name_of(version)
+        if name not in self._backends:
+            model = AutoModelForCausalLM.from_pretrained(self.weights, dtype=torch.float32)
+            if version.path:
+                model = PeftModel.from_pretrained(model, version.path)
+            model.eval()
+            while len(self._backends) >= self.keep:
+                self._backends.pop(next(iter(self._backends)))
+            self._backends[name] = LocalBackend(model, tokenizer=self.tokenizer, max_batch_size=self.max_batch_size,
+                                                policy_version=version.version)
+        return self._backends[name]
+
+    def unload(self, version: ModelVersionRecord) -> None:
+        self._backends.pop(served_name_of(version), None)
+
+
+class VLLMServing:
+    """A running vLLM server with runtime LoRA (``--enable-lora``,
+    ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``): each version is an adapter under its own
+    served name (a same-name reload could serve stale prefix-cache blocks); version 0 is
+    the base model's served name. One ``VLLMBackend`` per served name, kept until the
+    version is unloaded: a canary asks for a backend per episode, and each backend owns a
+    connection pool."""
+
+    def __init__(self, cfg: BackendConfig, tokenizer: Any) -> None:
+        self.cfg, self.tokenizer = cfg, tokenizer
+        self.admin = VLLMAdmin(cfg.base_url, timeout_s=cfg.timeout_s)
+        self._backends: dict[str, Any] = {}
+
+    def load(self, version: ModelVersionRecord) -> str:
+        """POST the adapter (again: a restarted server forgets runtime adapters; vLLM
+        answers 400 "has already been loaded" when it still has it, which is fine)."""
+        name = served_name_of(version)
+        if version.path:
+            self.admin.load_lora(name, str(Path(version.path).resolve()), exist_ok=True)
+        return name
+
+    def backend(self, version: ModelVersionRecord) -> Any:
+        name = served_name_of(version)
+        if name not in self._backends:
+            self.load(version)
+            self._backends[name] = VLLMBackend(self.cfg.base_url, name, max_concurrency=self.cfg.max_concurrency,
+                                               timeout_s=self.cfg.timeout_s, max_retries=self.cfg.max_retries,
+                                               policy_version=version.version)
+        return self._backends[name]
+
+    def unload(self, version: ModelVersionRecord) -> None:
+        backend = self._backends.pop(served_name_of(version), None)
+        if backend is not None:
+            backend.close()
+        if version.path:
+            try:  # vLLM 0.32 answers 404 "... cannot be found" for a name it does not hold
+                self.admin.unload_lora(served_name_of(version), missing_ok=True)
+            except Exception as e:  # noqa: BLE001 - a leftover adapter only costs memory
+                print(f"could not unload {served_name_of(version)} ({' '.join(str(e).split())}); it stays loaded")
+
+    def close(self) -> None:
+        for backend in self._backends.values():
+            backend.close()
+        self._backends.clear()
+
+
+def serving_for(b: BackendConfig) -> Serving:
+    """The serving that fits the backend: vLLM (every version a runtime LoRA adapter), or
+    in-process models (tests and CPU demos; versions trained there cannot reach a gateway)."""
+    weights = resolve_model(initial_weights(b))
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model(b.tokenizer) if b.tokenizer else weights)
+    if b.kind == "local":
+        return LocalServing(weights, tokenizer, max_batch_size=b.max_batch_size)
+    return VLLMServing(b, tokenizer)

@@ -1,0 +1,93 @@
+"""The core's configs: which backend serves the model, how episodes are scheduled, how the
+env agent plays, and the paper's SEED coefficients.
+
+They live below everything that uses them (the runner, the backends, the app's command
+configs) and import nothing of the project but ``seed_agents.types``, so any module may read
+them without pulling in LangGraph, torch or the CLI. Field descriptions are the CLI help.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from seed_agents.types import SamplingParams
+
+__all__ = ["PAPER", "PAPER_LEARNING_RATE", "AgentConfig", "BackendConfig", "RunnerConfig", "SEEDCoefficients", "SamplingParams"]
+
+
+@dataclass(frozen=True)
+class SEEDCoefficients:
+    """Coefficients of the SEED objective (``seed_agents.distill.seed_objective``); the
+    defaults are the paper's. ``lam=0`` is plain GRPO.
+
+    ``gate_sharpness`` scales the OPD gate ``sigmoid(gate_sharpness * (l_skill - l_theta))``;
+    the paper calls it beta, a name TRL already gives the KL coefficient (``kl`` here)."""
+
+    clip_eps: float = 0.2
+    entropy: float = 0.001
+    lam: float = 0.01
+    kl: float = 0.01
+    gate_sharpness: float = 5.0
+
+
+PAPER = SEEDCoefficients()
+PAPER_LEARNING_RATE = 1e-6
+"""The paper's RL learning rate (its SFT stage uses 5e-6)."""
+
+
+class BackendConfig(BaseModel):
+    """Which model serves the agent, and how to reach it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Literal["local", "vllm"] = Field("local", description="local: transformers in-process; vllm: a running vLLM server.")
+    model: str = Field("smollm2-135m", description="Alias (smollm2-135m), local folder or hub id; for vllm, the served model name.")
+    tokenizer: str | None = Field(None, description="Tokenizer path/alias; defaults to `model` (with vllm, set it when the served name is not a local path).")
+    weights: str | None = Field(None, description="Training only: local copy of the served weights (vllm); defaults to `tokenizer`, then `model`.")
+    base_url: str = Field("http://127.0.0.1:8000", description="vLLM server URL (kind=vllm).")
+    max_concurrency: int = Field(32, ge=1, le=4096, description="Requests in flight to the server.")
+    timeout_s: float = Field(120.0, gt=0, description="Per-request timeout.")
+    max_retries: int = Field(3, ge=0, le=20, description="Retries on connection errors, timeouts and 5xx.")
+    max_batch_size: int = Field(8, ge=1, le=1024, description="Local backend: requests batched into one generate call.")
+    precision: Literal["auto", "float32", "bfloat16"] = Field("auto", description="Local backend and trainer: the number format matmuls run in. auto: bfloat16 where the CPU has bf16 instructions (AMX, AVX-512 BF16) or the GPU supports it, else float32 (emulated bf16 is slower than fp32); the choice is printed. bf16 is autocast over fp32 weights (docs/results/logprob_gap.json measures the sampler/trainer gap).")
+    reload_method: Literal["seed_reload_weights", "reload_weights"] = Field("seed_reload_weights", description="vLLM full sync RPC: seed_reload_weights needs our worker extension (`seed-agents serve` loads it; exact for tied embeddings); reload_weights for a plain `vllm serve`.")
+
+    @field_validator("base_url")
+    @classmethod
+    def _http_url(cls, url: str) -> str:
+        from urllib.parse import urlsplit
+
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError("must be an http(s) URL such as http://127.0.0.1:8000")
+        try:
+            parts.port  # noqa: B018 - raises on a port that is not a number
+        except ValueError:
+            raise ValueError("has a port that is not a number (e.g. http://127.0.0.1:8000)") from None
+        return url
+
+
+class AgentConfig(BaseModel):
+    """Options of the env agent graph."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_turns: int = Field(10, ge=1, le=1000, description="Agent turns per episode.")
+    history: Literal["window", "chat"] = Field("window", description="window: fresh prompt with recent turns; chat: one growing chat.")
+    history_window: int = Field(5, ge=0, le=100, description="Past (observation, action) pairs shown in window mode.")
+
+
+class RunnerConfig(BaseModel):
+    """How episodes are scheduled."""
+
+    model_config = {"extra": "forbid"}
+
+    group_size: int = Field(1, ge=1, le=1024, description="Episodes per task (the GRPO group G).")
+    concurrency: int = Field(8, ge=1, le=4096, description="Episodes in flight at once.")
+    episode_timeout_s: float = Field(600.0, gt=0, description="Wall-clock limit per episode.")
+    recursion_limit: int = Field(1000, ge=10, description="LangGraph super-step limit per episode.")
+    progress: bool = Field(True, description="Show a progress bar.")
+    max_fault_fraction: float = Field(0.5, ge=0.0, le=1.0, description="Stop the run when more than this fraction of a batch's episodes (an iteration's, or an eval's) ended in an infrastructure fault (env/tool crash, timeout, backend down, reward error). Faulted episodes are never trained on either way.")
