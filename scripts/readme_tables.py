@@ -88,11 +88,13 @@ def capture_overhead(results: dict[str, Result]) -> list[str]:
                                     f"{c['concurrency']}, median of {len(x['repeats'])} interleaved repeats") + "  ")
         backend = {"fake": "fake (no model: framework cost alone)", "local": f"{c['model']}, local backend",
                    "vllm": f"{c['model']}, vLLM server"}[c["backend"]]
+        per_step = x.get("framework_ms_per_step")  # measured since the executor reuses threads
+        step = "-" if per_step is None else f"{per_step:.2f} ms ({goal_words(per_step, x['goal_ms_per_step'], at_most=True)})"
         rows.append([backend, f"{x['plain_eps_median']:.3f} ep/s", f"{x['graph_eps_median']:.3f} ep/s",
                      f"{x['ratio']:.3f}",  # the goal is end to end: without a model there is nothing to meet
-                     "- (no model)" if c["backend"] == "fake" else goal_words(x["ratio"], x["goal"], at_most=False)])
+                     "- (no model)" if c["backend"] == "fake" else goal_words(x["ratio"], x["goal"], at_most=False), step])
     lines[-1] = lines[-1].rstrip()
-    return [*lines, "", *table(["backend", "plain loop", "graph + capture", "ratio", "goal"], rows)]
+    return [*lines, "", *table(["backend", "plain loop", "graph + capture", "ratio", "goal", "framework cost per step"], rows)]
 
 
 def seed_overhead(results: dict[str, Result]) -> list[str]:
@@ -305,11 +307,79 @@ def continual_demo(results: dict[str, Result]) -> list[str]:
     return out
 
 
+def roofline(results: dict[str, Result]) -> list[str]:
+    r = one(results, "roofline")
+    x = r.results
+    flags = ", ".join(x["cpu_flags"]) or "none of avx2/avx512/amx"
+    what = (f"{x['threads']} threads, torch kernels {x['cpu_capability']} (flags: {flags})"
+            + (f"; {x['note']}" if x.get("note") else ""))
+    rows = []
+    for name, c in x["ceilings"].items():
+        mm = x["matmul_gflops"][name]
+        d = c["decode_tokens_per_s"]
+        rows.append([name, f"{mm['square_2048']['best']:.1f}", f"{mm['mlp_prefill_2048']['best']:.1f}",
+                     f"{mm['mlp_decode_8']['best']:.1f}", f"{d['1']:.0f} / {d['8']:.0f} / {d['32']:.0f}",
+                     f"{c['prefill_tokens_per_s']:.0f}", f"{c['train_tokens_per_s']:.0f}"])
+    return [source_line(r, what), "",
+            *table(["dtype", "matmul GFLOP/s, 2048 square", "SmolLM2 MLP, 2048 rows", "SmolLM2 MLP, 8 rows",
+                    "decode tok/s ceiling, batch 1 / 8 / 32", "prefill tok/s ceiling", "train tok/s ceiling"], rows),
+            "", f"Memory bandwidth (copy of {r.config['copy_mb']} MB, read + write): {x['copy_gbps']['best']:.1f} GB/s best, "
+                f"{x['copy_gbps']['median']:.1f} GB/s median."]
+
+
+def logprob_gap(results: dict[str, Result]) -> list[str]:
+    r = one(results, "logprob_gap")
+    c = r.config
+    what = (f"TextWorld, {c['tasks']} tasks x {c['group']} episodes, {c['max_turns']} turns, T {c['temperature']:g}; "
+            f"sampled by the local backend, recomputed as TRL scores rows")
+    rows = [[f"{m['mode']} ({m['why']})", str(m["tokens"]), f"{m['mean_abs_gap']:.2e}", f"{m['median_abs_gap']:.2e}",
+             f"{m['max_abs_gap']:.2e}", f"{m['ratio_outside_clip']:.3f}"] for m in r.results["modes"]]
+    return [source_line(r, what), "",
+            *table(["mode", "sampled tokens", "mean abs gap", "median abs gap", "max abs gap",
+                    f"first-step ratio outside [{1 - c['clip_eps']:g}, {1 + c['clip_eps']:g}]"], rows)]
+
+
+def rollout_throughput(results: dict[str, Result]) -> list[str]:
+    r = one(results, "rollout_throughput")
+    c, x = r.config, r.results
+    what = (f"{c['tasks']} tasks x group {c['group']} per workload, T {c['temperature']:g}, median of {c['repeats']} "
+            f"interleaved repeats" + (f"; {x['note']}" if x.get("note") else ""))
+    prefill = one(results, "roofline").results["ceilings"]["fp32"]["prefill_tokens_per_s"]
+    rows = []
+    for key, s in x["summary"].items():
+        workload, path = key.split("/")
+        frac = "-" if s["fraction_of_decode_ceiling"] is None else f"{s['fraction_of_decode_ceiling']:.2f}"
+        processed = (s["prompt_tokens_per_s"] + s["generated_tokens_per_s"]) / prefill
+        rows.append([workload, f"{path} ({x['paths'][path]})", f"{s['episodes_per_s']:.3f}",
+                     f"{s['generated_tokens_per_s']:.1f}", f"{s['prompt_tokens_per_s']:.0f}", frac, f"{processed:.2f}"])
+    return [source_line(r, what), "",
+            *table(["workload", "path", "episodes/s", "generated tok/s", "prompt tok/s",
+                    "generated, of the decode ceiling (batch 8)", "prompt + generated, of the prefill ceiling"], rows)]
+
+
+def atlas_band(results: dict[str, Result]) -> list[str]:
+    r = one(results, "atlas_band")
+    c, x = r.config, r.results
+    lo, hi = x["band"]
+    what = (f"{c['model']}, {c['tasks']} training tasks x group {c['group']} per cell, T {c['temperature']:g}, "
+            f"{c['max_turns']} turns, {c['max_tokens']} tokens a turn" + (f"; {c['note']}" if c.get("note") else ""))
+    rows = []
+    for mode, levels in x["cells"].items():
+        for level, cell in sorted(levels.items()):
+            band = "in" if lo <= cell["success"] <= hi else "out"
+            rows.append([mode, level, f"{cell['success']:.2f} ({band})", f"{cell['parsed']:.2f}", f"{cell['right_calls']:.2f}",
+                         f"{cell['right_answer']:.2f}", f"{cell['zero_variance_groups']:.2f}", str(cell["episodes"])])
+    return [source_line(r, what), "",
+            *table(["first turn", "level", f"success (band {lo:g}-{hi:g})", "call parses", "right tool and arguments",
+                    "right answer", "groups with zero reward variance", "episodes"], rows)]
+
+
 RENDERERS: dict[str, Callable[[dict[str, Result]], list[str]]] = {
     "determinism": determinism, "tool_agent": tool_agent, "continual_demo": continual_demo,
     "capture_overhead": capture_overhead, "seed_overhead": seed_overhead, "gateway_overhead": gateway_overhead,
     "update_memory": update_memory, "webshop_index": webshop_index, "sample_efficiency": sample_efficiency,
-    "skill_usefulness": skill_usefulness}
+    "skill_usefulness": skill_usefulness, "roofline": roofline, "logprob_gap": logprob_gap,
+    "rollout_throughput": rollout_throughput, "atlas_band": atlas_band}
 
 
 # -- the pages ----------------------------------------------------------------------------

@@ -16,6 +16,7 @@ import asyncio
 import concurrent.futures
 import contextvars
 import itertools
+import queue
 import threading
 from collections.abc import Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
@@ -44,30 +45,37 @@ async def _on_daemon_threads(coro: Coroutine[Any, Any, T]) -> T:
 
 
 class DaemonThreadExecutor(ThreadPoolExecutor):
-    """Each call on its own daemon thread; ``shutdown`` never waits.
+    """Daemon worker threads, reused while they are idle, never waited for.
 
     The runner installs it as the loop's default executor, so env steps, tool calls and
     local generation (``asyncio.to_thread``) run here. A call that never returns (a dead
     game process, a tool blocked on a socket) is abandoned when its episode times out.
     With a ``ThreadPoolExecutor`` it would not be: ``asyncio.run`` ends by shutting the
     default executor down and waiting for every thread, so one hung env call would stall
-    the end of every training iteration and evaluation, and the interpreter's exit. The
-    abandoned thread keeps running until it returns or the process exits. (A subclass of
-    ``ThreadPoolExecutor`` only because ``loop.set_default_executor`` requires one; none
-    of its pool is used.)
+    the end of every training iteration and evaluation, and the interpreter's exit. Here
+    a call goes to an idle worker if there is one, else to a new daemon thread (no upper
+    bound: a hung call never keeps another from starting); a worker idle for ``idle_s``
+    exits, and ``shutdown`` refuses new calls, releases the idle workers and leaves running
+    calls to finish on their own threads.
+
+    Reuse is what keeps an agent step cheap: starting a thread per call cost about 9 ms of
+    each env step and tool call (a thread start waits for the new thread to run), the
+    largest part of the framework's cost per step (``bench/capture_overhead.py``). (A
+    subclass of ``ThreadPoolExecutor`` only because ``loop.set_default_executor`` requires
+    one; none of its pool is used.)
     """
 
-    def __init__(self, name: str = "seed-agents-worker") -> None:
+    def __init__(self, name: str = "seed-agents-worker", *, idle_s: float = 30.0) -> None:
         super().__init__(max_workers=1, thread_name_prefix=name)
         self._name = name
         self._ids = itertools.count()
         self._lock = threading.Lock()
         self._closed = False
+        self._work: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        self._idle = 0  # workers waiting for work and not yet claimed by a submit
+        self._idle_s = idle_s
 
     def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> concurrent.futures.Future[T]:
-        with self._lock:
-            if self._closed:
-                raise RuntimeError("cannot schedule new calls after shutdown")
         future: concurrent.futures.Future[T] = concurrent.futures.Future()
 
         def work() -> None:
@@ -80,10 +88,44 @@ class DaemonThreadExecutor(ThreadPoolExecutor):
             else:
                 future.set_result(result)
 
-        threading.Thread(target=work, name=f"{self._name}-{next(self._ids)}", daemon=True).start()
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("cannot schedule new calls after shutdown")
+            if self._idle > 0:  # an idle worker takes it from the queue
+                self._idle -= 1
+                self._work.put(work)
+                return future
+        threading.Thread(target=self._worker, args=(work,), name=f"{self._name}-{next(self._ids)}", daemon=True).start()
         return future
 
+    def _worker(self, item: Callable[[], None] | None) -> None:
+        while item is not None:
+            item()
+            item = None  # drop the finished call's references before waiting
+            with self._lock:
+                if self._closed:
+                    return
+                self._idle += 1
+            item = self._next()
+
+    def _next(self) -> Callable[[], None] | None:
+        """The next call for this (idle, counted) worker; None when it should exit."""
+        while True:
+            try:
+                return self._work.get(timeout=self._idle_s)
+            except queue.Empty:
+                with self._lock:
+                    # A submit puts its call under the lock: an empty queue here means no call
+                    # counts on this worker, so it may leave.
+                    if self._work.empty():
+                        self._idle -= 1
+                        return None
+
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
-        """Refuse new calls; calls still running are left to finish on their own threads."""
+        """Refuse new calls and release the idle workers; calls still running are left to
+        finish on their own threads."""
         with self._lock:
             self._closed = True
+            for _ in range(self._idle):
+                self._work.put(None)
+            self._idle = 0

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -110,3 +111,34 @@ def test_run_sync_loops_never_wait_for_a_stuck_thread():
     assert run_sync(episode()) == "timed out"
     assert time.perf_counter() - t0 < 5
     release.set()
+
+
+def test_daemon_executor_reuses_idle_workers_and_never_queues_behind_a_stuck_call():
+    """A thread per call cost ~9 ms of every env step: idle workers take the next call. A
+    call stuck forever keeps its own thread; later calls still start at once."""
+    from seed_agents.aio import DaemonThreadExecutor
+
+    pool = DaemonThreadExecutor(idle_s=5.0)
+    names = set()
+    for _ in range(20):  # one after another: one worker does them all
+        names.add(pool.submit(lambda: threading.current_thread().name).result(timeout=5))
+    assert len(names) == 1
+    release = threading.Event()
+    stuck = [pool.submit(release.wait, 30) for _ in range(3)]  # the idle worker and two new ones
+    assert pool.submit(sum, [1, 2]).result(timeout=5) == 3  # a fourth thread, not a wait
+    release.set()
+    assert all(s.result(timeout=5) for s in stuck)
+    pool.shutdown()
+
+
+def test_daemon_executor_idle_workers_leave_after_idle_s():
+    from seed_agents.aio import DaemonThreadExecutor
+
+    pool = DaemonThreadExecutor(name="idle-probe", idle_s=0.05)
+    assert pool.submit(sum, [1]).result(timeout=5) == 1
+    deadline = time.monotonic() + 10
+    while any(t.name.startswith("idle-probe") for t in threading.enumerate()):
+        assert time.monotonic() < deadline, "an idle worker never left"
+        time.sleep(0.02)
+    assert pool.submit(sum, [2]).result(timeout=5) == 2  # a new worker after the old one left
+    pool.shutdown()

@@ -1,0 +1,150 @@
+"""The atlas task family: stable manifests, disjoint places, answers the tools give, and
+three-level scoring that keeps format apart from competence."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, ToolMessage
+
+from examples.atlas_tasks import (
+    LEVELS,
+    SPLITS,
+    TASKS_PER_LEVEL,
+    TOOLS,
+    answer_reward,
+    make_tasks,
+    places,
+    score_levels,
+)
+from examples.knowledge_base import atlas
+from seed_agents.types import LLMCall, Task, Trajectory
+
+MANIFESTS = Path(__file__).resolve().parents[2] / "bench" / "atlas"
+
+
+@pytest.mark.parametrize("split", ["train", "heldout"])
+def test_committed_manifests_equal_the_generator(split: str) -> None:
+    committed = [json.loads(line) for line in (MANIFESTS / f"{split}.jsonl").read_text().splitlines()]
+    assert committed == [t.model_dump(mode="json") for t in make_tasks(split)]
+
+
+def test_counts_and_levels() -> None:
+    train, heldout = make_tasks("train"), make_tasks("heldout")
+    assert len(train) >= 500 and len(heldout) >= 200
+    for split, tasks in (("train", train), ("heldout", heldout)):
+        assert len({t.task_id for t in tasks}) == len(tasks)
+        assert len({t.data["question"] for t in tasks}) > 0.9 * len(tasks)
+        for level in LEVELS:
+            assert sum(t.data["level"] == level for t in tasks) == TASKS_PER_LEVEL[split]
+    # fewer tasks or levels: a prefix of the same tasks, not other ones
+    assert make_tasks("train", per_level=5, levels=[1]) == [t for t in train if t.data["level"] == 1][:5]
+
+
+def test_splits_ask_about_disjoint_places() -> None:
+    names = list(places())
+    assert len({n.lower() for n in names}) == len(names)
+    asked = {split: {c["args"]["place"] for t in make_tasks(split) for c in t.data["calls"] if c["name"] == "lookup"}
+             for split in SPLITS}
+    assert asked["train"] <= set(names[slice(*SPLITS["train"])])
+    assert asked["heldout"] <= set(names[slice(*SPLITS["heldout"])])
+    assert not asked["train"] & asked["heldout"] and len(asked["heldout"]) > 50
+    assert not set(names) & set(atlas())  # no place shared with the mixed benchmark's atlas
+
+
+def test_the_needed_calls_give_the_answer() -> None:
+    tools = {t.name: t for t in TOOLS}
+    for task in make_tasks("heldout", per_level=10):
+        results = []
+        for call in task.data["calls"]:
+            out = tools[call["name"]].invoke(call["args"])
+            results.append(int(out.split()[-1].rstrip(".")) if call["name"] == "lookup" else out)
+            if call["name"] == "lookup":
+                assert call["args"]["place"] in task.data["question"]
+        assert results[-1] == task.data["answer"]
+        assert len(task.data["calls"]) == task.data["level"] + 1
+
+
+# -- three-level scoring on hand-made episodes ------------------------------------------
+
+TASK = Task(task_id="t", data={"question": "What is the area of Malam plus 305?", "answer": 9466, "level": 1,
+                               "calls": [{"name": "lookup", "args": {"place": "Malam", "field": "area"}},
+                                         {"name": "add", "args": {"a": 9161, "b": 305}}]})
+
+
+def call(name: str, args: dict, i: int = 0) -> dict:
+    return {"name": name, "args": args, "id": f"c{i}", "type": "tool_call"}
+
+
+def state(*replies: AIMessage, answer: str | None = None) -> dict:
+    messages = [SystemMessage("s"), HumanMessage(TASK.data["question"])]
+    for r in replies:
+        messages.append(r)
+        messages += [ToolMessage("out", tool_call_id=c["id"]) for c in r.tool_calls]
+    return {"messages": messages, **({"answer": answer} if answer is not None else {})}
+
+
+LOOKUP = AIMessage("", tool_calls=[call("lookup", {"place": "malam", "field": "Area"})])
+ADD = AIMessage("", tool_calls=[call("add", {"a": 305, "b": 9161}, 1)])
+
+
+@pytest.mark.parametrize(("episode", "expected"), [
+    (state(AIMessage("I think it is 9466."), answer="I think it is 9466."), (False, False, True)),  # a guess
+    (state(AIMessage("", invalid_tool_calls=[{"name": None, "args": "{", "id": "x", "error": "not JSON",
+                                              "type": "invalid_tool_call"}])), (False, False, False)),
+    (state(LOOKUP, AIMessage("9161"), answer="9161"), (True, False, False)),  # stopped after the lookup
+    (state(LOOKUP, ADD, AIMessage("It is 9,466."), answer="It is 9,466."), (True, True, True)),
+    (state(LOOKUP, ADD, AIMessage("9465"), answer="9465"), (True, True, False)),  # miscopied the sum
+    (state(AIMessage("", tool_calls=[call("lookup", {"place": "Malam", "field": "population"})]), ADD,
+           AIMessage("9466"), answer="9466"), (True, False, True)),  # wrong field
+    (state(LOOKUP, AIMessage("", tool_calls=[call("add", {"a": 9161, "b": 350}, 1)]), AIMessage("x"), answer="x"),
+     (True, False, False)),  # wrong argument
+    (state(LOOKUP, LOOKUP, ADD), (True, True, False)),  # ran out of turns without an answer
+])
+def test_score_levels_on_states(episode: dict, expected: tuple[bool, bool, bool]) -> None:
+    scores = score_levels(TASK, episode)
+    assert (scores["parsed"], scores["right_calls"], scores["right_answer"]) == expected
+    assert scores["right_answer"] == (answer_reward(TASK, episode) == 1.0)
+
+
+def llm_call(text: str, last: dict) -> LLMCall:
+    return LLMCall(messages=[{"role": "user", "content": "q"}, last], prompt_ids=[1], completion_ids=[2],
+                   logprobs=[0.0], text=text)
+
+
+def test_score_levels_on_a_trajectory_reads_the_forced_prefix() -> None:
+    forced = llm_call('lookup", "arguments": {"place": "Malam", "field": "area"}}\n</tool_call>',
+                      {"role": "assistant", "content": '<tool_call>\n{"name": "'})
+    add = llm_call('<tool_call>\n{"name": "add", "arguments": {"a": 9161, "b": 305}}\n</tool_call>',
+                   {"role": "user", "content": "<tool_response>\nThe area of Malam is 9161.\n</tool_response>"})
+    answer = llm_call("The answer is 9466.", {"role": "user", "content": "<tool_response>\n9466\n</tool_response>"})
+    traj = Trajectory(task_id="t", group_id="g", calls=[forced, add, answer])
+    assert score_levels(TASK, traj) == {"parsed": True, "right_calls": True, "right_answer": True}
+    # the same first call without its prefill is prose: nothing parsed
+    bare = llm_call(forced.text, {"role": "user", "content": "q"})
+    assert score_levels(TASK, Trajectory(task_id="t", group_id="g", calls=[bare])) == {
+        "parsed": False, "right_calls": False, "right_answer": False}
+    # analyzer calls are not the policy's
+    analyzer = answer.model_copy(update={"purpose": "analyzer", "text": "0"})
+    assert score_levels(TASK, traj.model_copy(update={"calls": [*traj.calls, analyzer]}))["right_answer"]
+
+
+def test_a_call_is_matched_once() -> None:
+    task = Task(task_id="t", data={"answer": 2, "calls": [{"name": "lookup", "args": {"place": "A", "field": "area"}},
+                                                          {"name": "lookup", "args": {"place": "A", "field": "area"}}]})
+    one = {"messages": [AIMessage("", tool_calls=[call("lookup", {"place": "A", "field": "area"})])]}
+    assert not score_levels(task, one)["right_calls"]
+
+
+def test_band_cell_counts_groups_without_reward_variance() -> None:
+    from bench.atlas_band import cell_figures
+
+    def ep(task: str, reward: float, fault: str | None = None) -> dict:
+        return {"task_id": task, "reward": reward, "fault": fault, "parsed": True, "right_calls": reward > 0,
+                "right_answer": reward > 0, "tokens": 10, "steps": 2}
+
+    cell = cell_figures([ep("a", 1.0), ep("a", 0.0), ep("b", 0.0), ep("b", 0.0), ep("b", 1.0, fault="timeout")])
+    assert cell["success"] == pytest.approx(0.25) and cell["right_calls"] == pytest.approx(0.25)
+    assert cell["zero_variance_groups"] == 0.5 and cell["faults"] == 1 and cell["answer_disagrees_with_reward"] == 0
