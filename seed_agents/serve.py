@@ -31,7 +31,9 @@ from types import TracebackType
 
 import httpx
 
+from seed_agents._reaper import group_members
 from seed_agents.errors import VLLMServerError
+from seed_agents.vllm_ext import API_KEY_ENV
 
 VLLM_PYTHON_ENV = "SEED_AGENTS_VLLM_PYTHON"
 _REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -99,6 +101,8 @@ class VLLMServer:
         worker_extension: bool = True,
         extra_args: Sequence[str] = (),
         env: Mapping[str, str] | None = None,
+        stop_grace_s: float = 30.0,
+        api_key: str | None = None,
     ) -> None:
         """
         Args:
@@ -116,6 +120,11 @@ class VLLMServer:
                 embeddings on CPU; ``FullWeightSync(method="seed_reload_weights")``).
             extra_args: further CLI flags, appended last (so they override).
             env: extra environment variables for the server process.
+            stop_grace_s: seconds vLLM gets to exit after SIGTERM (from ``stop()``, or from
+                the watchdog when this process dies) before its group is SIGKILLed.
+            api_key: when set, every route but ``/health`` demands
+                ``Authorization: Bearer <api_key>`` (``seed_agents.vllm_ext.BearerAuth``).
+                It reaches the server through its environment, never its command line.
         """
         # The server runs with cwd=work_dir, so local paths must be absolute.
         self.model = str(Path(model).resolve()) if Path(model).exists() else str(model)
@@ -136,7 +145,11 @@ class VLLMServer:
         self.log_path = self.work_dir / "vllm-server.log"
         self.startup_s: float | None = None  # start() -> ready (incl. warm-up)
         self.healthy_s: float | None = None  # start() -> /health answered 200
+        self.stop_grace_s = stop_grace_s
+        self._api_key = api_key or None
         self._proc: subprocess.Popen[bytes] | None = None
+        self._reaper: subprocess.Popen[bytes] | None = None
+        self._pgid = 0
         self._started_at = 0.0
 
     @property
@@ -168,6 +181,8 @@ class VLLMServer:
             cmd.append("--enforce-eager")
         if self.worker_extension:  # exact full reloads for tied embeddings (seed_agents/vllm_ext.py)
             cmd += ["--worker-extension-cls", "seed_agents.vllm_ext.SeedWorkerExtension"]
+        if self._api_key:  # the key itself travels in the environment (environment())
+            cmd += ["--middleware", "seed_agents.vllm_ext.BearerAuth"]
         return cmd + self.extra_args
 
     def environment(self) -> dict[str, str]:
@@ -189,7 +204,7 @@ class VLLMServer:
                 "PYTHONUNBUFFERED": "1",  # so the log tail is current when we report it
             }
         )
-        if self.worker_extension:
+        if self.worker_extension or self._api_key:
             # vLLM's own python imports the extension: expose our package, and only it (a
             # symlink), so nothing else of this repo can shadow a module in vLLM's venv
             shim = self.work_dir / "pythonpath"
@@ -199,27 +214,51 @@ class VLLMServer:
                 link.symlink_to(Path(__file__).resolve().parent, target_is_directory=True)
             env["PYTHONPATH"] = os.pathsep.join(p for p in (str(shim), env.get("PYTHONPATH", "")) if p)
         env.update(self.extra_env)
+        env.pop(API_KEY_ENV, None)  # a key in our own environment must not switch auth on by accident
+        if self._api_key:
+            env[API_KEY_ENV] = self._api_key
         return env
 
+    @property
+    def headers(self) -> dict[str, str]:
+        """What a client of this server must send (the bearer key when one is set)."""
+        return {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
+
     def start(self) -> VLLMServer:
-        """Launch the process (in its own process group) and return immediately."""
+        """Launch vLLM in a process group of its own, with a watchdog, and return at once.
+
+        The group holds the api_server and every process it starts (EngineCore, worker,
+        multiprocessing's resource tracker): ``stop()`` signals the group, not one pid. Its
+        leader is ``seed_agents/_reaper.py``, which kills the group if this process dies
+        without calling ``stop()`` (SIGKILL included), so no vLLM outlives its owner.
+        """
         if self.is_running():
             return self
         self.work_dir.mkdir(parents=True, exist_ok=True)
         env = self.environment()
+        self._reaper = subprocess.Popen(
+            [sys.executable, "-I", str(Path(__file__).with_name("_reaper.py")), str(self.stop_grace_s)],
+            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+            process_group=0,  # a new group in our session (a process may join a group only within its session)
+        )
+        self._pgid = self._reaper.pid
         with open(self.log_path, "ab") as log:
             log.write(f"$ {' '.join(self.command())}\n".encode())
             log.flush()
             self._started_at = time.perf_counter()
-            self._proc = subprocess.Popen(
-                self.command(),
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env=env,
-                cwd=self.work_dir,
-                start_new_session=True,  # its own process group: stop() reaches the engine workers too
-            )
+            try:
+                self._proc = subprocess.Popen(
+                    self.command(),
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    env=env,
+                    cwd=self.work_dir,
+                    process_group=self._pgid,  # the watchdog's group: killpg reaches EngineCore and worker
+                )
+            except BaseException:
+                self._kill_group()
+                raise
         return self
 
     def is_running(self) -> bool:
@@ -237,7 +276,7 @@ class VLLMServer:
         if self._proc is None:
             raise VLLMServerError("server not started; call start() first")
         deadline = time.monotonic() + timeout
-        with httpx.Client(timeout=5.0) as client:
+        with httpx.Client(timeout=5.0, headers=self.headers) as client:
             while True:
                 code = self._proc.poll()
                 if code is not None:
@@ -274,25 +313,35 @@ class VLLMServer:
                 f"(log: {self.log_path}):\n{self.log_tail()}"
             )
 
-    def stop(self, timeout: float = 30.0) -> None:
-        """Terminate the whole process group; kill it if it lingers past ``timeout``."""
+    def stop(self, timeout: float | None = None) -> None:
+        """SIGTERM to the whole process group; SIGKILL to it once the api_server has exited
+        or ``timeout`` (default ``stop_grace_s``) has passed; return when no process of the
+        group runs any more (so the port and the KV cache are free again; init reaps the
+        orphans' zombies a moment later)."""
         proc, self._proc = self._proc, None
         if proc is None:
             return
-        for sig, wait_s in ((signal.SIGTERM, timeout), (signal.SIGKILL, 10.0)):
-            if proc.poll() is not None:
-                break
-            try:
-                os.killpg(proc.pid, sig)
-            except ProcessLookupError:
-                break
-            try:
-                proc.wait(timeout=wait_s)
-            except subprocess.TimeoutExpired:
-                continue
-        # Engine-core workers share the group; make sure none outlives the server.
         with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGKILL)
+            os.killpg(self._pgid, signal.SIGTERM)  # the watchdog ignores it
+        deadline = time.monotonic() + (self.stop_grace_s if timeout is None else timeout)
+        watchdog = {self._pgid}
+        while time.monotonic() < deadline and (proc.poll() is None or set(group_members(self._pgid)) - watchdog):
+            time.sleep(0.1)
+        self._kill_group()
+        proc.wait()
+
+    def _kill_group(self) -> None:
+        """SIGKILL every process of the group (the watchdog too) and wait until none is left."""
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self._pgid, signal.SIGKILL)
+        if self._reaper is not None:
+            self._reaper.wait()
+            if self._reaper.stdin is not None:
+                self._reaper.stdin.close()
+            self._reaper = None
+        deadline = time.monotonic() + 10.0  # SIGKILLed orphans are reaped by init at once
+        while group_members(self._pgid) and time.monotonic() < deadline:
+            time.sleep(0.05)
 
     def log_tail(self, lines: int = 60) -> str:
         try:

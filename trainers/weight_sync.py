@@ -56,7 +56,7 @@ class _Versioned:
     @property
     def admin(self) -> VLLMAdmin:
         """The server's admin routes (the backend's URL can change between syncs in tests)."""
-        return VLLMAdmin(self.backend.base_url, timeout_s=self.timeout_s)
+        return self.backend.admin(timeout_s=self.timeout_s)  # carries the backend's API key
 
     def _folder(self, version: int) -> Path:
         return self.save_root / f"v{version:06d}"

@@ -19,7 +19,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from seed_agents.app.policy import initial_weights
 from seed_agents.backends.local import LocalBackend
 from seed_agents.backends.vllm import VLLMBackend
-from seed_agents.backends.vllm_admin import VLLMAdmin
+from seed_agents.backends.vllm_admin import VLLMAdmin, api_key_from_env
 from seed_agents.config import BackendConfig
 from seed_agents.continual.versions import served_name_of
 from seed_agents.models import resolve_model
@@ -85,7 +85,8 @@ class VLLMServing:
 
     def __init__(self, cfg: BackendConfig, tokenizer: Any) -> None:
         self.cfg, self.tokenizer = cfg, tokenizer
-        self.admin = VLLMAdmin(cfg.base_url, timeout_s=cfg.timeout_s)
+        self._api_key = api_key_from_env(cfg.api_key_env)
+        self.admin = VLLMAdmin(cfg.base_url, timeout_s=cfg.timeout_s, api_key=self._api_key)
         self._backends: dict[str, Any] = {}
 
     def load(self, version: ModelVersionRecord) -> str:
@@ -102,7 +103,7 @@ class VLLMServing:
             self.load(version)
             self._backends[name] = VLLMBackend(self.cfg.base_url, name, max_concurrency=self.cfg.max_concurrency,
                                                timeout_s=self.cfg.timeout_s, max_retries=self.cfg.max_retries,
-                                               policy_version=version.version)
+                                               policy_version=version.version, api_key=self._api_key)
         return self._backends[name]
 
     def unload(self, version: ModelVersionRecord) -> None:

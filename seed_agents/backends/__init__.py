@@ -28,9 +28,11 @@ def make_backend(cfg: BackendConfig) -> tuple[Backend, Any]:
         backend = LocalBackend(cfg.model, tokenizer=tokenizer, max_batch_size=cfg.max_batch_size, compute_dtype=dtype)
         return backend, backend.tokenizer
     from seed_agents.backends.vllm import VLLMBackend
+    from seed_agents.backends.vllm_admin import api_key_from_env
 
     if tokenizer is None:
         tokenizer = AutoTokenizer.from_pretrained(resolve_model(cfg.model))
     backend = VLLMBackend(cfg.base_url, cfg.model, max_concurrency=cfg.max_concurrency,
-                          timeout_s=cfg.timeout_s, max_retries=cfg.max_retries)
+                          timeout_s=cfg.timeout_s, max_retries=cfg.max_retries,
+                          api_key=api_key_from_env(cfg.api_key_env))
     return backend, tokenizer

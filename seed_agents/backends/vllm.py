@@ -74,6 +74,7 @@ class VLLMBackend:
         max_backoff_s: float = 30.0,
         policy_version: int = 0,
         breaker_cooldown_s: float = 30.0,
+        api_key: str | None = None,
     ) -> None:
         if max_concurrency < 1:
             raise ValueError("max_concurrency must be >= 1")
@@ -89,6 +90,8 @@ class VLLMBackend:
         self._open_until = 0.0  # monotonic time until which the breaker is open
         self._open_error = ""
         self._timeout = httpx.Timeout(timeout_s, connect=min(timeout_s, 10.0))
+        self._api_key = api_key or None  # sent as a bearer token; never in repr or errors
+        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._client: httpx.Client | None = None
         self._client_lock = threading.Lock()
         self._sync_slots = threading.BoundedSemaphore(max_concurrency)
@@ -171,7 +174,11 @@ class VLLMBackend:
 
     def health(self, timeout_s: float = 5.0) -> bool:
         """True if the server answers ``/health`` with 200 right now (no retries)."""
-        return VLLMAdmin(self.base_url).health(timeout_s)
+        return self.admin().health(timeout_s)
+
+    def admin(self, timeout_s: float = 300.0) -> VLLMAdmin:
+        """The server's admin routes (weight reload, LoRA), with this backend's API key."""
+        return VLLMAdmin(self.base_url, timeout_s=timeout_s, api_key=self._api_key)
 
     def close(self) -> None:
         """Release connections: the sync client and every async client whose loop can
@@ -224,7 +231,7 @@ class VLLMBackend:
     def _sync_client(self) -> httpx.Client:
         with self._client_lock:
             if self._client is None:
-                self._client = httpx.Client(base_url=self.base_url, timeout=self._timeout)
+                self._client = httpx.Client(base_url=self.base_url, timeout=self._timeout, headers=self._headers)
             return self._client
 
     def _async_state(self) -> tuple[httpx.AsyncClient, asyncio.Semaphore]:
@@ -234,7 +241,8 @@ class VLLMBackend:
             if state is None:
                 n = self.max_concurrency
                 limits = httpx.Limits(max_connections=n, max_keepalive_connections=n)
-                client = httpx.AsyncClient(base_url=self.base_url, timeout=self._timeout, limits=limits)
+                client = httpx.AsyncClient(base_url=self.base_url, timeout=self._timeout, limits=limits,
+                                           headers=self._headers)
                 state = (client, asyncio.Semaphore(n))
                 self._loop_state[loop] = state
             return state

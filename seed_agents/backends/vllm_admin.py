@@ -18,12 +18,21 @@ caller that must keep serving (weight sync) reports the failure and stays on the
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import httpx
 
 from seed_agents.errors import WeightSyncError
 from seed_agents.redact import redact
+from seed_agents.vllm_ext import API_KEY_ENV  # noqa: F401 - the default variable, re-exported
+
+
+def api_key_from_env(name: str | None) -> str | None:
+    """The API key in environment variable ``name`` (None when unset or empty). Keys are only
+    ever read from the environment, so no config, log or trace holds one."""
+    return (os.environ.get(name) or None) if name else None
+
 
 DEV_MODE_HINT = "start vLLM with VLLM_SERVER_DEV_MODE=1 (`seed-agents serve` does)"
 LORA_HINT = "start vLLM with --enable-lora and VLLM_ALLOW_RUNTIME_LORA_UPDATING=True (`seed-agents serve` does)"

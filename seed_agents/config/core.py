@@ -8,6 +8,7 @@ them without pulling in LangGraph, torch or the CLI. Field descriptions are the 
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Literal
 
@@ -48,12 +49,20 @@ class BackendConfig(BaseModel):
     tokenizer: str | None = Field(None, description="Tokenizer path/alias; defaults to `model` (with vllm, set it when the served name is not a local path).")
     weights: str | None = Field(None, description="Training only: local copy of the served weights (vllm); defaults to `tokenizer`, then `model`.")
     base_url: str = Field("http://127.0.0.1:8000", description="vLLM server URL (kind=vllm).")
+    api_key_env: str = Field("SEED_AGENTS_VLLM_API_KEY", description="kind=vllm: environment variable holding the server's API key, sent as a bearer token on every request (unset variable: no key). Only the name is configured; the key never reaches a file.")
     max_concurrency: int = Field(32, ge=1, le=4096, description="Requests in flight to the server.")
     timeout_s: float = Field(120.0, gt=0, description="Per-request timeout.")
     max_retries: int = Field(3, ge=0, le=20, description="Retries on connection errors, timeouts and 5xx.")
     max_batch_size: int = Field(8, ge=1, le=1024, description="Local backend: requests batched into one generate call.")
     precision: Literal["auto", "float32", "bfloat16"] = Field("auto", description="Local backend and trainer: the number format matmuls run in. auto: bfloat16 where the CPU has bf16 instructions (AMX, AVX-512 BF16) or the GPU supports it, else float32 (emulated bf16 is slower than fp32); the choice is printed. bf16 is autocast over fp32 weights (docs/results/logprob_gap.json measures the sampler/trainer gap).")
     reload_method: Literal["seed_reload_weights", "reload_weights"] = Field("seed_reload_weights", description="vLLM full sync RPC: seed_reload_weights needs our worker extension (`seed-agents serve` loads it; exact for tied embeddings); reload_weights for a plain `vllm serve`.")
+
+    @field_validator("api_key_env")
+    @classmethod
+    def _env_name(cls, name: str) -> str:
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):  # never echo it: it may be a pasted key
+            raise ValueError("not an environment variable name; give the NAME of the variable, not its value")
+        return name
 
     @field_validator("base_url")
     @classmethod
