@@ -48,6 +48,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import secrets
 import shutil
 import statistics
 import sys
@@ -396,12 +397,17 @@ def run(args: argparse.Namespace, work: Path, say: Any) -> dict[str, Any]:
         name = cfg.name
         if server:
             from seed_agents.gateway.app import build_app
-            from seed_agents.gateway.config import GatewayConfig, RegistryConfig
+            from seed_agents.gateway.config import GatewayConfig, RegistryConfig, SecurityConfig
             from seed_agents.gateway.upstream import Upstream
 
             gateway_store = TraceStore.open(cfg.store)
+            # The verifier's rewards need a verifier key (a reward's source is what its key
+            # allows); the keys live in this process only, never in a file.
+            keys = {role: secrets.token_urlsafe(24) for role in ("client", "verifier", "feedback")}
             gw_cfg = GatewayConfig(upstream=server.url, model=name, upstream_model="base", tokenizer=model_dir,
-                                   registry=RegistryConfig(name=name, refresh_s=0.0), upstream_timeout_s=600)
+                                   registry=RegistryConfig(name=name, refresh_s=0.0), upstream_timeout_s=600,
+                                   security=SecurityConfig(client_keys=[keys["client"]], verifier_keys=[keys["verifier"]],
+                                                           feedback_keys=[keys["feedback"]]))
             app = build_app(gw_cfg, gateway_store, Upstream(server.url, "base", retries=1, timeout_s=600),
                             tokenizer=tokenizer)
             gateway = ThreadedApp(app).__enter__()
@@ -412,7 +418,8 @@ def run(args: argparse.Namespace, work: Path, say: Any) -> dict[str, Any]:
             promoted version), or in process on the promoted version's backend."""
             if gateway is not None:
                 return ViaGateway(gateway.url, name, temperature=cfg.sampling.temperature,
-                                  max_tokens=cfg.sampling.max_tokens)
+                                  max_tokens=cfg.sampling.max_tokens, client_key=keys["client"],
+                                  verifier_key=keys["verifier"], feedback_key=keys["feedback"])
             from seed_agents.chat_model import SeedChatModel
 
             promoted = store.promoted_version(name)

@@ -331,12 +331,24 @@ class ViaGateway:
     """Users reach the agent's model through a capture gateway (``seed-agents gateway``):
     each session gets its own ``ChatOpenAI`` with ``X-Session-Id`` and ``X-Task-Key``
     headers, so the gateway stores its calls token-exactly under that session, and the
-    verifier's reward and the session's end are posted to the gateway's feedback routes."""
+    verifier's reward and the session's end are posted to the gateway's feedback routes.
+
+    A reward's source is what the key's role allows (``seed_agents.gateway.feedback``): the
+    verifier's reward goes with a ``verifier`` key, the session's end with a ``feedback`` key,
+    the chat with a ``client`` key (keys the gateway was started with; None on an open
+    gateway, which takes ``user`` rewards only)."""
 
     url: str  # the gateway's base URL, without /v1
     model: str  # the public model name the gateway serves (it resolves the promoted version)
     temperature: float = 0.7
     max_tokens: int = 96
+    client_key: str | None = None
+    verifier_key: str | None = None
+    feedback_key: str | None = None
+
+    @staticmethod
+    def _auth(key: str | None) -> dict[str, str]:
+        return {"Authorization": f"Bearer {key}"} if key else {}
 
     def chat_model(self, session_id: str, task_key: str, client: httpx.AsyncClient) -> Any:
         """``client``: an HTTP client of the running event loop. ChatOpenAI's default one is
@@ -344,18 +356,19 @@ class ViaGateway:
         (each ``asyncio.run`` of the caller is a new loop)."""
         from langchain_openai import ChatOpenAI
 
-        return ChatOpenAI(model=self.model, base_url=f"{self.url}/v1", api_key="unused", temperature=self.temperature,
+        return ChatOpenAI(model=self.model, base_url=f"{self.url}/v1", api_key=self.client_key or "unused",
+                          temperature=self.temperature,
                           max_tokens=self.max_tokens, max_retries=2, timeout=600, http_async_client=client,
                           default_headers={"X-Session-Id": session_id, "X-Task-Key": task_key})
 
     def reward_and_end(self, session_id: str, reward: float) -> None:
-        with httpx.Client(base_url=self.url, timeout=60) as client:
+        with httpx.Client(base_url=self.url, timeout=60, headers=self._auth(self.verifier_key)) as client:
             client.post(f"/v1/sessions/{session_id}/reward", json={"value": reward, "source": "verifier",
                                                                   "comment": "examples.library_service:library_reward"}).raise_for_status()
         self.end(session_id)
 
     def end(self, session_id: str) -> None:
-        with httpx.Client(base_url=self.url, timeout=60) as client:
+        with httpx.Client(base_url=self.url, timeout=60, headers=self._auth(self.feedback_key)) as client:
             client.post(f"/v1/sessions/{session_id}/end").raise_for_status()
 
 

@@ -31,15 +31,18 @@ class ToolAgentState(TypedDict, total=False):
 
 
 def build_tool_agent(llm: Any, tools: Sequence[BaseTool], *, system_prompt: str | None = None, max_turns: int = 6,
-                     first_tool_choice: str | None = None) -> Any:
+                     first_tool_choice: str | None = None, tool_choice: str | None = None) -> Any:
     """Compile the agent. ``llm`` needs ``bind_tools`` (``SeedChatModel`` has it).
 
     ``first_tool_choice``: the ``tool_choice`` of the first turn only (e.g. ``"any"`` where
     every task needs a tool: a small model that would answer from memory must look first);
-    later turns choose freely between answering and calling."""
+    ``tool_choice``: that of every turn (the first one too, unless ``first_tool_choice``
+    says otherwise). Unset, turns choose freely between answering and calling. The
+    continual loop passes what the deployed agent sends (``ToolAgentConfig.tool_choice``),
+    so a replay is forced where production is."""
     if max_turns < 1:
         raise ValueError(f"max_turns must be >= 1, got {max_turns}")
-    bound = llm.bind_tools(list(tools))
+    bound = llm.bind_tools(list(tools), tool_choice=tool_choice) if tool_choice else llm.bind_tools(list(tools))
     first = llm.bind_tools(list(tools), tool_choice=first_tool_choice) if first_tool_choice else bound
 
     def start(state: ToolAgentState) -> ToolAgentState:

@@ -58,3 +58,56 @@ def moved_module(module_name: str, spec: str | None = None) -> str:
                   f"({module_name.split('.')[0]}/ now installs as seed_agents.{module_name.split('.')[0]})",
                   RenamedConfigKey, stacklevel=3)
     return new
+
+
+_EPISODE_FORM = ({"task"}, {"state", "final_state"})
+_SESSION_FORM = ({"session"}, {"calls"})
+
+
+def reward_form(fn: Any, spec: str = "") -> str:
+    """"episode" for ``fn(task, state)`` (the runner's and the loop's), "session" for
+    ``fn(session, calls)`` (the gateway's verifiers); a one-line ValueError for anything else."""
+    import inspect
+
+    try:
+        params = [p for p in inspect.signature(fn).parameters.values()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    except (TypeError, ValueError):
+        params = []
+    names = [p.name for p in params[:2]]
+    required = [p for p in params if p.default is p.empty]
+    if len(names) == 2 and len(required) <= 2:
+        for form, (first, second) in (("episode", _EPISODE_FORM), ("session", _SESSION_FORM)):
+            if names[0] in first and names[1] in second:
+                return form
+    shown = getattr(fn, "__name__", type(fn).__name__)
+    raise ValueError(f"reward {spec or shown!r} takes ({', '.join(p.name for p in params)}); a reward takes "
+                     f"(task, state) like the loop's rewards or (session, calls) like the gateway's verifiers")
+
+
+def load_reward(spec: str) -> Any:
+    """The reward at ``spec`` as ``reward(task, state) -> float``, the loop's form. A gateway
+    verifier ``fn(session, calls)`` is adapted: it sees a session holding the replay's task
+    (``metadata["task"]``) and the episode's policy calls so far (the runner scores inside
+    the episode's capture scope); its None ("no opinion") scores 0."""
+    fn = load_object(spec)
+    if reward_form(fn, spec) == "episode":
+        return fn
+
+    def episode_reward(task: Any, state: dict[str, Any]) -> float:
+        import time
+
+        from seed_agents.capture import current_scope
+        from seed_agents.store.records import SessionRecord
+
+        scope = current_scope()
+        calls = [c for c in (scope.calls if scope is not None else []) if c.purpose == "policy"]
+        now = time.time()
+        session = SessionRecord(session_id=str(task.task_id), task_key=str(task.task_id), created_at=now, ended_at=now,
+                                metadata={"task": task.model_dump()}, flagged_reason=None, consumed_by=None,
+                                num_calls=len(calls))
+        value = fn(session, calls)
+        return 0.0 if value is None else float(value)
+
+    episode_reward.__name__ = getattr(fn, "__name__", "episode_reward")
+    return episode_reward

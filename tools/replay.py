@@ -26,6 +26,11 @@ recorded exchange with that key; a read asked more often than recorded gets the 
 again, a write never gets one twice (a second borrow is not the first one's success).
 Per-episode state (those cursors, ``counters``, ``unreplayable``) lives in the transport:
 use one per episode, ``fork()`` shares the recording, live connections and rate limit.
+
+A session that went through the capture gateway (or ``StoreSink``) needs no recording made
+on purpose: ``recording_from_transcript`` turns its transcript's tool results (each call and
+the tool message that answered it) into the exchanges those calls made, by running the
+same tools against a stand-in API that answers each request with the recorded text.
 """
 
 from __future__ import annotations
@@ -35,20 +40,22 @@ import copy
 import hashlib
 import json
 import os
+import re
 import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Literal, TypeVar
+from typing import Any, Literal, TypeVar
 from urllib.parse import urlencode
 
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from seed_agents.redact import redact
-from seed_agents.tools.openapi import READ_ONLY_METHODS, AuthConfig, EpisodeSignal
+from seed_agents.tools.openapi import READ_ONLY_METHODS, AuthConfig, EpisodeSignal, OpenAPIToolsConfig, openapi_tools
+from seed_agents.transcript import ToolResult
 from seed_agents.types import FaultKind
 
 Mode = Literal["record", "replay", "shadow"]
@@ -452,3 +459,44 @@ def _canonical_body(body: bytes, secrets: Sequence[str]) -> str:
     except ValueError:
         pass
     return redact(text, secrets)
+
+
+_HTTP_ERROR = re.compile(r"^Error: \S+ failed with HTTP (\d{3})[^:\n]*(?:: (.*))?$", re.DOTALL)
+
+
+def recording_from_transcript(spec: dict[str, Any] | str | Path, tools_config: OpenAPIToolsConfig,
+                              results: Sequence[ToolResult], config: ReplayConfig | None = None, *,
+                              is_read_only: Callable[[httpx.Request], bool] | None = None) -> Recording:
+    """The exchanges ``results`` (a session transcript's tool calls and answers) stand for.
+
+    Each call runs through the tools generated from ``spec`` (no credentials: they are not
+    part of a match key) on a stand-in API that answers with the tool message's text: 200,
+    or the status of a tool error the tools wrote (``Error: x failed with HTTP 404 ...``).
+    Results that made no request the tools could repeat (invalid arguments, an unreachable
+    service, 429 and 5xx answers, unknown tools) are left out: a replay reads those live
+    or misses. Calls are played in the session's order, so the n-th call with a key gets
+    the n-th answer, as in a recording made live."""
+    cfg = ReplayConfig(mode="record", ignore_query=(config.ignore_query if config else ()),
+                       secret_envs=(config.secret_envs if config else ()))
+    answer: list[tuple[int, str]] = []
+
+    def respond(request: httpx.Request) -> httpx.Response:
+        status, text = answer[0]
+        return httpx.Response(status, text=text, headers={"content-type": "text/plain; charset=utf-8"})
+
+    recording = Recording()
+    transport = ReplayTransport(cfg, recording, live=httpx.MockTransport(respond), is_read_only=is_read_only)
+    tools = {t.name: t for t in openapi_tools(spec, tools_config.model_copy(update={"auth": None, "max_retries": 0}),
+                                              transport=transport)}
+    for result in results:
+        status, text = 200, result.content
+        if result.content.startswith("Error: "):
+            m = _HTTP_ERROR.match(result.content)
+            if m is None or not 400 <= int(m.group(1)) < 500 or int(m.group(1)) == 429:
+                continue
+            status, text = int(m.group(1)), (m.group(2) or "").strip()
+        if result.name not in tools:
+            continue
+        answer[:] = [(status, text)]
+        tools[result.name].invoke(result.args)
+    return recording

@@ -5,11 +5,14 @@ One cycle, top to bottom (``ContinualLoop.step``):
 1. **claim** (``TraceStore.start_cycle``): up to ``sessions_per_cycle`` rewarded sessions,
    each claimed by exactly one cycle, ever; the cycle row records the promoted version it
    starts from.
-2. **replay**: each session's task (``metadata["task"]``) is played ``group_size`` times
-   by the promoted version, tools in shadow mode over the session's recorded responses
-   (``metadata["recording"]``, ``tools.replay``): reads from the recording or live under a
-   rate limit, writes to the sandbox or the recording, else the episode is unreplayable
-   (a fault, never trained on). The hindsight node writes each replay's skill (SEED).
+2. **replay**: each session's task is played ``group_size`` times by the promoted
+   version, tools in shadow mode over the session's recorded responses (``tools.replay``):
+   reads from the recording or live under a rate limit, writes to the sandbox or the
+   recording, else the episode is unreplayable (a fault, never trained on). The task is
+   ``metadata["task"]`` when set, else the session's own transcript (its first user
+   message, ``seed_agents.transcript``); the recording is ``metadata["recording"]`` when set,
+   else the transcript's tool results (``tools.replay.recording_from_transcript``). The
+   hindsight node writes each replay's skill (SEED).
 3. **train**: one SEED step on a LoRA adapter that starts from the promoted adapter, with
    the train command's builders (``seed_agents.app.policy``); the adapter is saved whole, then ``finish_training`` stores
    it as the next candidate, the cycle as ``trained`` and the claims as ``trained`` (or
@@ -67,7 +70,7 @@ from seed_agents.errors import ContinualError
 from seed_agents.faults import crash_point
 from seed_agents.graphs.hindsight import with_hindsight
 from seed_agents.graphs.tool_agent import build_tool_agent
-from seed_agents.imports import load_object
+from seed_agents.imports import load_object, load_reward
 from seed_agents.runner import EpisodeRunner
 from seed_agents.skills import SystemBlockInjector, TaskLineInjector
 from seed_agents.store import (
@@ -79,9 +82,10 @@ from seed_agents.store import (
     TraceStore,
 )
 from seed_agents.tools.openapi import load_spec, openapi_tools, read_only_predicate
-from seed_agents.tools.replay import Recording, ReplayConfig, ReplayTransport
+from seed_agents.tools.replay import Recording, ReplayConfig, ReplayTransport, recording_from_transcript
 from seed_agents.trainers.rollout import GraphRollout
 from seed_agents.trainers.seed_trainer import SEEDTrainer
+from seed_agents.transcript import session_transcript, transcript_of
 from seed_agents.types import FaultKind, Task, Trajectory
 
 __all__ = ["ContinualError", "ContinualLoop", "CycleOutcome", "cycle_overview"]
@@ -138,7 +142,7 @@ class ContinualLoop:
         self.cfg, self.log = cfg, log
         self.tools_cfg, self.replay_cfg = cfg.agent.tools, cfg.replay
         try:
-            self.reward = load_object(cfg.agent.reward)
+            self.reward = load_reward(cfg.agent.reward)
             self.sandbox_app = load_object(cfg.canary.sandbox_app) if cfg.canary.sandbox_app else None
         except ValueError as e:
             raise ContinualError(f"config: {' '.join(str(e).split())}") from None
@@ -147,7 +151,15 @@ class ContinualLoop:
             self.spec = load_spec(spec_source, allow_hosts=self.tools_cfg.allow_hosts)
         except (ValueError, OSError) as e:
             raise ContinualError(f"cannot load the OpenAPI spec {spec_source}: {' '.join(str(e).split())}") from None
-        self.read_only = read_only_predicate(openapi_tools(self.spec, self.tools_cfg), self.tools_cfg.base_url)
+        try:
+            tools = openapi_tools(self.spec, self.tools_cfg)
+        except ValueError as e:
+            raise ContinualError(f"agent.tools: {' '.join(str(e).split())}") from None
+        names = [t.name for t in tools]
+        if cfg.agent.tool_choice not in ("auto", "none", "required", "any", *names):
+            raise ContinualError(f"agent.tool_choice {cfg.agent.tool_choice!r} is not auto, none, required or one of "
+                                 f"the spec's tools ({', '.join(names)})")
+        self.read_only = read_only_predicate(tools, self.tools_cfg.base_url)
         self.canary_tasks = read_tasks(cfg.canary.tasks)
         self.policy = RewardPolicy(precedence=cfg.precedence, ignore_unlisted=cfg.ignore_unlisted)
         try:
@@ -243,14 +255,11 @@ class ContinualLoop:
         unusable: dict[str, str] = {}
         jobs, transports = [], []
         for sid in sids:
-            session = self.store.get_session(sid)
-            raw_task = session.metadata.get("task") if session is not None else None
-            if raw_task is None:
-                unusable[sid] = "no task recorded with the session (metadata['task']): it cannot be replayed"
+            found = self._replay_inputs(sid)
+            if isinstance(found, str):
+                unusable[sid] = found
                 continue
-            task = Task.model_validate(raw_task)
-            recorded = session.metadata.get("recording") if session is not None else None
-            recording = Recording.load(recorded, append=False) if recorded else Recording()
+            task, recording = found
             transport = ReplayTransport(self.replay_cfg, recording, is_read_only=self.read_only)
             transports.append(transport)
             for i in range(self.cfg.group_size):
@@ -281,6 +290,27 @@ class ContinualLoop:
                 kinds = ", ".join(sorted({t.fault.value for t in mine if t.fault is not None}))
                 unusable[sid] = f"{len(clean)} of {len(mine)} replays clean (faults: {kinds})"
         return trajs, unusable
+
+    def _replay_inputs(self, sid: str) -> tuple[Task, Recording] | str:
+        """The session's task and recording (explicit ones first, else its transcript), or why it has none."""
+        session = self.store.get_session(sid)
+        if session is None:
+            return "the session is not in the store"
+        transcript = session_transcript(session.metadata)
+        if transcript is None:  # stored before transcripts were kept: read the last call's conversation
+            calls = [c for c in self.store.calls(sid) if c.purpose == "policy"]
+            transcript = transcript_of(calls[-1].messages, calls[-1].tools) if calls else None
+        raw_task = session.metadata.get("task")
+        task = Task.model_validate(raw_task) if raw_task is not None else (
+            transcript.task(session.task_key or sid) if transcript is not None else None)
+        if task is None:
+            return "no task: the session has no user message and no metadata['task']; it cannot be replayed"
+        recorded = session.metadata.get("recording")
+        if recorded:
+            return task, Recording.load(recorded, append=False)
+        results = transcript.tool_results if transcript is not None else []
+        return task, recording_from_transcript(self.spec, self.tools_cfg, results, self.replay_cfg,
+                                               is_read_only=self.read_only)
 
     def _train(self, cycle_id: int, base: ModelVersionRecord, trajs: list[Trajectory]) -> tuple[Path, dict[str, float]]:
         """One SEED step on a LoRA adapter starting from ``base``'s; the adapter is saved
@@ -395,8 +425,9 @@ class ContinualLoop:
         llm = SeedChatModel(backend=backend, tokenizer=self.serving.tokenizer, sampling=sampling,
                             model_name=self.cfg.name)
         tools = openapi_tools(self.spec, self.tools_cfg, transport=transport)
-        graph = build_tool_agent(llm, tools, system_prompt=self.cfg.agent.system_prompt,
-                                 max_turns=self.cfg.agent.max_turns)
+        system_prompt = self.cfg.agent.system_prompt or task.data.get("system_prompt")  # the deployed one when unset
+        graph = build_tool_agent(llm, tools, system_prompt=system_prompt,
+                                 max_turns=self.cfg.agent.max_turns, **self.cfg.agent.tool_choices())
         if hindsight:
             s = self.cfg.skills
             graph = with_hindsight(graph, llm, success_fn=lambda state: self.reward(task, state) >= 1.0,

@@ -12,7 +12,7 @@ because it composes the tools' own configs.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -33,7 +33,22 @@ class ToolAgentConfig(BaseModel):
     tools: OpenAPIToolsConfig = Field(description="The tools generated from the spec (seed_agents.tools.openapi.OpenAPIToolsConfig): base_url (production), allow_hosts, allow_operations, auth, ...")
     system_prompt: str | None = Field(None, description="The agent's system message.")
     max_turns: int = Field(4, ge=1, le=100, description="Model turns per episode.")
-    reward: str = Field(description="Import path of the verifiable reward(task, final_state) -> float; success is reward >= 1.")
+    tool_choice: str = Field("auto", min_length=1, description=(
+        "The tool_choice the deployed agent sends: auto, none, required, or an operation's tool name (a forced call, "
+        "constrained as the gateway and SeedChatModel constrain it). Set it to what production sends, so the replayed "
+        "agent is the deployed one."))
+    tool_choice_turns: Literal["first", "every"] = Field("first", description=(
+        "Where tool_choice applies: the first turn only (later turns answer or call freely), or every turn."))
+    reward: str = Field(description=(
+        "Import path of the reward: reward(task, state) -> float, or the gateway's verifier form "
+        "fn(session, calls) -> float (adapted; see docs/deploy.md); success is reward >= 1."))
+
+    def tool_choices(self) -> dict[str, str | None]:
+        """``build_tool_agent``'s keyword arguments for ``tool_choice``."""
+        choice = None if self.tool_choice == "auto" else self.tool_choice
+        if self.tool_choice_turns == "every":
+            return {"tool_choice": choice}
+        return {"first_tool_choice": choice}
 
 
 class CanaryConfig(BaseModel):

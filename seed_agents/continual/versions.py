@@ -35,8 +35,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from seed_agents.continual.gate import GateDecision
-from seed_agents.store import ModelVersionRecord, StoreError, TraceStore
-from seed_agents.store import DecisionRecord
+from seed_agents.store import DecisionRecord, ModelVersionRecord, StoreError, TraceStore
 
 __all__ = ["DecisionRecord", "ServedVersion", "VersionRegistry", "VersionStatus", "served_name_of"]
 

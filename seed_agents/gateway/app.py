@@ -12,12 +12,22 @@ Sessions: the id comes from the ``X-Session-Id`` header or the path prefix
 ``X-Session-Id`` response header. ``X-Task-Key`` sets the session's task key (sessions
 with the same key form one training group) when the session has none yet.
 
+Replaying a session (the continual loop): every stored call keeps the session's transcript
+(task and tool results, ``seed_agents.transcript``) in its metadata, so a session is
+replayable with nothing else. ``PUT /v1/sessions/{id}/metadata`` (feedback role) sets an
+explicit ``task`` (a Task record) and/or ``recording`` (a ``tools.replay`` JSONL path on the
+loop's machine), which take precedence over the transcript.
+
 Rewards: ``POST /v1/sessions/{id}/reward``, ``POST /v1/sessions/{id}/end`` (runs the
 configured verifiers), ``POST /v1/tasks/{task_key}/judge`` (the LLM judge). Which reward
 trains is the store's ``RewardPolicy``: by default the first reward of the most trusted
 source present, ``verifier`` > ``user`` > ``judge`` (other sources after those, in arrival
 order); configurable as ``RewardPolicy(precedence=..., combine=..., ignore_unlisted=...)``
-where the trainer reads the store.
+where the trainer reads the store. So a reward's ``source`` is set by the sender's key,
+never by the body alone: a feedback key may send ``user`` only, a verifier key
+(``security.verifier_keys_env``) ``verifier``, an admin key any source; an open gateway
+(no keys) takes ``user`` only. A body asking for more gets 403 ``reward_source_forbidden``
+and nothing is stored. The gateway's own verifiers record ``verifier``, its judge ``judge``.
 
 What gets stored, and when:
 - Non-streaming: after vLLM answered and before the reply is sent; a store failure turns
@@ -29,6 +39,10 @@ What gets stored, and when:
 - Errors answer OpenAI-style ``{"error": {"message", "type", "code"}}``: 400 bad JSON or
   schema, 401/403 keys, 404 unknown model, 409 ended session, 413 oversize body,
   502/503/504 upstream or store trouble. None of them stores anything.
+- Under load: beyond ``max_in_flight`` requests in progress a new one gets 503 ``overloaded``
+  with ``Retry-After`` (``seed_agents.gateway.admission``), never a dropped connection; idle
+  connections stay open ``keep_alive_s`` (longer than clients' pool expiry). The document
+  of this contract, bodies and statuses included: ``seed_agents.gateway.openapi``.
 - Secrets: see ``recording`` (redacted, session flagged "secret", never trained).
 
 Versions: with config ``registry`` the upstream model and the stamped policy version
@@ -60,20 +74,21 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from seed_agents.gateway.admission import InFlightLimit
 from seed_agents.gateway.config import GatewayConfig
 from seed_agents.gateway.errors import GatewayError, bad_request, not_found
-from seed_agents.gateway.feedback import RewardIn, load_verifiers, run_verifiers
+from seed_agents.gateway.feedback import RewardIn, load_verifiers, reward_source, run_verifiers
 from seed_agents.gateway.judge import LLMJudge
 from seed_agents.gateway.policy import PolicyResolver
 from seed_agents.gateway.recording import Turn
-from seed_agents.gateway.render import ChatRequest, Renderer, Reply, parse_reply, parse_request
+from seed_agents.gateway.render import ChatRequest, Renderer, Reply, forced_prefix, parse_reply, parse_request, tool_choice_of
 from seed_agents.gateway.security import KeyRing, RedactingFilter, Redactor, Role, presented_key
 from seed_agents.gateway.streaming import DeltaBuilder
 from seed_agents.gateway.upstream import Upstream
 from seed_agents.observe import routes as observe_routes
 from seed_agents.observe.metrics import GatewayMetrics, MeteredRecorder
 from seed_agents.store import TraceStore
-from seed_agents.types import Completion, new_id
+from seed_agents.types import Completion, Task, new_id
 
 log = logging.getLogger("seed_agents.gateway")
 
@@ -142,7 +157,9 @@ def build_app(config: GatewayConfig, store: TraceStore, upstream: Upstream, *, t
     _add_error_handlers(app, gw)
     _add_chat_routes(app, gw)
     _add_feedback_routes(app, gw)
+    _add_session_metadata_route(app, gw)
     _add_admin_routes(app, gw)
+    app.add_middleware(InFlightLimit, limit=config.max_in_flight, stats=gw.stats)  # inside the metrics middleware: 503s counted
     observe_routes.install(app, gw.metrics, store, [Depends(_require(gw, Role.ADMIN))])
     return app
 
@@ -259,17 +276,20 @@ async def _chat(gw: Gateway, request: Request, path_session: str | None) -> Resp
         req = parse_request(data)
         if req.model != gw.cfg.model:
             raise not_found(f"model {req.model!r} does not exist here; this gateway serves {gw.cfg.model!r}", code="model_not_found")
-        params = gw.renderer.sampling(req, gw.cfg.default_max_tokens, gw.cfg.max_tokens_limit)
-        prompt_ids, rendered = gw.renderer.render(req.messages, req.tools)
+        choice = tool_choice_of(req)
+        tools = None if choice == "none" else req.tools  # "none": nothing offered, nothing parsed (as SeedChatModel)
+        prefix = forced_prefix(choice, tools)
+        params = gw.renderer.sampling(req, gw.cfg.default_max_tokens, gw.cfg.max_tokens_limit, tools=tools, prefix=prefix)
+        prompt_ids, rendered = gw.renderer.render(req.messages, tools, prefix)
         task_key = _task_key(request)
         await gw.recorder.open_session(sid)
         if gw.policy is not None:
             await gw.policy.refresh()
         # one snapshot: a version switch mid-request must not mix model and version
         model, version = gw.upstream.model, gw.upstream.policy_version
-        turn = Turn(session_id=sid, task_key=task_key, call_id=new_id(), messages=req.messages, tools=req.tools,
+        turn = Turn(session_id=sid, task_key=task_key, call_id=new_id(), messages=req.messages, tools=tools,
                     prompt_ids=prompt_ids, rendered=rendered, params=params, model=model, policy_version=version,
-                    stream=req.stream)
+                    stream=req.stream, prefix=prefix)
         if req.stream:
             return await _open_stream(gw, request, req, turn, headers)
         comp = await gw.upstream.complete(model, prompt_ids, params, version)
@@ -283,7 +303,7 @@ async def _chat(gw: Gateway, request: Request, path_session: str | None) -> Resp
         if e.status >= 500:
             log.warning("chat call in session %s failed: HTTP %d %s", sid, e.status, e.message)
         return e.response(headers)
-    reply = parse_reply(gw.renderer.decode(comp.token_ids), bool(req.tools))  # the client sees the unredacted text
+    reply = parse_reply(prefix + gw.renderer.decode(comp.token_ids), bool(tools))  # the client sees the unredacted text
     body = _completion_json(gw, turn.call_id, reply, comp, len(prompt_ids))
     return JSONResponse(body, headers={**headers, "X-Call-Id": turn.call_id})
 
@@ -331,7 +351,7 @@ async def _stream_events(gw: Gateway, request: Request, req: ChatRequest, turn: 
     def chunk(delta: dict[str, Any], finish: str | None = None) -> str:
         return _sse({**base, "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]})
 
-    builder = DeltaBuilder(gw.renderer.decode, has_tools=bool(req.tools))
+    builder = DeltaBuilder(lambda ids: turn.prefix + gw.renderer.decode(ids), has_tools=bool(turn.tools))
     logprobs: list[float] = []
     finish = None
     done = False
@@ -375,18 +395,20 @@ async def _stream_events(gw: Gateway, request: Request, req: ChatRequest, turn: 
 def _add_feedback_routes(app: FastAPI, gw: Gateway) -> None:
     feedback = [Depends(_require(gw, Role.FEEDBACK))]
 
-    @app.post("/v1/sessions/{session_id}/reward", dependencies=feedback)
+    @app.post("/v1/sessions/{session_id}/reward")
     async def reward(request: Request, session_id: str) -> dict[str, Any]:
+        roles = gw.keys.admit(presented_key(request.headers), Role.FEEDBACK, Role.VERIFIER)
         try:
             body = RewardIn.model_validate(await read_json(request, gw.cfg.security.max_request_bytes))
         except ValidationError as e:
             raise bad_request(f"invalid reward: {_first_error(e)}") from None
+        source = reward_source(body.source, roles)  # the key's authority, not the body's say
         await _existing_session(gw, session_id)
         comment = None if body.comment is None else gw.redactor.text(body.comment)
         reward_id = await gw.recorder.run(
-            lambda: gw.store.add_reward(session_id, body.value, source=body.source, turn=body.turn, comment=comment))
+            lambda: gw.store.add_reward(session_id, body.value, source=source, turn=body.turn, comment=comment))
         gw.stats["rewards_stored"] += 1
-        return {"session_id": session_id, "reward_id": reward_id}
+        return {"session_id": session_id, "reward_id": reward_id, "source": source}
 
     @app.post("/v1/sessions/{session_id}/end", dependencies=feedback)
     async def end(session_id: str, background: BackgroundTasks) -> dict[str, Any]:
@@ -441,6 +463,34 @@ async def _auto_judge(gw: Gateway, task_key: str) -> None:
 def _first_error(e: ValidationError) -> str:
     first = e.errors()[0]
     return f"{'.'.join(str(x) for x in first['loc']) or '(body)'}: {first['msg']}"
+
+
+# -- session metadata ---------------------------------------------------------------------------
+
+
+class SessionMetadataIn(BaseModel):
+    """Body of ``PUT /v1/sessions/{id}/metadata``: what the continual loop replays the session from."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    task: Task | None = Field(None, description="The task to replay (default: derived from the session's transcript).")
+    recording: str | None = Field(None, min_length=1, description="A tools.replay JSONL path on the loop's machine "
+                                                                  "(default: the transcript's tool results).")
+
+
+def _add_session_metadata_route(app: FastAPI, gw: Gateway) -> None:
+    @app.put("/v1/sessions/{session_id}/metadata", dependencies=[Depends(_require(gw, Role.FEEDBACK))])
+    async def session_metadata(request: Request, session_id: str) -> dict[str, Any]:
+        try:
+            body = SessionMetadataIn.model_validate(await read_json(request, gw.cfg.security.max_request_bytes))
+        except ValidationError as e:
+            raise bad_request(f"invalid session metadata: {_first_error(e)}") from None
+        extra = gw.redactor.obj(body.model_dump(mode="json", exclude_none=True))
+        if not extra:
+            raise bad_request("invalid session metadata: set task and/or recording")
+        await _existing_session(gw, session_id)
+        await gw.recorder.run(gw.store.merge_session_metadata, session_id, extra)
+        return {"session_id": session_id, "set": sorted(extra)}
 
 
 # -- admin ------------------------------------------------------------------------------------

@@ -43,8 +43,10 @@ class SecurityConfig(BaseModel):
     """Who may call what, what is scrubbed from stored text, and how big a request may be.
 
     Roles: ``client`` may chat (``/v1/chat/completions``, ``/v1/models``); ``feedback`` may
-    post rewards, end sessions and run the judge; ``admin`` may do everything, including
-    export and policy-version switches. With no key configured for any role the gateway
+    post ``user`` rewards, end sessions and run the judge; ``verifier`` (an outside checker)
+    may post ``verifier`` rewards; ``admin`` may do everything, including rewards of any
+    source, export and policy-version switches. A reward's source is what the key's role
+    allows, never the request body's say alone (``seed_agents.gateway.feedback``). With no key configured for any role the gateway
     is open (meant for loopback use) and says so once in the log. Once any key is set, a
     role with no keys of its own is reachable with an admin key only.
     """
@@ -53,9 +55,12 @@ class SecurityConfig(BaseModel):
 
     client_keys: list[SecretStr] = Field(default_factory=list, description="Inline client keys (prefer client_keys_env).")
     feedback_keys: list[SecretStr] = Field(default_factory=list, description="Inline feedback keys (prefer feedback_keys_env).")
+    verifier_keys: list[SecretStr] = Field(default_factory=list, description="Inline verifier keys (prefer verifier_keys_env).")
     admin_keys: list[SecretStr] = Field(default_factory=list, description="Inline admin keys (prefer admin_keys_env).")
     client_keys_env: str = Field("SEED_GATEWAY_CLIENT_KEYS", description="NAME of an env var holding comma-separated client keys.")
     feedback_keys_env: str = Field("SEED_GATEWAY_FEEDBACK_KEYS", description="NAME of an env var holding comma-separated feedback keys.")
+    verifier_keys_env: str = Field("SEED_GATEWAY_VERIFIER_KEYS",
+                                   description="NAME of an env var holding comma-separated verifier keys (rewards with source 'verifier').")
     admin_keys_env: str = Field("SEED_GATEWAY_ADMIN_KEYS", description="NAME of an env var holding comma-separated admin keys.")
     secret_patterns: list[str] = Field(default_factory=lambda: list(DEFAULT_SECRET_PATTERNS),
                                        description="Regexes whose matches are replaced by [REDACTED] in every stored text and log line.")
@@ -64,7 +69,7 @@ class SecurityConfig(BaseModel):
                                   description="NAMES of env vars whose VALUES are redacted like secret patterns (values under 6 characters are skipped).")
     max_request_bytes: int = Field(1 << 20, ge=1024, description="Largest request body accepted; larger ones get HTTP 413.")
 
-    @field_validator("client_keys_env", "feedback_keys_env", "admin_keys_env")
+    @field_validator("client_keys_env", "feedback_keys_env", "verifier_keys_env", "admin_keys_env")
     @classmethod
     def _env_name(cls, v: str) -> str:
         return check_env_name(v)
@@ -158,6 +163,9 @@ class GatewayConfig(BaseModel):
     upstream_timeout_s: float = Field(300.0, gt=0, description="Per-request timeout towards the upstream (non-streaming: whole reply; streaming: between chunks).")
     upstream_retries: int = Field(2, ge=0, le=10, description="Retries when the upstream cannot be reached or answers 502/503 before sending anything.")
     upstream_max_connections: int = Field(256, ge=1, description="Connection pool size towards the upstream.")
+    max_in_flight: int = Field(256, ge=1, description="Requests in progress at once (streams included); beyond it HTTP 503 with Retry-After.")
+    keep_alive_s: float = Field(75.0, gt=0, le=3600, description="Seconds an idle client connection stays open; longer than clients' "
+                                "pool expiry (httpx: 5 s) so a pooled connection is never closed under a request.")
     verifiers: list[str] = Field(default_factory=list, description="'pkg.mod:fn' callables run on session end: fn(session, calls) -> float | None.")
     judge: JudgeConfig | None = Field(None, description="LLM judge that scores ended sessions of one task key against each other.")
     registry: RegistryConfig | None = Field(None, description="Follow the store's promoted model version instead of upstream_model/policy_version.")

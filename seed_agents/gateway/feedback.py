@@ -4,6 +4,12 @@ A session may collect several rewards; the store's ``RewardPolicy`` decides whic
 trains (default precedence: ``verifier`` > ``user`` > ``judge``, first value of the
 winning source). The gateway only records rewards with their source, never resolves them.
 
+Because the source decides what trains, it carries the authority of who sent it
+(``reward_source``): a feedback key (and anyone on an open gateway) posts ``user``
+rewards only, a verifier key ``verifier`` ones, an admin key any source; the gateway's
+own verifiers record ``verifier`` and its judge ``judge``. A body asking for more than
+its key allows is refused (403), never quietly downgraded.
+
 A verifier is any ``fn(session: SessionRecord, calls: list[LLMCall]) -> float | None``
 named by import path (``pkg.mod:fn``) in the config. It runs when a session ends; a
 float becomes a reward with source ``"verifier"`` (comment: the verifier's path), None
@@ -23,6 +29,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from sqlalchemy.exc import SQLAlchemyError
 
+from seed_agents.gateway.errors import GatewayError
+from seed_agents.gateway.security import Role
 from seed_agents.imports import load_object
 from seed_agents.store import SessionRecord, StoreError, TraceStore
 from seed_agents.types import LLMCall
@@ -30,6 +38,7 @@ from seed_agents.types import LLMCall
 log = logging.getLogger("seed_agents.gateway")
 
 VERIFIER_SOURCE = "verifier"
+USER_SOURCE = "user"
 Verifier = Callable[[SessionRecord, list[LLMCall]], "float | None"]
 
 
@@ -39,7 +48,9 @@ class RewardIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     value: float = Field(description="The reward; any finite number (the trainer normalizes per group).")
-    source: str = Field("user", min_length=1, max_length=64, description="Who gives it: user, env, verifier, ...")
+    source: str | None = Field(None, min_length=1, max_length=64,
+                               description="Who gives it: user, verifier, env, ...; must be one the key's role may send "
+                                           "(default: user, or verifier for a verifier-only key).")
     turn: int | None = Field(None, ge=0, description="The call index (0-based) it is about; None for the whole session.")
     comment: str | None = Field(None, max_length=20000, description="Free text; redacted before it is stored.")
 
@@ -49,6 +60,23 @@ class RewardIn(BaseModel):
         if not math.isfinite(v):
             raise ValueError("must be a finite number")
         return v
+
+
+def reward_source(requested: str | None, roles: set[Role]) -> str:
+    """The source a reward is stored with, given the sender's key roles (empty: an open
+    gateway). Raises 403 when ``requested`` is more than those roles may send."""
+    if Role.ADMIN in roles:
+        return requested or USER_SOURCE
+    allowed = [USER_SOURCE] if Role.FEEDBACK in roles or not roles else []
+    if Role.VERIFIER in roles:
+        allowed.append(VERIFIER_SOURCE)
+    source = requested or allowed[0]
+    if source not in allowed:
+        who = "an open gateway (no keys configured)" if not roles else "this key"
+        raise GatewayError(403, f"{who} may post rewards with source {' or '.join(map(repr, allowed))} only, not "
+                           f"{source[:64]!r}; a verifier key or an admin key may send other sources",
+                           type="permission_error", code="reward_source_forbidden")
+    return source
 
 
 def load_verifiers(paths: list[str]) -> list[tuple[str, Verifier]]:

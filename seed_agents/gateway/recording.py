@@ -13,6 +13,12 @@ call. Redaction decides whether the session may train:
   the redacted text with logprobs 0.0. Such a call is marked ``scope["flagged"] =
   "secret"``; its ids are not what the model saw, which is harmless because a flagged
   session is never trained on, and necessary because raw ids would be the secret again.
+
+Each stored call also updates the session's replayable transcript (``metadata["transcript"]``,
+``seed_agents.transcript``): the first user message, the system prompt, the tool names, and
+every tool call with the tool message the client answered it with, read from the
+client's structured messages after redaction. The continual loop replays a session from it
+when no explicit ``metadata["task"]`` / ``["recording"]`` was set.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from seed_agents.gateway.errors import GatewayError
 from seed_agents.gateway.render import Renderer
 from seed_agents.gateway.security import Redactor
 from seed_agents.store import SessionRecord, StoreError, TraceStore
+from seed_agents.transcript import Transcript, record_transcript, transcript_of
 from seed_agents.types import Completion, LLMCall, SamplingParams
 
 log = logging.getLogger("seed_agents.gateway")
@@ -54,6 +61,7 @@ class Turn:
     model: str
     policy_version: int
     stream: bool
+    prefix: str = ""  # a forced call's prefill: the end of the prompt, the start of the client's reply
     started_at: float = field(default_factory=time.time)
     t0: float = field(default_factory=time.perf_counter)
 
@@ -81,12 +89,12 @@ class Recorder:
 
     def build(self, turn: Turn, comp: Completion) -> tuple[LLMCall, bool]:
         """The call as it will be stored, and whether it carried a secret."""
-        text = self.renderer.decode(comp.token_ids)
+        text = self.renderer.decode(comp.token_ids)  # the sampled text only, as SeedChatModel records a forced call
         messages, tools = self.redactor.obj(turn.messages), self.redactor.obj(turn.tools)
         prompt_secret = messages != turn.messages or tools != turn.tools
         prompt_ids, rendered = turn.prompt_ids, turn.rendered
         if prompt_secret:
-            prompt_ids, rendered = self.renderer.render(messages, tools)
+            prompt_ids, rendered = self.renderer.render(messages, tools, turn.prefix)
             rendered = self.redactor.obj(rendered)
         red_text = self.redactor.text(text)
         completion_ids, logprobs = comp.token_ids, comp.logprobs
@@ -107,17 +115,19 @@ class Recorder:
 
     async def save(self, turn: Turn, call: LLMCall, flagged: bool) -> None:
         """Write the call (after flagging its session when it held a secret); 503 on a store failure."""
-        await self.run(self._write, turn.session_id, turn.task_key, call, flagged)
+        transcript = transcript_of(self.redactor.obj(turn.messages), self.redactor.obj(turn.tools))
+        await self.run(self._write, turn.session_id, turn.task_key, call, flagged, transcript)
         self.stats["calls_stored"] += 1
         if flagged:
             self.stats["secret_calls"] += 1
             log.warning("session %s: a secret was redacted; the session is flagged and kept out of training", turn.session_id)
 
-    def _write(self, session_id: str, task_key: str | None, call: LLMCall, flagged: bool) -> None:
+    def _write(self, session_id: str, task_key: str | None, call: LLMCall, flagged: bool, transcript: Transcript) -> None:
         if flagged:  # out of training before the call becomes visible
             self.store.create_session(session_id, task_key=task_key)
             self.store.flag_session(session_id, SECRET_FLAG)
         self.store.add_call(session_id, call, task_key=task_key)  # creates the session when new
+        record_transcript(self.store, session_id, transcript)
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
         """Run a blocking store method off the event loop; a store failure becomes a 503."""

@@ -5,6 +5,14 @@ langchain messages (``convert_to_messages``, the same conversion LangChain appli
 dict input) and ``render_chat`` (what ``SeedChatModel`` renders with) turns them into token ids, tools included
 (native template tools, or the Hermes fallback for templates that know none). So an agent
 behind the gateway and the same agent on ``SeedChatModel`` see identical prompt ids.
+
+``tool_choice`` is honoured the way ``SeedChatModel.bind_tools`` honours it: "none" offers
+no tools, "auto" (the default) lets the model choose under a grammar in which
+``<tool_call>`` opens only a valid call to a sent tool, "required" and a named tool
+prefill the start of a call and constrain the rest to that call (``forced_tool_prefix``,
+``backends.grammar.tool_call_tag``; vLLM gets the grammar as
+``structured_outputs.structural_tag``). A forced reply therefore always parses as a call
+unless ``max_tokens`` cuts it.
 """
 
 from __future__ import annotations
@@ -14,16 +22,17 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import jinja2
-from langchain_core.messages import convert_to_messages
+from langchain_core.messages import AIMessage, convert_to_messages
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from seed_agents.chat_model import render_chat
+from seed_agents.backends.grammar import tool_call_tag
+from seed_agents.chat_model import forced_tool_prefix, render_chat
 from seed_agents.gateway.errors import bad_request
 from seed_agents.tool_calls import parse_tool_calls
 from seed_agents.types import SamplingParams
 
 # Accepted for client compatibility, with no effect on sampling or capture.
-_IGNORED = {"user", "parallel_tool_calls", "metadata", "store", "service_tier", "stream_options", "tool_choice"}
+_IGNORED = {"user", "parallel_tool_calls", "metadata", "store", "service_tier", "stream_options"}
 
 
 class ChatRequest(BaseModel):
@@ -34,6 +43,7 @@ class ChatRequest(BaseModel):
     model: str
     messages: list[dict[str, Any]] = Field(min_length=1)
     tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
     stream: bool = False
     stream_options: dict[str, Any] | None = None
     temperature: float | None = Field(None, ge=0.0, le=2.0)
@@ -72,7 +82,32 @@ def parse_request(data: Any) -> ChatRequest:
     for i, t in enumerate(req.tools or []):
         if t.get("type") != "function" or not isinstance(t.get("function"), dict) or not isinstance(t["function"].get("name"), str):
             raise bad_request(f"tools[{i}] must be {{'type': 'function', 'function': {{'name': ..., 'parameters': ...}}}}")
+    tool_choice_of(req)  # a malformed choice is a 400 before anything runs
     return req
+
+
+def tool_choice_of(req: ChatRequest) -> str | None:
+    """OpenAI's ``tool_choice`` in ``SeedChatModel``'s terms: None (auto), "none", "any"
+    (OpenAI's "required") or a tool's name; a 400 when it is malformed or names no sent tool."""
+    choice = req.tool_choice
+    names = [t["function"]["name"] for t in req.tools or []]
+    if choice is None or choice == "auto":
+        return None
+    if choice == "none":
+        return "none"
+    if choice == "required":
+        name = "any"
+    elif isinstance(choice, dict) and choice.get("type") == "function" and isinstance((choice.get("function") or {}).get("name"), str):
+        name = choice["function"]["name"]
+    else:
+        raise bad_request('tool_choice must be "none", "auto", "required" or {"type": "function", "function": {"name": ...}}',
+                          code="invalid_tool_choice")
+    if not names:
+        raise bad_request("tool_choice forces a tool call, but the request sends no tools", code="invalid_tool_choice")
+    if name != "any" and name not in names:
+        raise bad_request(f"tool_choice names {name!r}, which is not among the request's tools ({', '.join(names)})",
+                          code="invalid_tool_choice")
+    return name
 
 
 def _check_content(i: int, content: Any) -> None:
@@ -128,10 +163,16 @@ class Renderer:
         eos = tokenizer.eos_token_id
         self.stop_token_ids: tuple[int, ...] = () if eos is None else (int(eos),)
 
-    def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> tuple[list[int], list[dict[str, Any]]]:
-        """(prompt ids, rendered message dicts) or a 400 naming what the template rejected."""
+    def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+               prefix: str = "") -> tuple[list[int], list[dict[str, Any]]]:
+        """(prompt ids, rendered message dicts) or a 400 naming what the template rejected.
+        ``prefix``: a forced call's prefill, continued as the assistant's turn (as
+        ``SeedChatModel`` renders it)."""
         try:
-            return render_chat(self.tokenizer, convert_to_messages(messages), tools, self.tool_format)
+            lc = convert_to_messages(messages)
+            if prefix:
+                lc = [*lc, AIMessage(prefix)]
+            return render_chat(self.tokenizer, lc, tools, self.tool_format, continue_final=bool(prefix))
         except (ValueError, TypeError, KeyError) as e:
             raise bad_request(f"cannot render these messages: {_first_line(e)}", code="invalid_messages") from None
         except jinja2.TemplateError as e:
@@ -144,7 +185,10 @@ class Renderer:
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
-    def sampling(self, req: ChatRequest, default_max_tokens: int, max_tokens_limit: int) -> SamplingParams:
+    def sampling(self, req: ChatRequest, default_max_tokens: int, max_tokens_limit: int, *,
+                 tools: list[dict[str, Any]] | None = None, prefix: str = "") -> SamplingParams:
+        """The request's sampling; with ``tools``, constrained to ``tool_call_tag(tools, prefix)``
+        (``SeedChatModel``'s grammar), so a call the client gets is a call to a sent tool."""
         max_tokens = req.max_completion_tokens or req.max_tokens or default_max_tokens
         if max_tokens > max_tokens_limit:
             raise bad_request(f"max_tokens {max_tokens} exceeds this gateway's limit of {max_tokens_limit}", code="max_tokens_too_large")
@@ -154,7 +198,16 @@ class Renderer:
             top_p=1.0 if req.top_p is None else req.top_p,
             seed=req.seed,
             stop_token_ids=self.stop_token_ids,
+            structural_tag=tool_call_tag(tools, prefix) if tools else None,
         )
+
+
+def forced_prefix(choice: str | None, tools: list[dict[str, Any]] | None) -> str:
+    """The prefill of a forced call ("" when the model chooses), as ``SeedChatModel`` writes it."""
+    try:
+        return forced_tool_prefix(choice, tools)
+    except ValueError as e:
+        raise bad_request(str(e), code="invalid_tool_choice") from None
 
 
 def _first_line(e: BaseException) -> str:

@@ -1,6 +1,6 @@
 """Role keys and secret redaction: what keeps the gateway safe to put in front of users.
 
-Keys: each role (client, feedback, admin) has a set of keys; a presented key is hashed
+Keys: each role (client, feedback, verifier, admin) has a set of keys; a presented key is hashed
 and compared with every configured key's hash by ``hmac.compare_digest``, so neither the
 time taken nor an early exit tells an attacker how much of a guess was right. Key values
 are never logged, stored or echoed.
@@ -36,6 +36,7 @@ MAX_LOG_CHARS = 600
 class Role(StrEnum):
     CLIENT = "client"
     FEEDBACK = "feedback"
+    VERIFIER = "verifier"  # an outside verifier: may post rewards with source "verifier"
     ADMIN = "admin"
 
 
@@ -57,6 +58,7 @@ class KeyRing:
         for role, inline, env_name in (
             (Role.CLIENT, cfg.client_keys, cfg.client_keys_env),
             (Role.FEEDBACK, cfg.feedback_keys, cfg.feedback_keys_env),
+            (Role.VERIFIER, cfg.verifier_keys, cfg.verifier_keys_env),
             (Role.ADMIN, cfg.admin_keys, cfg.admin_keys_env),
         ):
             from_env = [k.strip() for k in env.get(env_name, "").split(",") if k.strip()]
@@ -85,15 +87,22 @@ class KeyRing:
 
     def check(self, presented: str | None, allowed: Role) -> None:
         """Admit a request needing ``allowed`` (an admin key is admitted everywhere)."""
+        self.admit(presented, allowed)
+
+    def admit(self, presented: str | None, *allowed: Role) -> set[Role]:
+        """Admit a request needing any of ``allowed`` (or admin); return the key's roles,
+        which an endpoint may use to decide what the caller may do (empty when open)."""
         if self.open:
-            return
+            return set()
         if not presented:
             raise GatewayError(401, "missing API key: send 'Authorization: Bearer <key>'", type="authentication_error", code="missing_api_key")
         roles = self.role_of(presented)
         if not roles:
             raise GatewayError(401, "invalid API key", type="authentication_error", code="invalid_api_key")
-        if allowed not in roles and Role.ADMIN not in roles:
-            raise GatewayError(403, f"this key may not use {allowed.value} endpoints", type="permission_error", code="forbidden")
+        if roles.isdisjoint(allowed) and Role.ADMIN not in roles:
+            names = " or ".join(r.value for r in allowed)
+            raise GatewayError(403, f"this key may not use {names} endpoints", type="permission_error", code="forbidden")
+        return roles
 
 
 def presented_key(headers: Mapping[str, str]) -> str | None:

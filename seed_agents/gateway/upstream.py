@@ -33,6 +33,10 @@ log = logging.getLogger("seed_agents.gateway")
 
 _FINISH: dict[str, FinishReason] = {"stop": "stop", "length": "length"}
 _RETRY_STATUS = (502, 503)
+#: Seconds a pooled upstream connection may idle before the gateway drops it: well below
+#: vLLM's (uvicorn's) 5 s keep-alive, so the gateway never reuses a connection the server
+#: is closing at that moment (seen under load as ReadError / RemoteProtocolError -> 502).
+KEEPALIVE_S = 2.0
 
 
 class UpstreamError(GatewayError):
@@ -69,7 +73,7 @@ class Upstream:
         self.retries = retries
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._api_key = api_key
-        limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
+        limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections, keepalive_expiry=KEEPALIVE_S)
         self._client = httpx.AsyncClient(
             base_url=self.base_url, timeout=httpx.Timeout(timeout_s, connect=min(timeout_s, 10.0)),
             limits=limits, transport=transport, headers=self._headers,
@@ -159,6 +163,10 @@ class Upstream:
                         response = await do()
                     except (httpx.ConnectError, httpx.ConnectTimeout) as e:
                         raise _Retryable(UpstreamError(502, f"cannot reach the model server ({type(e).__name__})", type="upstream_unavailable", code="upstream_unreachable")) from None
+                    except (httpx.ReadError, httpx.RemoteProtocolError) as e:
+                        # closed before any reply (typically a pooled connection the server shut as
+                        # it was reused): nothing was answered or stored, so asking again is safe
+                        raise _Retryable(UpstreamError(502, f"the connection to the model server failed ({type(e).__name__})", type="upstream_error", code="upstream_transport")) from None
                     if response.status_code in _RETRY_STATUS:
                         raise _Retryable(_status_error(response))
         except _Retryable as e:

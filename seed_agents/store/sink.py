@@ -2,7 +2,10 @@
 
 With it, an in-process LangGraph agent (``capture(sink=StoreSink(store))``) and the
 runner land in the same tables as agents behind the capture gateway. Each call is stored
-the moment it is recorded (one transaction), so a crash loses no finished call.
+the moment it is recorded (one transaction), so a crash loses no finished call. Each call
+also updates the session's replayable transcript (``seed_agents.transcript``: the task and
+the tool results, read from the call's messages), as the gateway does, so an in-process
+agent's session is replayable by the continual loop with nothing else.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import threading
 from pydantic import BaseModel
 
 from seed_agents.store.store import TraceStore
+from seed_agents.transcript import record_transcript, transcript_of
 from seed_agents.types import LLMCall, Trajectory, new_id
 
 
@@ -40,7 +44,10 @@ class StoreSink:
             if self._closed:
                 raise ValueError("this StoreSink is closed")
         if kind == "call" and isinstance(record, LLMCall):
-            self.store.add_call(self.session_of(record), record, task_key=self._task_of(record))
+            session = self.session_of(record)
+            self.store.add_call(session, record, task_key=self._task_of(record))
+            if record.purpose == "policy":  # the analyzer's prompt is not the agent's conversation
+                record_transcript(self.store, session, transcript_of(record.messages, record.tools))
         elif kind == "trajectory" and isinstance(record, Trajectory):
             session = self.session_of(record.calls[0]) if record.calls else record.trajectory_id
             self.store.add_trajectory(record, session_id=session)

@@ -31,7 +31,9 @@ def seed_sessions(store: TraceStore, n: int, *, start: int = 0, task: bool = Tru
     for i in range(start, start + n):
         spec = LIBRARY_TASKS[i % len(LIBRARY_TASKS)]
         sid = store.create_session(f"sess-{i:03d}", task_key=spec["task_id"], metadata={"task": spec} if task else {})
-        store.add_call(sid, LLMCall(call_id=f"call-{i:03d}", messages=[{"role": "user", "content": spec["data"]["question"]}],
+        # without a task: a conversation with no user message, so none can be derived either
+        messages = [{"role": "user", "content": spec["data"]["question"]}] if task else [{"role": "system", "content": "hi"}]
+        store.add_call(sid, LLMCall(call_id=f"call-{i:03d}", messages=messages,
                                     prompt_ids=[1, 2, 3], completion_ids=[4], logprobs=[-0.5]))
         store.add_reward(sid, float(i % 2), source="user")
         store.end_session(sid)
@@ -78,7 +80,7 @@ def test_cycles_claim_train_gate_and_account_for_every_session(tmp_path, tiny_mo
     claims = store.claim_states()
     assert set(claims) == set(sids)  # every session claimed, each by exactly one cycle
     assert [cid for cid, _, _ in claims.values()].count(outcomes[0].cycle_id) == 2
-    assert claims["sess-003"][1:] == ("unusable", "no task recorded with the session (metadata['task']): it cannot be replayed")
+    assert claims["sess-003"][1:] == ("unusable", "no task: the session has no user message and no metadata['task']; it cannot be replayed")
     assert sorted(s for s, (_, state, _) in claims.items() if state == "trained") == sids[:3]
     queue, cycles = cycle_overview(store, cfg.name)
     assert queue.model_dump() == {"unclaimed": 0, "claimed": 0, "trained": 3, "unusable": 1}

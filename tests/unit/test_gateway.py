@@ -109,9 +109,8 @@ def test_stored_call_equals_what_seed_chat_model_records(client, store, fake, to
     r = chat(client, CONVERSATION, tools=TOOLS, temperature=0.5, max_tokens=64)
     (gateway_call,) = store.calls(r.headers["x-session-id"])
 
-    # the gateway passes a client's request through unconstrained (it asks for no grammar),
-    # so the comparison is with SeedChatModel's unconstrained tool calls
-    llm = SeedChatModel(backend=FakeBackend(tokenizer, CALL_TEXT), tokenizer=tokenizer, constrain_tool_calls=False,
+    # tools sent with tool_choice auto: constrained as SeedChatModel constrains them by default
+    llm = SeedChatModel(backend=FakeBackend(tokenizer, CALL_TEXT), tokenizer=tokenizer,
                         sampling=SamplingParams(max_tokens=64, temperature=0.5)).bind(tools=TOOLS)
     lc_messages = [SystemMessage("You are a weather bot."), HumanMessage("Weather in Paris?"),
                    AIMessage("", tool_calls=[{"name": "get_weather", "args": {"city": "Paris"}, "id": "call_1"}]),

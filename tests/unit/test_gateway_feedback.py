@@ -92,6 +92,56 @@ def test_reward_for_unknown_session_is_404(tokenizer, store):
     assert r.status_code == 404 and r.json()["error"]["code"] == "session_not_found"
 
 
+# -- who may send which source ------------------------------------------------------------------
+
+
+@pytest.fixture
+def role_keys(monkeypatch):
+    monkeypatch.setenv("SEED_GATEWAY_CLIENT_KEYS", "client-key")
+    monkeypatch.setenv("SEED_GATEWAY_FEEDBACK_KEYS", "feedback-key")
+    monkeypatch.setenv("SEED_GATEWAY_VERIFIER_KEYS", "verifier-key")
+    monkeypatch.setenv("SEED_GATEWAY_ADMIN_KEYS", "admin-key")
+
+
+def bearer(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+@pytest.mark.parametrize("key, asked, stored", [
+    ("feedback-key", None, "user"), ("feedback-key", "user", "user"),
+    ("feedback-key", "verifier", 403), ("feedback-key", "judge", 403), ("feedback-key", "env", 403),
+    ("verifier-key", None, "verifier"), ("verifier-key", "verifier", "verifier"), ("verifier-key", "user", 403),
+    ("admin-key", None, "user"), ("admin-key", "verifier", "verifier"), ("admin-key", "env", "env"),
+    ("client-key", "user", 403),
+])
+def test_reward_source_is_what_the_key_may_send(tokenizer, store, role_keys, key, asked, stored):
+    with gateway(tokenizer, store) as c:
+        r = c.post("/v1/chat/completions", json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}]},
+                   headers=bearer("client-key"))
+        sid = r.headers["x-session-id"]
+        body = {"value": 0.25} if asked is None else {"value": 0.25, "source": asked}
+        r = c.post(f"/v1/sessions/{sid}/reward", json=body, headers=bearer(key))
+    if stored == 403:
+        err = r.json()["error"]
+        assert r.status_code == 403 and err["type"] == "permission_error" and err["message"]
+        assert err["code"] == ("forbidden" if key == "client-key" else "reward_source_forbidden")
+        assert store.rewards(sid) == []
+    else:
+        assert r.status_code == 200 and r.json()["source"] == stored
+        assert [(x.source, x.value) for x in store.rewards(sid)] == [(stored, 0.25)]
+
+
+def test_open_gateway_takes_user_rewards_only_but_its_verifiers_still_count(tokenizer, store, verifiers):
+    with gateway(tokenizer, store, verifiers=["gw_test_verifiers:passes"]) as c:
+        sid = new_session(c)
+        forged = c.post(f"/v1/sessions/{sid}/reward", json={"value": 0.0, "source": "verifier"})
+        assert forged.status_code == 403 and forged.json()["error"]["code"] == "reward_source_forbidden"
+        assert c.post(f"/v1/sessions/{sid}/reward", json={"value": 0.0}).json()["source"] == "user"
+        assert c.post(f"/v1/sessions/{sid}/end").status_code == 200
+    assert [(r.source, r.value) for r in store.rewards(sid)] == [("user", 0.0), ("verifier", 1.0)]
+    assert store.session_reward(sid) == 1.0  # the in-gateway verifier, not a forged one, decides
+
+
 # -- end and verifiers ------------------------------------------------------------------------------
 
 

@@ -102,6 +102,20 @@ def test_keys_compare_in_constant_time(monkeypatch):
     assert e.value.status == 403
 
 
+def test_verifier_keys_come_from_their_env_var_and_admit_the_reward_route_only():
+    cfg = SecurityConfig(verifier_keys_env="MY_VERIFIER_KEYS")
+    ring = KeyRing.from_config(cfg, environ={"MY_VERIFIER_KEYS": "v-key-1, v-key-2", "SEED_GATEWAY_ADMIN_KEYS": "adm"})
+    assert ring.admit("v-key-2", Role.FEEDBACK, Role.VERIFIER) == {Role.VERIFIER}
+    assert ring.admit("adm", Role.FEEDBACK, Role.VERIFIER) == {Role.ADMIN}
+    for role in (Role.CLIENT, Role.FEEDBACK):  # a verifier key neither chats nor ends sessions
+        with pytest.raises(Exception) as e:
+            ring.check("v-key-1", role)
+        assert e.value.status == 403
+    assert KeyRing.from_config(SecurityConfig(), environ={}).admit(None, Role.FEEDBACK) == set()  # open: no roles
+    with pytest.raises(ValidationError):
+        SecurityConfig(verifier_keys_env="sk-live-abcdef0123456789")
+
+
 def test_role_key_env_names_are_names_not_values():
     with pytest.raises(ValidationError) as e:
         SecurityConfig(client_keys_env="sk-live-abcdef0123456789")

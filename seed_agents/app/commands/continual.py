@@ -72,18 +72,49 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_continual(args: argparse.Namespace) -> int:
-    from seed_agents.app.continual import ContinualLoop
     from seed_agents.config import ConfigError
 
     if args.cycles is not None and args.cycles < 1:
         raise ConfigError(f"--cycles must be >= 1, got {args.cycles}")
     cfg = load_config(ContinualConfig, args.config, args.config_flags(args))
-    loop = ContinualLoop(cfg, log=lambda line: print(line, flush=True))
+    check_continual(cfg)
+    from seed_agents.app.continual import ContinualLoop
+
+    loop = ContinualLoop(cfg, log=lambda line: print(line, flush=True))  # the spec, tools, reward and store
     try:
         loop.run(args.cycles, once=args.once)
     finally:
         loop.close()
     return 0
+
+
+TRAINING_STACK = ("torch", "transformers", "peft", "trl", "datasets")
+
+
+def check_continual(cfg: ContinualConfig) -> None:
+    """What the loop needs before its first replay (minutes of replays must not end in an
+    import error or a missing key): the training stack imports, the tools' credentials
+    are set, the base model is here and the vLLM server answers. ``ContinualLoop`` then
+    checks the spec, the tool_choice, the reward's signature and the store. One
+    ``UserError`` line per problem."""
+    import importlib
+
+    from seed_agents.errors import ConfigError
+    from seed_agents.preflight import check_backend
+
+    for module in TRAINING_STACK:
+        try:
+            importlib.import_module(module)
+        except Exception as e:  # noqa: BLE001 -- a broken install raises anything at import time
+            why = " ".join(f"{type(e).__name__}: {e}".split())[:200]
+            raise ConfigError(f"the training stack does not import: `import {module}` failed ({why}); "
+                              f"reinstall it (pip install -e '.[train]' or your lock file) before running the loop") from None
+    auths = [("agent.tools.auth", cfg.agent.tools.auth), ("replay.sandbox_auth", cfg.replay.sandbox_auth)]
+    for where, auth in auths:
+        if auth is not None and auth.secret() is None:
+            raise ConfigError(f"{where} reads the environment variable {auth.env}, which is not set: export it where "
+                              f"the loop runs (keys are read from the environment, never from the config)")
+    check_backend(cfg.backend, flag="backend.model")
 
 
 def cmd_list(args: argparse.Namespace) -> int:

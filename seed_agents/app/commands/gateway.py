@@ -106,7 +106,8 @@ def cmd_gateway(args: argparse.Namespace) -> int:
         where = make_url(cfg.store).render_as_string(hide_password=True)
         print(f"gateway for {cfg.model!r} -> {upstream.base_url} (model {upstream.model!r}); store {where}; "
               f"OpenAI base URL http://{cfg.host}:{cfg.port}/v1", flush=True)
-        uvicorn.run(app, host=cfg.host, port=cfg.port, log_level="info", access_log=False)
+        uvicorn.run(app, host=cfg.host, port=cfg.port, log_level="info", access_log=False,
+                    timeout_keep_alive=cfg.keep_alive_s)  # see GatewayConfig.keep_alive_s
     finally:
         store.close()
     return 0
