@@ -39,20 +39,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: bench/ is on the path, its package is not
 from bench import results as bench_results  # noqa: E402
+from seed_agents.precision import cpu_flags  # noqa: E402
 
 SMOLLM2 = {"params": 134_515_008, "hidden": 576, "intermediate": 1536, "layers": 30}
 """SmolLM2-135M-Instruct (LlamaForCausalLM, tied embeddings: the 49152 x 576 matrix counted once)."""
 DECODE_BATCHES = (1, 4, 8, 16, 32)
-
-
-def cpu_flags() -> set[str]:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
 
 
 def timed(fn: Callable[[], Any], repeats: int, min_s: float = 0.3) -> list[float]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -46,9 +47,9 @@ def require_vllm() -> None:
     pytest.skip(reason)
 
 
-def _serve(model_dir: str, name: str, work_dir: Path) -> Iterator[VLLMServer]:
+def _serve(model_dir: str, name: str, work_dir: Path, **options: Any) -> Iterator[VLLMServer]:
     require_vllm()
-    server = VLLMServer(model_dir, served_model_name=name, work_dir=work_dir)
+    server = VLLMServer(model_dir, served_model_name=name, work_dir=work_dir, **options)
     server.start()
     try:
         server.wait_ready(timeout=600)

@@ -16,7 +16,19 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from seed_agents.types import SamplingParams
 
-__all__ = ["PAPER", "PAPER_LEARNING_RATE", "AgentConfig", "BackendConfig", "RunnerConfig", "SEEDCoefficients", "SamplingParams"]
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def check_env_name(name: str) -> str:
+    """An environment variable's NAME (configs name where a secret lives, never hold it);
+    a string that looks like a pasted key is refused without being echoed."""
+    if not _ENV_NAME.fullmatch(name):
+        raise ValueError("not an environment variable name; give the NAME of the variable, not its value")
+    return name
+
+
+__all__ = ["PAPER", "PAPER_LEARNING_RATE", "AgentConfig", "BackendConfig", "RunnerConfig", "SEEDCoefficients", "SamplingParams",
+           "check_env_name"]
 
 
 @dataclass(frozen=True)
@@ -60,9 +72,7 @@ class BackendConfig(BaseModel):
     @field_validator("api_key_env")
     @classmethod
     def _env_name(cls, name: str) -> str:
-        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):  # never echo it: it may be a pasted key
-            raise ValueError("not an environment variable name; give the NAME of the variable, not its value")
-        return name
+        return check_env_name(name)
 
     @field_validator("base_url")
     @classmethod

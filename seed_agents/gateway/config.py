@@ -13,7 +13,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
-_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+from seed_agents.config.core import check_env_name  # configs name where a secret lives
 
 #: Common API-key shapes. Each is a Python regex; a match is replaced by ``[REDACTED]``.
 DEFAULT_SECRET_PATTERNS: tuple[str, ...] = (
@@ -29,14 +29,6 @@ DEFAULT_SECRET_PATTERNS: tuple[str, ...] = (
     r"-----BEGIN [A-Z ]*PRIVATE KEY-----[\s\S]*?-----END [A-Z ]*PRIVATE KEY-----",  # PEM keys
     r"\b[a-z][a-z0-9+.-]*://[^/\s:@]+:[^/\s@]+@",  # credentials in URLs (scheme://user:password@)
 )
-
-
-def check_env_name(name: str) -> str:
-    """An env var NAME (not a value): rejects strings that look like a pasted key."""
-    if not _ENV_NAME.fullmatch(name):
-        # never echo the input: it may be a pasted key
-        raise ValueError("not an environment variable name; give the NAME of the variable, not its value")
-    return name
 
 
 class SecurityConfig(BaseModel):

@@ -19,9 +19,8 @@ from seed_agents.backends import make_backend
 from seed_agents.backends.base import BackendError
 from seed_agents.backends.vllm import VLLMBackend
 from seed_agents.config.core import BackendConfig
-from seed_agents.serve import VLLMServer
 from seed_agents.types import SamplingParams
-from tests.conftest import require_vllm
+from tests.conftest import _serve
 
 pytestmark = pytest.mark.integration
 
@@ -43,15 +42,7 @@ ROUTES = [
 
 @pytest.fixture(scope="module")
 def keyed_server(tiny_model_dir, tmp_path_factory):
-    require_vllm()
-    server = VLLMServer(tiny_model_dir, served_model_name=NAME, work_dir=tmp_path_factory.mktemp("vllm-auth"),
-                        api_key=KEY)
-    server.start()
-    try:
-        server.wait_ready(timeout=600)
-        yield server
-    finally:
-        server.stop()
+    yield from _serve(tiny_model_dir, NAME, tmp_path_factory.mktemp("vllm-auth"), api_key=KEY)
 
 
 @pytest.fixture(scope="module")

@@ -20,8 +20,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from seed_agents.app.flags import config_command
 from seed_agents.config import load_config
+from seed_agents.config.core import check_env_name
 from seed_agents.errors import ConfigError
-from seed_agents.gateway.config import check_env_name
 from seed_agents.vllm_ext import API_KEY_ENV
 
 
