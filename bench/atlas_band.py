@@ -15,7 +15,7 @@ fraction of groups with zero reward variance, and marks the cells inside the ban
 Raw per-task counts go to ``docs/results/atlas_band.json``.
 
     .venv/bin/python bench/atlas_band.py --note "nothing else ran"
-    .venv/bin/python bench/atlas_band.py --tasks 2 --group 2 --levels 0 --results-dir /tmp/r   # smoke
+    .venv/bin/python bench/atlas_band.py --tasks 2 --group 2 --levels 0 --results-dir runs/smoke   # smoke
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ The ceilings ignore attention (short contexts here) and the embedding's gather (
 rows used are read); the tied output projection is one full read per step, counted in ``P``.
 
     .venv/bin/python bench/roofline.py                     # writes docs/results/roofline.json
-    .venv/bin/python bench/roofline.py --repeats 3 --results-dir /tmp/r
+    .venv/bin/python bench/roofline.py --repeats 3 --results-dir runs/smoke
 
 Prints the table last. Say in the run what else was running: the machine has 2 cores and a
 busy neighbour halves every figure (the result file records the load average).
