@@ -39,15 +39,21 @@ def project(tmp_path: Path) -> tuple[Path, dict[str, str]]:
     return folder, env
 
 
-def test_user_modules_and_ours_import_side_by_side(project):
+def python_in(project: tuple[Path, dict[str, str]], code: str) -> subprocess.CompletedProcess[str]:
+    """Run ``code`` in the user's project folder, with it on the path; it must succeed."""
     folder, env = project
+    run = subprocess.run([sys.executable, "-c", code], cwd=folder, env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    return run
+
+
+def test_user_modules_and_ours_import_side_by_side(project):
     code = ("import tools, graphs, trainers\n"
             "import seed_agents.tools.openapi, seed_agents.tools.textworld, seed_agents.graphs.calculator\n"
             "import seed_agents.trainers.weight_sync\n"
             "from seed_agents.envs import load_env_suite\n"
             "print(tools.MINE, graphs.MINE, trainers.MINE, type(load_env_suite('textworld')).__name__)\n")
-    run = subprocess.run([sys.executable, "-c", code], cwd=folder, env=env, capture_output=True, text=True, timeout=300)
-    assert run.returncode == 0, run.stderr[-2000:]
+    run = python_in(project, code)
     assert run.stdout.split() == ["tools", "graphs", "trainers", "TextWorldSuite"]
 
 
@@ -66,7 +72,6 @@ def test_the_cli_plays_textworld_from_a_project_with_its_own_tools_py(project, t
 def test_an_old_layout_import_path_still_loads_with_one_deprecation_line(project):
     """A config written before the move (``graphs.calculator:...``) still loads ours, with a
     warning; a user's own module under one of those names is imported as written."""
-    folder, env = project
     code = ("import warnings\n"
             "from seed_agents.imports import load_object\n"
             "with warnings.catch_warnings(record=True) as seen:\n"
@@ -74,6 +79,5 @@ def test_an_old_layout_import_path_still_loads_with_one_deprecation_line(project
             "    build = load_object('graphs.calculator:build_react_calculator')\n"
             "    mine = load_object('tools:lookup')\n"
             "print(build.__module__, mine.__module__, len(seen), str(seen[0].message).count(chr(10)))\n")
-    run = subprocess.run([sys.executable, "-c", code], cwd=folder, env=env, capture_output=True, text=True, timeout=300)
-    assert run.returncode == 0, run.stderr[-2000:]
+    run = python_in(project, code)
     assert run.stdout.split() == ["seed_agents.graphs.calculator", "tools", "1", "0"]
