@@ -16,10 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import http.client
-import socket
 import sqlite3
-import subprocess
-import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -29,72 +26,17 @@ from typing import Any
 import httpx
 import pytest
 
-MODEL = "tiny"
+from tests.gateway_procs import MODEL, busy_loop, gateway_on_fake_vllm, stop
+
 SESSIONS, TURNS = 128, 3
 MAX_IN_FLIGHT = 24  # small, so that 128 concurrent sessions do meet the limit
-
-FAKE_UPSTREAM = """
-import sys, uvicorn
-from transformers import AutoTokenizer
-from seed_agents.gateway.testing import FakeVLLM
-uvicorn.run(FakeVLLM(AutoTokenizer.from_pretrained(sys.argv[1]), model="tiny").app,
-            host="127.0.0.1", port=int(sys.argv[2]), log_level="warning")
-"""
-BUSY_LOOP = "import time\nend = time.monotonic() + float(__import__('sys').argv[1])\nwhile time.monotonic() < end: pass"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_up(url: str, proc: subprocess.Popen[bytes], log: Path, path: str) -> None:
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"exited: {log.read_text()[-2000:]}")
-        try:
-            if httpx.get(url + path, timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise RuntimeError(f"not up: {log.read_text()[-2000:]}")
-
-
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 @pytest.fixture(scope="module")
 def gateway(tiny_model_dir: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
     work = tmp_path_factory.mktemp("gateway-load")
-    up_port, gw_port = free_port(), free_port()
-    procs = []
-    try:
-        with open(work / "upstream.log", "ab") as log:
-            procs.append(up := subprocess.Popen([sys.executable, "-c", FAKE_UPSTREAM, tiny_model_dir, str(up_port)],
-                                                stdout=log, stderr=subprocess.STDOUT))
-        wait_up(f"http://127.0.0.1:{up_port}", up, work / "upstream.log", "/v1/models")
-        db = work / "traces.db"
-        with open(work / "gateway.log", "ab") as log:
-            procs.append(gw := subprocess.Popen(
-                [sys.executable, "-m", "seed_agents.gateway", "--upstream", f"http://127.0.0.1:{up_port}", "--model", MODEL,
-                 "--tokenizer", tiny_model_dir, "--store", f"sqlite:///{db}", "--port", str(gw_port),
-                 "--max-in-flight", str(MAX_IN_FLIGHT), "--default-max-tokens", "8"],
-                stdout=log, stderr=subprocess.STDOUT, cwd=work))
-        wait_up(f"http://127.0.0.1:{gw_port}", gw, work / "gateway.log", "/health")
-        yield f"http://127.0.0.1:{gw_port}", db
-    finally:
-        for p in reversed(procs):
-            stop(p)
+    with gateway_on_fake_vllm(tiny_model_dir, work, "--max-in-flight", str(MAX_IN_FLIGHT), "--default-max-tokens", "8") as (url, db, _):
+        yield url, db
 
 
 def test_an_idle_connection_outlives_the_clients_pool_expiry(gateway):
@@ -144,7 +86,7 @@ async def load(url: str, log: list[tuple[str, Any]]) -> list[BaseException]:
 
 def test_128_concurrent_sessions_on_a_busy_cpu_are_answered_or_refused_never_dropped(gateway):
     url, db = gateway
-    busy = subprocess.Popen([sys.executable, "-c", BUSY_LOOP, "300"])  # bounded, and stopped below
+    busy = busy_loop(300)  # bounded, and stopped below
     log: list[tuple[str, Any]] = []
     try:
         started = time.perf_counter()
