@@ -23,7 +23,7 @@ mostly measure the rows that happened to parse.
     .venv/bin/python bench/seed_overhead.py --env fake --repeats 2 # scripted env, quick
     .venv/bin/python bench/seed_overhead.py --model PATH --tasks 4 --group 8
 
-Prints the two update times, their ratio SEED/GRPO (goal <= 1.3) and the analyzer share,
+Prints the two update times, their ratio SEED/GRPO (goal <= 1.15) and the analyzer share,
 and writes every repeat to ``docs/results/seed_overhead.json`` (``seed_overhead_fake.json``
 with ``--env fake``; ``--results-dir``).
 """
@@ -51,6 +51,7 @@ from bench import results as bench_results  # noqa: E402
 PAPER = {"model": "Qwen2.5-3B-Instruct", "tasks": 16, "group": 8, "max_turns": 30, "max_tokens": 512}
 LABELS = {"model": "model", "tasks": "tasks/update", "group": "group size", "max_turns": "max turns",
           "max_tokens": "max response tokens"}
+GOAL = 1.15  # SEED's update at most 1.15x GRPO's on the same batch (issue 21)
 FALLBACK_SKILL = "Read the numbered list, pick the command that moves toward the goal, and answer with it exactly."
 
 
@@ -214,7 +215,7 @@ def main(argv: list[str] | None = None) -> None:
           f"(coverage: {args.skill_coverage})")
     print(f"GRPO update : {grpo_s:.2f} s (scoring {grpo_score:.2f} s: reference)")
     print(f"SEED update : {seed_s:.2f} s (scoring {seed_score:.2f} s: teacher + reference)")
-    print(f"ratio SEED/GRPO: {seed_s / grpo_s:.3f}   (goal <= 1.3)")
+    print(f"ratio SEED/GRPO: {seed_s / grpo_s:.3f}   (goal <= {GOAL})")
     print(f"iteration: collect {t_collect:.2f} s + SEED update {seed_s:.2f} s = {iteration_s:.2f} s")
     print(f"analyzer: {len(analyzer)} calls, {sum(len(c.completion_ids) for c in analyzer)} tokens; "
           f"busy {busy:.2f} s ({busy / iteration_s:.1%} of the iteration), "
@@ -225,7 +226,7 @@ def main(argv: list[str] | None = None) -> None:
         {"repeats": [{"seed_score_s": ss, "seed_update_s": st, "grpo_score_s": gs, "grpo_update_s": gt}
                      for (ss, st), (gs, gt) in zip(times["seed"], times["grpo"])],
          "seed_update_s": seed_s, "grpo_update_s": grpo_s, "seed_score_s": seed_score, "grpo_score_s": grpo_score,
-         "ratio": seed_s / grpo_s, "goal": 1.3, "collect_s": t_collect, "episodes": len(batch.trajectories),
+         "ratio": seed_s / grpo_s, "goal": GOAL, "collect_s": t_collect, "episodes": len(batch.trajectories),
          "rows": len(rows), "skills_parsed": parsed, "rows_with_teacher": with_skill,
          "prompt_tokens_per_row": sum(len(r.prompt_ids) for r in rows) / len(rows),
          "completion_tokens_per_row": sum(len(r.completion_ids) for r in rows) / len(rows),

@@ -97,6 +97,9 @@ def capture_overhead(results: dict[str, Result]) -> list[str]:
     return [*lines, "", *table(["backend", "plain loop", "graph + capture", "ratio", "goal", "framework cost per step"], rows)]
 
 
+SEED_GRPO_GOAL = 1.15  # issue 21's; runs before it stored the script's older goal (1.3) in their file
+
+
 def seed_overhead(results: dict[str, Result]) -> list[str]:
     r = one(results, "seed_overhead")
     c, x = r.config, r.results
@@ -108,7 +111,7 @@ def seed_overhead(results: dict[str, Result]) -> list[str]:
                    [["GRPO (lambda 0)", f"{x['grpo_update_s']:.1f}", f"{x['grpo_score_s']:.1f} (reference)"],
                     [f"SEED (lambda {c['opd_coef']:g})", f"{x['seed_update_s']:.1f}",
                      f"{x['seed_score_s']:.1f} (teacher + reference)"],
-                    ["ratio SEED/GRPO", f"{x['ratio']:.3f}", goal_words(x["ratio"], x["goal"], at_most=True)]]),
+                    ["ratio SEED/GRPO", f"{x['ratio']:.3f}", goal_words(x["ratio"], SEED_GRPO_GOAL, at_most=True)]]),
             "", f"Analyzer: {x['analyzer_calls']} calls, busy {x['analyzer_busy_s']:.1f} s summed over its concurrent "
                 f"calls ({x['analyzer_busy_s'] / x['iteration_s']:.0%} of the iteration's {x['iteration_s']:.1f} s: "
                 f"collect {x['collect_s']:.1f} s + SEED update); a call in flight for "
