@@ -30,12 +30,16 @@ never by the body alone: a feedback key may send ``user`` only, a verifier key
 and nothing is stored. The gateway's own verifiers record ``verifier``, its judge ``judge``.
 
 What gets stored, and when:
-- Non-streaming: after vLLM answered and before the reply is sent; a store failure turns
-  the reply into a 503 (OpenAI clients retry it), so a client never holds an answer
-  whose call is missing without being told.
+- Non-streaming: after vLLM answered and before the reply is sent. A store outage (server
+  down, disk read-only) spools the call to a local durable queue and the user is answered;
+  it is stored, exactly once and in order, when the store is back (``store_outage``,
+  ``seed_agents.gateway.spool``). With ``store_outage.on_failure: refuse``, or when the spool
+  cannot take it, a store failure turns the reply into a 503 (OpenAI clients retry it), so
+  a client never holds an answer whose call is neither stored nor spooled without being told.
 - Streaming: once, after the last content chunk and before ``data: [DONE]``. A client
   that disconnects before that leaves NO stored call (nothing half-written, nothing
-  flagged "incomplete"); a store failure replaces ``[DONE]`` with an error event.
+  flagged "incomplete"); a store failure that is not spooled replaces ``[DONE]`` with an
+  error event.
 - Errors answer OpenAI-style ``{"error": {"message", "type", "code"}}``: 400 bad JSON or
   schema, 401/403 keys, 404 unknown model, 409 ended session, 413 oversize body,
   502/503/504 upstream or store trouble. None of them stores anything.
@@ -117,7 +121,7 @@ class Gateway:
         self.redactor = Redactor.from_config(cfg.security, extra_literals=[*self.keys.values, *upstream.secret_values])
         self.stats: Counter[str] = Counter()
         self.metrics = GatewayMetrics(store, upstream, self.stats)
-        self.recorder = MeteredRecorder(store, self.renderer, self.redactor, self.stats, self.metrics)
+        self.recorder = MeteredRecorder(store, self.renderer, self.redactor, self.stats, self.metrics, cfg.store_outage)
         self.verifiers = load_verifiers(cfg.verifiers)
         self.judge = LLMJudge(cfg.judge, redact=self.redactor.text) if cfg.judge else None
         self._judge_locks: dict[str, asyncio.Lock] = {}
@@ -147,9 +151,11 @@ def build_app(config: GatewayConfig, store: TraceStore, upstream: Upstream, *, t
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await gw.recorder.start()  # spool mode: open the spool, flush what an earlier run left
         if gw.policy is not None:  # serve the promoted version from the first request on
             await gw.policy.refresh()
         yield
+        await gw.recorder.stop()  # one last flush; the rest waits in the spool for the next start
         await upstream.aclose()
 
     app = FastAPI(title="seed-agents capture gateway", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)

@@ -128,6 +128,33 @@ class RegistryConfig(BaseModel):
     refresh_s: float = Field(5.0, ge=0.0, le=3600.0, description="Re-read the promoted version at most this often (0: before every request); a switch reaches users at most this late.")
 
 
+class StoreOutageConfig(BaseModel):
+    """What chat calls get while the trace store cannot be written (``seed_agents.gateway.spool``).
+
+    ``spool`` (the default) keeps users answered: a call the store cannot take for a reason
+    that waiting cures (server down, disk read-only or full, a lock held too long) is
+    committed to a local durable spool and written to the store, in order and exactly once,
+    when the store is back; a restarted gateway flushes what an earlier one left. The
+    default favours the users because the call is not lost, only late. ``refuse`` answers
+    such calls with 503 ``store_error`` and records nothing: for a deployment that must never
+    answer a call the store does not hold yet. Either way feedback routes (rewards, session
+    end, metadata) answer 503 while the store is down: OpenAI-style clients retry them.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    on_failure: Literal["spool", "refuse"] = Field(
+        "spool", description="spool: answer and keep the call in a local durable spool until the store is back; "
+                             "refuse: HTTP 503, nothing recorded.")
+    spool_path: str | None = Field(None, description="The spool's SQLite file (mode 0600, one gateway process per file); default: "
+                                   "beside a SQLite store (traces.db.spool), runs/gateway-spool.sqlite for PostgreSQL. "
+                                   "Put it on another disk than a SQLite store to outlive that disk failing.")
+    max_spool_mb: float = Field(1024.0, gt=0, description="Largest spool (MB of spooled calls); beyond it new calls get HTTP 503 "
+                                "spool_unavailable until the store takes some.")
+    retry_max_s: float = Field(10.0, gt=0, le=3600, description="Longest wait between flush attempts while the store stays down "
+                               "(jittered exponential backoff from 0.1 s): a recovered store is used at most this late.")
+
+
 class GatewayConfig(BaseModel):
     """Everything ``seed-agents gateway`` needs besides the store and the upstream object.
 
@@ -162,6 +189,8 @@ class GatewayConfig(BaseModel):
     judge: JudgeConfig | None = Field(None, description="LLM judge that scores ended sessions of one task key against each other.")
     registry: RegistryConfig | None = Field(None, description="Follow the store's promoted model version instead of upstream_model/policy_version.")
     security: SecurityConfig = Field(default_factory=SecurityConfig)
+    store_outage: StoreOutageConfig = Field(default_factory=StoreOutageConfig,
+                                            description="Spool (default) or refuse chat calls while the trace store is down.")
 
     @field_validator("upstream_api_key_env")
     @classmethod

@@ -5,6 +5,7 @@ Two kinds of numbers, both in the text exposition format of ``prometheus_client`
 - This gateway process (reset on restart, as Prometheus counters are): HTTP requests by
   route template and status, their duration (for a stream: until its last byte), chat
   calls stored and their prompt/completion tokens and model latency by policy version,
+  calls spooled during a store outage and flushed after it, and the spool's depth now,
   feedback and error counters (from the gateway's own ``stats``, the counts
   ``/v1/admin/stats`` shows), and the version this gateway serves right now.
 - The trace store, read at scrape time (a few short reads; shared by every gateway and the
@@ -24,14 +25,16 @@ from collections import Counter as Tally
 from collections.abc import Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 from sqlalchemy.exc import SQLAlchemyError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from seed_agents.gateway.recording import Recorder, Turn
+from seed_agents.gateway.config import StoreOutageConfig
+from seed_agents.gateway.recording import Recorder
+from seed_agents.gateway.spool import SpoolEntry
 from seed_agents.observe.data import decision_counts, queue_lengths, reward_counts
 from seed_agents.store import StoreError, TraceStore
 from seed_agents.types import LLMCall
@@ -45,7 +48,8 @@ FEEDBACK_EVENTS = {"rewards_stored": "reward", "sessions_ended": "session_end", 
                    "judge_runs": "judge_run"}
 """Gateway stats key -> ``seed_gateway_feedback_total{kind}``."""
 
-ERROR_EVENTS = {"store_errors": "store", "verifier_errors": "verifier", "judge_failures": "judge",
+ERROR_EVENTS = {"store_errors": "store", "spool_errors": "spool", "spool_rejected": "spool_rejected",
+                "verifier_errors": "verifier", "judge_failures": "judge",
                 "policy_refresh_errors": "policy_refresh", "policy_not_served": "policy_not_served",
                 "streams_not_stored": "stream_not_stored", "http_500": "internal", "http_502": "upstream",
                 "http_503": "upstream", "http_504": "upstream_timeout"}
@@ -71,6 +75,12 @@ class GatewayMetrics:
         self.model_latency = Histogram("seed_gateway_model_call_seconds",
                                        "Model latency of stored chat calls (request start to last token).",
                                        buckets=LATENCY_BUCKETS, registry=r)
+        self.spooled = Counter("seed_gateway_spooled_calls",
+                               "Chat calls answered while the trace store was down, kept in the local spool.", registry=r)
+        self.flushed = Counter("seed_gateway_spool_flushed_calls",
+                               "Spooled chat calls written to the trace store after it came back.", registry=r)
+        self.spool_depth = Gauge("seed_gateway_spool_depth", "Chat calls waiting in the local spool for the trace store.",
+                                 registry=r)
         r.register(_GatewayState(stats, upstream))
         r.register(_StoreState(store))
 
@@ -93,15 +103,24 @@ class GatewayMetrics:
 
 
 class MeteredRecorder(Recorder):
-    """The gateway's ``Recorder``, counting every call it stored (tokens, latency, version)."""
+    """The gateway's ``Recorder``, counting every call it stored (tokens, latency, version),
+    spooled and flushed, and showing the spool's depth."""
 
-    def __init__(self, store: TraceStore, renderer: Any, redactor: Any, stats: Tally[str], metrics: GatewayMetrics) -> None:
-        super().__init__(store, renderer, redactor, stats)
+    def __init__(self, store: TraceStore, renderer: Any, redactor: Any, stats: Tally[str], metrics: GatewayMetrics,
+                 outage: StoreOutageConfig | None = None) -> None:
+        super().__init__(store, renderer, redactor, stats, outage)
         self.metrics = metrics
+        metrics.spool_depth.set_function(lambda: self.spool.depth if self.spool is not None else 0)
 
-    async def save(self, turn: Turn, call: LLMCall, flagged: bool) -> None:
-        await super().save(turn, call, flagged)
-        self.metrics.observe_call(call)
+    def stored(self, entry: SpoolEntry, *, flushed: bool) -> None:
+        super().stored(entry, flushed=flushed)
+        self.metrics.observe_call(entry.call)
+        if flushed:
+            self.metrics.flushed.inc()
+
+    def spooled(self, entry: SpoolEntry) -> None:
+        super().spooled(entry)
+        self.metrics.spooled.inc()
 
 
 class _GatewayState(Collector):

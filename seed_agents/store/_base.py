@@ -64,6 +64,11 @@ class StoreBase:
         """'sqlite' or 'postgresql'."""
         return self._engine.dialect.name
 
+    @property
+    def url(self) -> str:
+        """The store's URL, password hidden: which store a log line (or the gateway's spool) is about."""
+        return self._engine.url.render_as_string(hide_password=True)
+
     def close(self) -> None:
         """Close pooled connections; the store must not be used afterwards."""
         self._engine.dispose()
