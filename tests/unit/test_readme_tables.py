@@ -153,7 +153,8 @@ def test_seed_overhead_table_header_names_the_departures_and_the_miss(tmp_path):
     text = render(tmp_path, "seed_overhead")
     assert ("Differs from the paper: model smollm2-135m (paper Qwen2.5-3B-Instruct); tasks/update 2 (paper 16); "
             "group size 2 (paper 8); max turns 2 (paper 30); max response tokens 16 (paper 512).") in text
-    assert "| ratio SEED/GRPO | 1.304 | goal <= 1.3: missed by 0.004 |" in text
+    # judged against issue 21's goal (1.15), whatever goal the run stored
+    assert "| ratio SEED/GRPO | 1.304 | goal <= 1.15: missed by 0.15 |" in text
 
 
 def test_update_memory_and_skill_usefulness_render_from_their_scripts_keys(tmp_path):
