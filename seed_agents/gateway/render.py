@@ -168,6 +168,10 @@ class Renderer:
         """(prompt ids, rendered message dicts) or a 400 naming what the template rejected.
         ``prefix``: a forced call's prefill, continued as the assistant's turn (as
         ``SeedChatModel`` renders it)."""
+        # OpenAI lets an assistant message that calls tools omit ``content``; LangChain's
+        # converter needs the key (None is fine), so it is added here and only here.
+        messages = [{**m, "content": None} if m.get("role") == "assistant" and m.get("tool_calls") and "content" not in m
+                    else m for m in messages]
         try:
             lc = convert_to_messages(messages)
             if prefix:

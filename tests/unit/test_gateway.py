@@ -147,6 +147,20 @@ def test_only_tool_call_has_null_content_and_malformed_call_stays_visible(client
 # -- sessions --------------------------------------------------------------------------------------
 
 
+def test_an_assistant_tool_call_may_omit_content_as_openai_allows(client, store):
+    """The OpenAI SDK's ``message.model_dump(exclude_none=True)`` sends a tool-calling
+    assistant turn without ``content``; the next turn must be answered, not refused."""
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}]
+    messages = [{"role": "user", "content": "book"},
+                {"role": "assistant", "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+                {"role": "tool", "tool_call_id": "c1", "content": "booked"}]
+    r = client.post("/v1/chat/completions", json={"model": "tiny", "messages": messages, "tools": tools})
+    assert r.status_code == 200, r.text
+    (call,) = store.calls(r.headers["x-session-id"])
+    assert [m["role"] for m in call.messages[1:]] == ["user", "assistant", "user"]  # SmolLM2's hermes rendering
+    assert '"name": "f"' in call.messages[2]["content"] and "booked" in call.messages[3]["content"]
+
+
 def test_session_is_created_echoed_and_reused(client, store):
     first = chat(client)
     sid = first.headers["x-session-id"]
