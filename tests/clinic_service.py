@@ -1,8 +1,10 @@
 """A small clinic booking API for tests: "your own API", not the library demo.
 
-OpenAPI 3 (FastAPI), two reads, a POST and a DELETE, an API key in ``X-Api-Key``. Every
-request is logged (``app.state.log``) so a test can prove that no replay wrote to it.
-``ClinicServer`` runs it with uvicorn on a loopback port (a real service, real sockets).
+OpenAPI 3 (FastAPI), two reads, two POSTs and a DELETE, an API key in ``X-Api-Key``.
+Every request is logged (``app.state.log``) so a test can prove that no replay wrote to
+it. ``resettable=True`` makes it a sandbox: ``POST /reset`` (not in the spec) empties
+bookings and the waitlist. ``ClinicServer`` runs it with uvicorn on a loopback port (a
+real service, real sockets).
 """
 
 from __future__ import annotations
@@ -10,13 +12,14 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from typing import Any
+from typing import Any, Literal, Self
 
 import uvicorn
 from fastapi import Depends, FastAPI, Header, HTTPException, Request
 from pydantic import BaseModel, Field
 
 SLOTS = {"2025-03-03": ["09:00", "10:30", "14:00"], "2025-03-04": ["11:00"]}
+Day = Literal["2025-03-03", "2025-03-04"]  # the days the clinic opens
 
 
 class BookingIn(BaseModel):
@@ -29,9 +32,14 @@ class Booking(BookingIn):
     booking_id: int
 
 
-def create_app(*, api_key: str | None = None) -> FastAPI:
+class WaitlistIn(BaseModel):
+    date: Day = Field(description="The day to wait for a free slot on.")
+
+
+def create_app(*, api_key: str | None = None, resettable: bool = False) -> FastAPI:
     app = FastAPI(title="Clinic")
     app.state.bookings = {}
+    app.state.waitlist = []
     app.state.log = []
 
     async def check_key(request: Request, x_api_key: str | None = Header(None)) -> None:
@@ -71,6 +79,19 @@ def create_app(*, api_key: str | None = None) -> FastAPI:
             raise HTTPException(404, f"no booking {booking_id}")
         return {"cancelled": booking_id}
 
+    @app.post("/waitlist", operation_id="join_waitlist", status_code=201,
+              summary="Join the waitlist for a day; answers your position", dependencies=[Depends(check_key)])
+    def join_waitlist(body: WaitlistIn) -> dict[str, Any]:
+        app.state.waitlist.append(body.date)
+        return {"date": body.date, "position": len(app.state.waitlist)}
+
+    if resettable:
+        @app.post("/reset", include_in_schema=False, dependencies=[Depends(check_key)])
+        def reset() -> dict[str, Any]:
+            dropped = len(app.state.bookings) + len(app.state.waitlist)
+            app.state.bookings, app.state.waitlist = {}, []
+            return {"reset": True, "dropped": dropped}
+
     return app
 
 
@@ -90,8 +111,8 @@ def clinic_verifier(session: Any, calls: list[Any]) -> float:
 class ClinicServer:
     """The clinic on a free loopback port in a thread; ``url`` is its base URL."""
 
-    def __init__(self, api_key: str | None = None) -> None:
-        self.app = create_app(api_key=api_key)
+    def __init__(self, api_key: str | None = None, *, resettable: bool = False) -> None:
+        self.app = create_app(api_key=api_key, resettable=resettable)
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
@@ -102,7 +123,7 @@ class ClinicServer:
     def mutating(self) -> int:
         return sum(m not in ("GET", "HEAD") for m, _ in self.app.state.log)
 
-    def __enter__(self) -> ClinicServer:
+    def __enter__(self) -> Self:
         self._thread.start()
         deadline = time.monotonic() + 30
         while not self._server.started:

@@ -24,7 +24,8 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from seed_agents.capture import capture, read_jsonl, record_call
-from seed_agents.continual import CanaryResult, GateDecision, VersionRegistry, decide
+from seed_agents.continual import CanaryEpisode, CanaryResult, EpisodeTrace, GateDecision, VersionRegistry, decide
+from seed_agents.continual.canary import ToolCallTrace
 from seed_agents.store import RewardPolicy, StoreError, StoreSink, TraceStore, export_trajectories, schema
 from seed_agents.store._engine import create_engine, parse_url
 from seed_agents.types import FaultKind, LLMCall, SamplingParams, Skill, StopReason, Trajectory
@@ -526,6 +527,38 @@ class StoreSuite:
         assert [d.summary for d in store.decisions("policy", limit=2)] == ["second", "worse"]
         assert store.decisions("other") == [] and store.promoted_version("other") is None
 
+    def test_canary_episodes_are_stored_with_their_decision_or_not_at_all(self, store: TraceStore) -> None:
+        registry = VersionRegistry(store)
+        registry.bootstrap("policy", "base")
+        for _ in range(3):
+            registry.add_candidate("policy", "/a")
+        trace = EpisodeTrace(tool_calls=[ToolCallTrace(name="borrow", args='{"id": 1}', result="ok ✓"),
+                                         ToolCallTrace(name="pay", args="{}", error="Error: HTTP 409")],
+                             answer="dönë", turns=3, invalid_tool_calls=1)
+        canary = [CanaryEpisode(side=side, version=v, task_id=f"t{i}", seed=k, reward=r, success=r >= 1,
+                                fault=FaultKind.TIMEOUT if (i, k, side) == (1, 1, "candidate") else None, trace=trace)
+                  for side, v, r in (("promoted", 0, 1.0), ("candidate", 1, 1 / 3)) for i in range(2) for k in range(2)]
+        promoted = registry.record_decision("policy", 1, promote_verdict(), baseline=0, canary=canary)
+        stored = store.canary_episodes([promoted.decision_id])
+        assert [e.model_dump(exclude={"episode_id", "decision_id", "name", "created_at"}) for e in stored] == \
+            [e.model_dump(mode="json") for e in canary]  # every field round-trips, in order
+        assert {(e.decision_id, e.name) for e in stored} == {(promoted.decision_id, "policy")}
+        assert registry.canary_episodes(promoted.decision_id) == stored
+
+        with pytest.raises(StoreError, match="is v1, not v0"):  # refused decision: its episodes are not kept either
+            registry.promote("policy", 2, promote_verdict(), baseline=0, canary=canary[:1])
+        with pytest.raises(StoreError, match="a canary episode needs"):
+            store.decide_version("policy", 2, "rejected", action="reject", actor="gate", summary="x", evidence={},
+                                 allow_from=("candidate",), canary=[{"side": "nobody"}])
+        assert len(store.decisions("policy")) == 2 and len(store.canary_episodes(name="policy")) == len(canary)
+        drill = registry.record_drill("policy", 2, promote_verdict(), baseline=1, canary=canary[4:], how={"strength": 1})
+        assert (drill.action, drill.from_version, drill.to_version, drill.evidence["would_promote"]) == ("drill", 1, 1, True)
+        assert store.promoted_version("policy").version == 1  # type: ignore[union-attr] - a drill never promotes
+        assert [e.version for e in store.canary_episodes([drill.decision_id])] == [1] * 4
+        plain = registry.discard("policy", 3, reason="no canary")
+        assert store.canary_episodes([plain.decision_id]) == []
+        assert [e.decision_id for e in store.canary_episodes()] == [promoted.decision_id] * 8 + [drill.decision_id] * 4
+
     def test_the_database_refuses_a_second_promoted_version(self, store: TraceStore) -> None:
         store.add_model_version("policy", "/1", status="promoted")
         store.add_model_version("policy", "/2")
@@ -662,6 +695,22 @@ class StoreSuite:
         assert store.calls("s") == [make_call(0)]
         with pytest.raises(StoreError, match=f"version {current + 1}, newer than this code"):
             TraceStore.open(store_url)
+
+    def test_migration_5_adds_canary_episodes_to_a_version_4_store(self, store_url: str) -> None:
+        engine = create_engine(parse_url(store_url))
+        try:
+            assert schema.migrate(engine, schema.MIGRATIONS[:4]) == 4
+            with engine.connect() as conn:
+                assert not sa.inspect(conn).has_table("canary_episodes")
+        finally:
+            engine.dispose()
+        with TraceStore.open(store_url) as store:  # opening migrates
+            registry = VersionRegistry(store)
+            registry.bootstrap("policy", "base")
+            registry.add_candidate("policy", "/a")
+            d = registry.record_decision("policy", 1, promote_verdict(), baseline=0, canary=[
+                CanaryEpisode(side="candidate", version=1, task_id="t", seed=0, reward=1.0, success=True)])
+            assert [e.task_id for e in store.canary_episodes([d.decision_id])] == ["t"]
 
     def test_fresh_database_gets_the_current_version(self, store: TraceStore, store_url: str) -> None:
         engine = create_engine(parse_url(store_url))

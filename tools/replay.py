@@ -14,10 +14,18 @@ transport=...)`` and any ``httpx.Client`` can use it unchanged. Modes:
   that the agent sees, and is counted as a miss.
 - ``shadow`` (training replays): read-only requests come from the recording or go live
   under a shared token-bucket rate limit (``read_source`` says which is tried first).
-  Mutating requests never go to the live API: they go to ``sandbox_base_url`` when one
-  is configured, else are answered from the recording, else the transport raises
+  Mutating requests never go to the live API: they go to the sandbox when one is
+  configured, else are answered from the recording, else the transport raises
   ``Unreplayable`` and remembers it in ``.unreplayable``. An unreplayable episode is an
   infrastructure fault, never a policy failure: the runner records it and skips it.
+
+Sandboxes. ``sandbox_app`` (an ASGI app factory) gives every episode a fresh instance of
+the API in process: nothing to reset, episodes stay concurrent. ``sandbox_base_url`` is
+a second running instance (any language, any host but production's): one shared state,
+so ``sandbox_reset`` (an HTTP request to it, or a command) puts it back before each
+episode, and whoever plays episodes (the continual loop) plays those one at a time
+(``exclusive_sandbox``). A failed reset raises ``SandboxResetFailed``: that episode is an
+infrastructure fault, recorded and never trained on.
 
 Matching is deterministic: the key is method, path, sorted query and a hash of the
 canonical JSON body (``match_key``), without scheme or host, so a recording made against
@@ -41,6 +49,7 @@ import hashlib
 import json
 import os
 import re
+import subprocess
 import threading
 import time
 from collections import defaultdict
@@ -53,6 +62,7 @@ from urllib.parse import urlencode
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from seed_agents.imports import load_object
 from seed_agents.redact import redact
 from seed_agents.tools.openapi import READ_ONLY_METHODS, AuthConfig, EpisodeSignal, OpenAPIToolsConfig, openapi_tools
 from seed_agents.transcript import ToolResult
@@ -79,6 +89,38 @@ class Unreplayable(EpisodeSignal):
         super().__init__(f"unreplayable: {method} {path} would change production data, "
                          "and there is no sandbox and no recorded answer")
         self.method, self.path, self.key = method, path, key
+
+
+class SandboxResetFailed(EpisodeSignal):
+    """The sandbox could not be put back to its initial state before an episode. Playing
+    on would let one episode see another's writes, so the episode ends as an
+    infrastructure fault (``FaultKind.ENV``), recorded and never trained on."""
+
+    kind = FaultKind.ENV
+
+
+class SandboxReset(BaseModel):
+    """How a URL sandbox goes back to its initial state before every episode: one HTTP
+    request to the sandbox (``path``, sent with ``sandbox_auth``), or one command
+    (``command``, an argv run without a shell: restore a database dump, restart a
+    container). It must succeed (a 2xx answer, exit status 0) within ``timeout_s``."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    method: Literal["POST", "PUT", "DELETE", "GET"] = Field("POST", description="HTTP method of the reset request.")
+    path: str | None = Field(None, description="Path of the reset request, appended to sandbox_base_url (e.g. /reset).")
+    body: Any = Field(None, description="JSON body of the reset request (none: no body).")
+    command: tuple[str, ...] | None = Field(None, min_length=1, description="Instead of path: argv of a command that "
+                                                                             "resets the sandbox (exit 0 = done).")
+    timeout_s: float = Field(30.0, gt=0, description="Longest a reset may take before the episode is a fault.")
+
+    @model_validator(mode="after")
+    def _one_way(self) -> SandboxReset:
+        if (self.path is None) == (self.command is None):
+            raise ValueError("sandbox_reset needs exactly one of path (an HTTP request to the sandbox) or command")
+        if self.path is not None and not self.path.startswith("/"):
+            raise ValueError(f"sandbox_reset.path must start with '/', got {self.path!r}")
+        return self
 
 
 class Exchange(BaseModel):
@@ -190,7 +232,13 @@ class ReplayConfig(BaseModel):
     max_wait_s: float = Field(2.0, ge=0, description="Longest wait for a live-read token before the other source (or a miss).")
     production_base_url: str | None = Field(None, description="The live API's base URL; required with a sandbox (its path "
                                                               "prefix is swapped for the sandbox's).")
-    sandbox_base_url: str | None = Field(None, description="Shadow mode: mutating requests go here instead.")
+    sandbox_base_url: str | None = Field(None, description="Shadow mode: mutating requests go to this running instance "
+                                                           "instead (one shared state: see sandbox_reset).")
+    sandbox_reset: SandboxReset | None = Field(None, description="With sandbox_base_url: how the sandbox is reset before "
+                                                                "every episode (then those episodes run one at a time).")
+    sandbox_app: str | None = Field(None, description="Instead of sandbox_base_url: import path of an ASGI app factory "
+                                                      "(pkg.module:create_app); every episode's writes go to a fresh "
+                                                      "instance of it, in process.")
     sandbox_auth: AuthConfig | None = Field(None, description="Credentials for the sandbox; production's are never sent there.")
     record_headers: tuple[str, ...] = Field(("content-type", "location", "retry-after"), description="Response headers kept.")
     ignore_query: tuple[str, ...] = Field((), description="Query parameters left out of the match key (nonces, timestamps).")
@@ -198,6 +246,12 @@ class ReplayConfig(BaseModel):
 
     @model_validator(mode="after")
     def _sandbox_is_elsewhere(self) -> ReplayConfig:
+        if self.sandbox_app is not None and self.sandbox_base_url is not None:
+            raise ValueError("sandbox_app and sandbox_base_url are two sandboxes: set one")
+        if self.sandbox_app is not None and ":" not in self.sandbox_app:
+            raise ValueError(f"sandbox_app {self.sandbox_app!r} is not an import path of the form 'package.module:factory'")
+        if self.sandbox_reset is not None and self.sandbox_base_url is None:
+            raise ValueError("sandbox_reset resets a sandbox_base_url (a sandbox_app is fresh for every episode already)")
         if self.sandbox_base_url is None:
             return self
         if self.production_base_url is None:
@@ -249,6 +303,7 @@ class ReplayTransport(httpx.BaseTransport, httpx.AsyncBaseTransport):
             raise ValueError(f"sandbox_auth reads {config.sandbox_auth.env}, which is not set")
         self.config = config
         self.recording = recording if recording is not None else Recording()
+        self._sandbox_factory: Callable[[], Any] | None = load_object(config.sandbox_app) if config.sandbox_app else None
         self._is_read_only = is_read_only or (lambda r: r.method in READ_ONLY_METHODS)
         self._limiter = limiter or TokenBucket(config.live_reads_per_s, config.live_read_burst)
         self._owns_live = live is None and config.mode != "replay"
@@ -266,12 +321,15 @@ class ReplayTransport(httpx.BaseTransport, httpx.AsyncBaseTransport):
     def _new_episode(self) -> None:
         self.counters = ReplayCounters()
         self.unreplayable: Unreplayable | None = None
+        self.sandbox_resets = 0
+        self._sandbox_instance: httpx.AsyncBaseTransport | None = None  # sandbox_app: this episode's own API
         self._seen: dict[str, int] = defaultdict(int)
         self._lock = threading.Lock()
 
     def fork(self) -> ReplayTransport:
-        """A transport for the next episode: fresh cursors, counters and flag; the same
-        recording, live connections and rate limit (closing a fork closes nothing shared)."""
+        """A transport for the next episode: fresh cursors, counters and flag (and a fresh
+        ``sandbox_app`` instance); the same recording, live connections and rate limit
+        (closing a fork closes nothing shared)."""
         clone = copy.copy(self)
         clone._owns_live = False
         clone._new_episode()
@@ -288,7 +346,7 @@ class ReplayTransport(httpx.BaseTransport, httpx.AsyncBaseTransport):
             elif source == "live" and not self._may_go_live():
                 response = None
             else:
-                response = self._live(self._sync_live, "sync").handle_request(self._target(source, request))
+                response = self._sync_to(source).handle_request(self._target(source, request))
                 response.read()
                 response = self._after_live(source, request, key, read_only, response)
             if response is not None:
@@ -304,12 +362,67 @@ class ReplayTransport(httpx.BaseTransport, httpx.AsyncBaseTransport):
             elif source == "live" and not await self._may_go_live_async():
                 response = None
             else:
-                response = await self._live(self._async_live, "async").handle_async_request(self._target(source, request))
+                response = await self._async_to(source).handle_async_request(self._target(source, request))
                 await response.aread()
                 response = self._after_live(source, request, key, read_only, response)
             if response is not None:
                 return response
         return self._dead_end(request, key, read_only)
+
+    # -- the sandbox: where writes go, and its reset before an episode
+
+    @property
+    def exclusive_sandbox(self) -> bool:
+        """True when episodes share one sandbox that is reset before each: play them one at a time."""
+        return self.config.sandbox_reset is not None
+
+    def reset_sandbox(self) -> None:
+        """Put the URL sandbox back to its initial state (``sandbox_reset``); call it before
+        the episode that uses this transport. A no-op without a reset hook. Raises
+        ``SandboxResetFailed`` when the request fails or answers non-2xx, or the command
+        fails, within ``timeout_s``. Blocking (async callers: ``asyncio.to_thread``)."""
+        reset = self.config.sandbox_reset
+        if reset is None:
+            return
+        if reset.command is not None:
+            what = f"`{' '.join(reset.command)}`"
+            try:
+                done = subprocess.run(list(reset.command), capture_output=True, text=True, timeout=reset.timeout_s,
+                                      check=False)
+            except (OSError, subprocess.TimeoutExpired) as e:
+                raise SandboxResetFailed(f"sandbox reset {what} failed: {type(e).__name__}: {e}") from e
+            if done.returncode != 0:
+                tail = " ".join((done.stderr or done.stdout).split())[-300:]
+                raise SandboxResetFailed(f"sandbox reset {what} exited with status {done.returncode}: {tail}")
+        else:
+            assert self.config.sandbox_base_url is not None and reset.path is not None  # checked by the configs
+            base = httpx.URL(self.config.sandbox_base_url)
+            url = base.copy_with(raw_path=base.raw_path.rstrip(b"/") + reset.path.encode())
+            what = f"{reset.method} {url}"
+            headers = self.config.sandbox_auth.headers() if self.config.sandbox_auth is not None else {}
+            request = httpx.Request(reset.method, url, headers=headers, json=reset.body,
+                                    extensions={"timeout": httpx.Timeout(reset.timeout_s).as_dict()})
+            try:
+                response = self._live(self._sync_live, "sync").handle_request(request)
+                response.read()
+            except httpx.HTTPError as e:
+                raise SandboxResetFailed(f"sandbox reset {what} failed: {type(e).__name__}: {e}") from e
+            if not response.is_success:
+                raise SandboxResetFailed(f"sandbox reset {what} answered HTTP {response.status_code}: "
+                                         f"{' '.join(response.text.split())[:300]}")
+        self.sandbox_resets += 1
+
+    def _sync_to(self, source: Source) -> httpx.BaseTransport:
+        if source == "sandbox" and self._sandbox_factory is not None:
+            raise TypeError("sandbox_app serves async clients only (httpx.ASGITransport): call the tools with ainvoke")
+        return self._live(self._sync_live, "sync")
+
+    def _async_to(self, source: Source) -> httpx.AsyncBaseTransport:
+        if source == "sandbox" and self._sandbox_factory is not None:
+            if self._sandbox_instance is None:  # this episode's first write: its own fresh API
+                self._sandbox_instance = httpx.ASGITransport(app=self._sandbox_factory())
+            return self._sandbox_instance
+        return self._live(self._async_live, "async")
 
     def close(self) -> None:
         """Close the live connections this transport opened (not a caller's ``live``, not a fork's)."""
@@ -341,7 +454,7 @@ class ReplayTransport(httpx.BaseTransport, httpx.AsyncBaseTransport):
         if mode == "replay":
             return ("recorded",)
         if not read_only:
-            return ("sandbox",) if self.config.sandbox_base_url else ("recorded",)
+            return ("sandbox",) if self.config.sandbox_base_url or self.config.sandbox_app else ("recorded",)
         return {"recording": ("recorded", "live"), "live": ("live", "recorded"),
                 "recording_only": ("recorded",)}[self.config.read_source]
 
@@ -368,17 +481,18 @@ class ReplayTransport(httpx.BaseTransport, httpx.AsyncBaseTransport):
 
     def _target(self, source: Source, request: httpx.Request) -> httpx.Request:
         """The request as it goes out: unchanged to the live API; to the sandbox with its
-        base URL, without production's credentials, with the sandbox's own."""
+        base URL (a sandbox_app gets the URL as it is), without production's credentials,
+        with the sandbox's own."""
         if source == "live":
             if self.config.mode == "shadow" and not self._is_read_only(request):  # unreachable by _sources; kept as a wall
                 raise RuntimeError("refusing to send a mutating shadow request to the live API")
             return request
-        assert self.config.sandbox_base_url and self.config.production_base_url  # checked by ReplayConfig
-        prod, sandbox = httpx.URL(self.config.production_base_url), httpx.URL(self.config.sandbox_base_url)
-        raw = request.url.raw_path
-        prefix = prod.raw_path.rstrip(b"/")
-        relative = raw.removeprefix(prefix)
-        url = sandbox.copy_with(raw_path=sandbox.raw_path.rstrip(b"/") + relative)
+        url = request.url
+        if self._sandbox_factory is None:
+            assert self.config.sandbox_base_url and self.config.production_base_url  # checked by ReplayConfig
+            prod, sandbox = httpx.URL(self.config.production_base_url), httpx.URL(self.config.sandbox_base_url)
+            relative = request.url.raw_path.removeprefix(prod.raw_path.rstrip(b"/"))
+            url = sandbox.copy_with(raw_path=sandbox.raw_path.rstrip(b"/") + relative)
         headers = {k: v for k, v in request.headers.items() if k.lower() not in SENSITIVE_HEADERS | {"host"}}
         if self.config.sandbox_auth is not None:
             headers.update(self.config.sandbox_auth.headers())

@@ -8,7 +8,9 @@ One cycle, top to bottom (``ContinualLoop.step``):
 2. **replay**: each session's task is played ``group_size`` times by the promoted
    version, tools in shadow mode over the session's recorded responses (``tools.replay``):
    reads from the recording or live under a rate limit, writes to the sandbox or the
-   recording, else the episode is unreplayable (a fault, never trained on). The task is
+   recording, else the episode is unreplayable (a fault, never trained on). A URL sandbox
+   with a reset hook is reset before each episode that uses it, and those episodes play one
+   at a time (a failed reset faults the episode); a sandbox app is fresh per episode. The task is
    ``metadata["task"]`` when set, else the session's own transcript (its first user
    message, ``seed_agents.transcript``); the recording is ``metadata["recording"]`` when set,
    else the transcript's tool results (``tools.replay.recording_from_transcript``). The
@@ -20,9 +22,13 @@ One cycle, top to bottom (``ContinualLoop.step``):
 4. **load**: the candidate goes into the server under ``{name}-v{N}`` (vLLM
    ``/v1/load_lora_adapter``; in process for the local backend): ``loaded``.
 5. **canary + decide**: candidate and promoted version play the fixed canary tasks with
-   the same seeds (tools in a fresh sandbox app or in replay mode), ``gate.decide``
-   compares them, ``VersionRegistry.record_decision`` promotes or rejects with the
-   evidence, and the cycle is ``decided``.
+   the same seeds (tools in a fresh sandbox app, the replay section's sandbox, or replay
+   mode), ``gate.decide`` compares them, ``VersionRegistry.record_decision`` promotes or
+   rejects with the evidence and every canary episode (``continual.canary.CanaryEpisode``:
+   its tool calls, results, answer), and the cycle is ``decided``.
+
+``evaluate`` (steps 4-5 without the decision) is also what ``seed_agents.app.drill`` runs
+on a deliberately regressed candidate to rehearse the gate.
 
 Crash safety: every arrow above is a transaction on the cycle row, so a process killed
 anywhere finds its cycle on restart (``TraceStore.open_cycle``) and takes it up where the
@@ -64,7 +70,8 @@ from seed_agents.app.serving import Serving, serving_for
 from seed_agents.capture import JsonlSink
 from seed_agents.chat_model import SeedChatModel
 from seed_agents.config import TrainConfig
-from seed_agents.continual.gate import CanaryResult, GateDecision, decide
+from seed_agents.continual.canary import CanaryEpisode, Side, split_sides
+from seed_agents.continual.gate import GateDecision, decide
 from seed_agents.continual.versions import VersionRegistry
 from seed_agents.errors import ContinualError
 from seed_agents.faults import crash_point
@@ -82,7 +89,7 @@ from seed_agents.store import (
     TraceStore,
 )
 from seed_agents.tools.openapi import load_spec, openapi_tools, read_only_predicate
-from seed_agents.tools.replay import Recording, ReplayConfig, ReplayTransport, recording_from_transcript
+from seed_agents.tools.replay import Recording, ReplayConfig, ReplayTransport, TokenBucket, recording_from_transcript
 from seed_agents.trainers.rollout import GraphRollout
 from seed_agents.trainers.seed_trainer import SEEDTrainer
 from seed_agents.transcript import session_transcript, transcript_of
@@ -138,12 +145,16 @@ class ContinualLoop:
     """Runs cycles for one model name against one store (see the module docstring)."""
 
     def __init__(self, cfg: ContinualConfig, *, store: TraceStore | None = None, serving: Serving | None = None,
-                 log: Callable[[str], None] = print) -> None:
+                 log: Callable[[str], None] = print, bootstrap: bool = True) -> None:
+        """``bootstrap``: make the base model v0 and promote it when nothing is promoted yet
+        (the loop's first start); a drill passes False, since it must change nothing."""
         self.cfg, self.log = cfg, log
         self.tools_cfg, self.replay_cfg = cfg.agent.tools, cfg.replay
         try:
             self.reward = load_reward(cfg.agent.reward)
             self.sandbox_app = load_object(cfg.canary.sandbox_app) if cfg.canary.sandbox_app else None
+            if cfg.replay.sandbox_app:
+                load_object(cfg.replay.sandbox_app)  # fails here, not in the first replay
         except ValueError as e:
             raise ContinualError(f"config: {' '.join(str(e).split())}") from None
         spec_source = cfg.agent.spec or f"{self.tools_cfg.base_url.rstrip('/')}/openapi.json"
@@ -168,7 +179,10 @@ class ContinualLoop:
             raise ContinualError(str(e)) from None
         self.registry = VersionRegistry(self.store)
         self.serving = serving or serving_for(cfg.backend)
-        self.registry.bootstrap(cfg.name, served_name=cfg.backend.model)
+        if bootstrap:
+            self.registry.bootstrap(cfg.name, served_name=cfg.backend.model)
+        self._sandbox_turns: tuple[asyncio.AbstractEventLoop, asyncio.Lock] | None = None
+        self.live_reads = TokenBucket(cfg.replay.live_reads_per_s, cfg.replay.live_read_burst)  # every replay's and canary's
 
     # ------------------------------------------------------------------ driving
 
@@ -260,7 +274,7 @@ class ContinualLoop:
                 unusable[sid] = found
                 continue
             task, recording = found
-            transport = ReplayTransport(self.replay_cfg, recording, is_read_only=self.read_only)
+            transport = ReplayTransport(self.replay_cfg, recording, is_read_only=self.read_only, limiter=self.live_reads)
             transports.append(transport)
             for i in range(self.cfg.group_size):
                 jobs.append((sid, task, i, transport.fork()))
@@ -271,7 +285,8 @@ class ContinualLoop:
                 traj = await self._episode(backend, task, group_id=f"c{cycle_id}-{sid}", sample_index=i, seed=None,
                                            transport=transport, hindsight=self.cfg.skills.source == "self",
                                            temperature=self.cfg.sampling.temperature)
-            traj.metadata.update(session_id=sid, cycle=cycle_id, replay=transport.counters.as_dict())
+            traj.metadata.update(session_id=sid, cycle=cycle_id,
+                                 replay={**transport.counters.as_dict(), "sandbox_resets": transport.sandbox_resets})
             return traj
 
         try:
@@ -320,7 +335,7 @@ class ContinualLoop:
         tcfg = TrainConfig.model_validate(self.cfg.train_fields(out, len(groups)))
         policy = build_policy(tcfg, out)
         if base.path:
-            _load_adapter_weights(policy.model, base.path)
+            load_adapter_weights(policy.model, base.path)
         injector = TaskLineInjector() if self.cfg.skills.injector == "task_line" else SystemBlockInjector()
         batch = GraphRollout(None, policy.llm, skills=self.cfg.skills.source, injector=injector,  # type: ignore[arg-type]
                              merge_rows=self.cfg.trainer.merge_rows).build(trajs)
@@ -342,12 +357,7 @@ class ContinualLoop:
         trainer.train()
         metrics = {k: float(v) for k, v in (trainer.state.log_history[-1] if trainer.state.log_history else {}).items()
                    if isinstance(v, int | float)}
-        final = self.cfg.out / "adapters" / f"cycle-{cycle_id}"
-        tmp = final.with_name(final.name + ".tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
-        policy.model.save_pretrained(tmp)
-        shutil.rmtree(final, ignore_errors=True)  # left by a killed attempt that stored nothing
-        os.replace(tmp, final)
+        final = save_adapter(policy.model, self.cfg.out / "adapters" / f"cycle-{cycle_id}")
         del trainer, policy
         gc.collect()
         return final.resolve(), metrics
@@ -374,15 +384,15 @@ class ContinualLoop:
             outcome.notes.append(f"decision #{stored[-1].decision_id} already stored: {stored[-1].summary}")
             return self.store.advance_cycle(cycle.cycle_id, ("loaded",), "decided", decision_id=stored[-1].decision_id)
         promoted = self._promoted()
-        self.serving.load(candidate)  # again: a restarted server forgets runtime adapters
-        promoted_results, candidate_results = asyncio.run(self._canary(promoted, candidate))
-        decision = decide(promoted_results, candidate_results, self.cfg.gate)
+        decision, episodes = self.evaluate(promoted, candidate)
         outcome.decision = decision
         try:
-            record = self.registry.record_decision(name, candidate.version, decision, baseline=promoted.version)
+            record = self.registry.record_decision(name, candidate.version, decision, baseline=promoted.version,
+                                                   canary=episodes)
         except StoreError as e:  # the promoted version moved while we evaluated: no decision against a stale baseline
             record = self.registry.discard(name, candidate.version, reason=f"compared with v{promoted.version}, "
-                                           f"which stopped serving during the canary ({' '.join(str(e).split())})")
+                                           f"which stopped serving during the canary ({' '.join(str(e).split())})",
+                                           canary=episodes)
             outcome.notes.append("baseline moved during the canary: discarded")
         crash_point("continual-decision")
         if not decision.promote:
@@ -390,37 +400,49 @@ class ContinualLoop:
         return self.store.advance_cycle(cycle.cycle_id, ("loaded",), "decided", decision_id=record.decision_id,
                                         metadata={"verdict": decision.verdict, "compared_with": promoted.version})
 
-    async def _canary(self, promoted: ModelVersionRecord,
-                      candidate: ModelVersionRecord) -> tuple[list[CanaryResult], list[CanaryResult]]:
+    def evaluate(self, promoted: ModelVersionRecord,
+                 candidate: ModelVersionRecord) -> tuple[GateDecision, list[CanaryEpisode]]:
+        """Load ``candidate`` (again: a restarted server forgets runtime adapters), play the
+        canary with both versions and ask the gate; nothing is stored."""
+        self.serving.load(candidate)
+        episodes = asyncio.run(self._canary(promoted, candidate))
+        return decide(*split_sides(episodes), self.cfg.gate), episodes
+
+    async def _canary(self, promoted: ModelVersionRecord, candidate: ModelVersionRecord) -> list[CanaryEpisode]:
         """Both versions on every (canary task, seed k); episode k samples with seed k."""
         sem = asyncio.Semaphore(self.cfg.runner.concurrency)
 
-        async def one(version: ModelVersionRecord, task: Task, k: int) -> CanaryResult:
+        async def one(side: Side, version: ModelVersionRecord, task: Task, k: int) -> CanaryEpisode:
+            final: dict[str, Any] = {}
             async with sem:
                 traj = await self._episode(self.serving.backend(version), task, group_id=f"canary-{task.task_id}",
                                            sample_index=k, seed=self.cfg.seed * 1_000_003 + k,
                                            transport=self._canary_transport(), hindsight=False,
-                                           temperature=self.cfg.canary.temperature)
-            return CanaryResult.of(traj, seed=k)
+                                           temperature=self.cfg.canary.temperature, final=final)
+            return CanaryEpisode.of(traj, side=side, version=version.version, seed=k, messages=final.get("messages"))
 
-        plays = [(v, t, k) for v in (promoted, candidate) for t in self.canary_tasks for k in range(self.cfg.canary.seeds)]
-        results = await asyncio.gather(*(one(*p) for p in plays))
-        half = len(results) // 2
-        return list(results[:half]), list(results[half:])
+        sides: tuple[tuple[Side, ModelVersionRecord], ...] = (("promoted", promoted), ("candidate", candidate))
+        plays = [(s, v, t, k) for s, v in sides for t in self.canary_tasks for k in range(self.cfg.canary.seeds)]
+        return list(await asyncio.gather(*(one(*p) for p in plays)))
 
     def _canary_transport(self) -> Any:
-        """A fresh sandbox app per episode (same state for every episode), else replay mode."""
+        """A fresh sandbox app per episode (same state for every episode), the replay
+        section's sandbox (reset before the episode), else replay mode."""
         if self.sandbox_app is not None:
             return httpx.ASGITransport(app=self.sandbox_app())
         recording = Recording.load(self.cfg.canary.recording, append=False) if self.cfg.canary.recording else Recording()
+        if self.cfg.canary.replay_sandbox:
+            return ReplayTransport(self.replay_cfg, recording, is_read_only=self.read_only, limiter=self.live_reads)
         return ReplayTransport(ReplayConfig(mode="replay"), recording)
 
     # ---------------------------------------------------------------- episodes
 
     async def _episode(self, backend: Any, task: Task, *, group_id: str, sample_index: int, seed: int | None,
-                       transport: Any, hindsight: bool, temperature: float) -> Trajectory:
+                       transport: Any, hindsight: bool, temperature: float,
+                       final: dict[str, Any] | None = None) -> Trajectory:
         """One episode of the deployed agent with its tools on ``transport``; nothing of it
-        is written to the store (a replay is not traffic)."""
+        is written to the store (a replay is not traffic). ``final`` receives the graph's
+        final state (its messages: what the canary keeps of the episode)."""
         sampling = self.cfg.sampling.model_copy(update={"seed": seed, "temperature": temperature})
         llm = SeedChatModel(backend=backend, tokenizer=self.serving.tokenizer, sampling=sampling,
                             model_name=self.cfg.name)
@@ -432,8 +454,28 @@ class ContinualLoop:
             s = self.cfg.skills
             graph = with_hindsight(graph, llm, success_fn=lambda state: self.reward(task, state) >= 1.0,
                                    max_tokens=s.max_tokens, min_words=s.min_words, max_words=s.max_words)
-        runner = EpisodeRunner(graph, self.cfg.runner, reward_fn=self.reward)
-        return await runner.run_episode(task, group_id, sample_index)
+        # A URL sandbox with a reset hook is one shared state: reset it as the episode's
+        # env (a failed reset is the episode's fault) and play its episodes one at a time.
+        shared = isinstance(transport, ReplayTransport) and transport.exclusive_sandbox
+        reward = self.reward if final is None else _keeping_state(self.reward, final)
+        runner = EpisodeRunner(graph, self.cfg.runner, reward_fn=reward,
+                               make_env=(lambda _task: transport.reset_sandbox()) if shared else None)
+        try:
+            if not shared:
+                return await runner.run_episode(task, group_id, sample_index)
+            async with self._sandbox_turn():
+                return await runner.run_episode(task, group_id, sample_index)
+        finally:
+            if isinstance(transport, ReplayTransport):  # a fork owns nothing; a canary's own transport its connections
+                await transport.aclose()
+                transport.close()
+
+    def _sandbox_turn(self) -> asyncio.Lock:
+        """The lock that lets one episode at a time use the shared sandbox (one per event loop)."""
+        loop = asyncio.get_running_loop()
+        if self._sandbox_turns is None or self._sandbox_turns[0] is not loop:
+            self._sandbox_turns = (loop, asyncio.Lock())
+        return self._sandbox_turns[1]
 
     # ----------------------------------------------------------------- helpers
 
@@ -459,7 +501,28 @@ class ContinualLoop:
         self.store.close()
 
 
-def _load_adapter_weights(model: Any, path: str) -> None:
+def _keeping_state(reward: Callable[[Task, dict[str, Any]], float],
+                   final: dict[str, Any]) -> Callable[[Task, dict[str, Any]], float]:
+    """``reward``, also keeping the final state it scores in ``final`` (the runner hands
+    the graph's final state to the reward only)."""
+    def keep(task: Task, state: dict[str, Any]) -> float:
+        final.update(state)
+        return reward(task, state)
+    return keep
+
+
+def save_adapter(model: Any, final: Path) -> Path:
+    """Save the LoRA adapter of ``model`` to ``final`` whole (written beside it, then renamed)
+    or not at all; a folder left there by a killed attempt that stored nothing is replaced."""
+    tmp = final.with_name(final.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    shutil.rmtree(final, ignore_errors=True)
+    os.replace(tmp, final)
+    return final
+
+
+def load_adapter_weights(model: Any, path: str) -> None:
     """Start the fresh LoRA of ``build_policy`` from a stored adapter (same rank and targets)."""
     file = Path(path) / "adapter_model.safetensors"
     if not file.is_file():

@@ -62,6 +62,7 @@ class CanaryConfig(BaseModel):
     temperature: float = Field(0.7, ge=0, description="Sampling temperature of canary episodes (0: greedy).")
     sandbox_app: str | None = Field(None, description="Import path of an ASGI app factory (e.g. examples.library_service:create_app): every canary episode gets a fresh instance, in process.")
     recording: Path | None = Field(None, description="Without sandbox_app: a recording (tools.replay JSONL) that answers canary requests in replay mode; a request it lacks gets a 424.")
+    replay_sandbox: bool = Field(False, description="Instead of sandbox_app: play canary episodes in shadow mode with the replay section's sandbox (a sandbox_base_url is reset before every episode, a replay.sandbox_app is fresh); reads from `recording` when set, else live under the rate limit. For an API that is not an ASGI app.")
 
 
 class ContinualConfig(BaseModel):
@@ -103,6 +104,15 @@ class ContinualConfig(BaseModel):
             raise ValueError("replay.mode must be shadow: training replays never send a write to production")
         if self.skills.source not in ("self", "none"):
             raise ValueError("skills.source must be self (SEED) or none (GRPO) in the continual loop")
+        if self.canary.replay_sandbox:
+            if self.canary.sandbox_app is not None:
+                raise ValueError("canary.replay_sandbox and canary.sandbox_app are two sandboxes: set one")
+            if self.replay.sandbox_base_url is None and self.replay.sandbox_app is None:
+                raise ValueError("canary.replay_sandbox needs a sandbox in the replay section "
+                                 "(replay.sandbox_base_url with sandbox_reset, or replay.sandbox_app)")
+            if self.replay.sandbox_base_url is not None and self.replay.sandbox_reset is None:
+                raise ValueError("canary.replay_sandbox with replay.sandbox_base_url needs replay.sandbox_reset: "
+                                 "every canary episode must start from the same sandbox state")
         return self
 
     def train_fields(self, out: Path, n_groups: int) -> dict[str, Any]:

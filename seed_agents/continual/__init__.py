@@ -5,15 +5,19 @@
 ``VersionRegistry`` applies it to the trace store atomically (promote, reject, rollback,
 resolve), and ``seed-agents versions`` (``seed_agents.app.commands.continual``) is the
 operators' view of it. The continual loop (``seed_agents.app.continual``) composes these;
-the gateway follows ``VersionRegistry.resolve``.
+the gateway follows ``VersionRegistry.resolve``. ``canary.CanaryEpisode`` is what is kept of
+each canary episode behind a decision (its tool calls, results, answer).
 """
 
+from seed_agents.continual.canary import CanaryEpisode, EpisodeTrace
 from seed_agents.continual.gate import CanaryResult, GateConfig, GateDecision, decide
 from seed_agents.continual.versions import DecisionRecord, ServedVersion, VersionRegistry, VersionStatus
 
 __all__ = [
+    "CanaryEpisode",
     "CanaryResult",
     "DecisionRecord",
+    "EpisodeTrace",
     "GateConfig",
     "GateDecision",
     "ServedVersion",

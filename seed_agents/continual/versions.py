@@ -19,7 +19,11 @@ Promises (the store enforces them; this module chooses the transitions):
 - Exactly one promoted version per name, also under concurrent promoters (row locks,
   and a unique index in the database itself).
 - Every decision is stored with its evidence (the gate's ``GateDecision``, an
-  operator's reason) and read back with ``decisions``.
+  operator's reason) and read back with ``decisions``; a gate decision also with every
+  canary episode it rests on (``canary.CanaryEpisode``, read back with ``canary_episodes``).
+- A drill (``record_drill``: the gate rehearsed on a deliberately regressed candidate)
+  never moves the promoted version, whatever the gate said: the drill's candidate is
+  rejected and the decision stored with action ``drill``.
 
 Rollback re-promotes the version that the current one replaced when it was promoted
 (skipping versions rejected since), and marks the rolled-back version ``rejected``:
@@ -29,13 +33,15 @@ rollback goes one step further back.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from enum import Enum
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from seed_agents.continual.canary import CanaryEpisode
 from seed_agents.continual.gate import GateDecision
-from seed_agents.store import DecisionRecord, ModelVersionRecord, StoreError, TraceStore
+from seed_agents.store import CanaryEpisodeRecord, DecisionRecord, ModelVersionRecord, StoreError, TraceStore
 
 __all__ = ["DecisionRecord", "ServedVersion", "VersionRegistry", "VersionStatus", "served_name_of"]
 
@@ -93,6 +99,10 @@ class VersionRegistry:
         """Decisions about ``name`` in the order they were made (the last ``limit``)."""
         return self.store.decisions(name, limit=limit)
 
+    def canary_episodes(self, decision_id: int) -> list[CanaryEpisodeRecord]:
+        """The canary episodes decision ``decision_id`` rests on (none for a manual one)."""
+        return self.store.canary_episodes([decision_id])
+
     def names(self) -> list[str]:
         """Model names with at least one version."""
         return sorted({v.name for v in self.store.model_versions()})
@@ -137,20 +147,37 @@ class VersionRegistry:
     def _has(self, name: str, version: int) -> bool:
         return any(v.version == version for v in self.versions(name))
 
-    def record_decision(self, name: str, version: int, decision: GateDecision, *, baseline: int) -> DecisionRecord:
+    def record_decision(self, name: str, version: int, decision: GateDecision, *, baseline: int,
+                        canary: Sequence[CanaryEpisode] = ()) -> DecisionRecord:
         """Apply the gate's verdict on candidate ``version``, compared against ``baseline``.
 
         ``promote``: as ``promote``. ``reject`` or ``inconclusive``: the candidate becomes
         ``rejected`` (a candidate that cannot be shown safe does not serve; the loop trains
-        the next one from the promoted version) and the evidence is stored.
+        the next one from the promoted version) and the evidence is stored, with the
+        ``canary`` episodes the verdict rests on.
         """
         if decision.promote:
-            return self.promote(name, version, decision, baseline=baseline)
+            return self.promote(name, version, decision, baseline=baseline, canary=canary)
         return self.store.decide_version(name, version, _R, action="reject", actor="gate", allow_from=(_C,),
                                          evidence={"baseline": baseline, "gate": decision.model_dump(mode="json")},
-                                         summary=f"gate: v{version} vs v{baseline}: {decision.summary()}")
+                                         summary=f"gate: v{version} vs v{baseline}: {decision.summary()}",
+                                         canary=_rows(canary))
 
-    def promote(self, name: str, version: int, decision: GateDecision, *, baseline: int) -> DecisionRecord:
+    def record_drill(self, name: str, version: int, decision: GateDecision, *, baseline: int,
+                     canary: Sequence[CanaryEpisode] = (), how: dict[str, Any] | None = None) -> DecisionRecord:
+        """Store a drill: the gate's verdict on ``version``, a deliberately regressed candidate,
+        against ``baseline``. Whatever the verdict, ``version`` becomes ``rejected`` and the
+        promoted version does not move; the decision's action is ``drill``, its evidence says
+        how the candidate was regressed (``how``) and whether the gate would have promoted it."""
+        missed = "; the gate would have PROMOTED it (a drill never does)" if decision.promote else ""
+        return self.store.decide_version(
+            name, version, _R, action="drill", actor="drill", allow_from=(_C,), canary=_rows(canary),
+            evidence={"baseline": baseline, "gate": decision.model_dump(mode="json"), "drill": how or {},
+                      "would_promote": decision.promote},
+            summary=f"drill: regressed v{version} vs v{baseline}: {decision.summary()}{missed}")
+
+    def promote(self, name: str, version: int, decision: GateDecision, *, baseline: int,
+                canary: Sequence[CanaryEpisode] = ()) -> DecisionRecord:
         """Promote candidate ``version`` on the gate's ``promote`` verdict against ``baseline``.
 
         One transaction retires ``baseline``, promotes ``version`` and stores the decision.
@@ -163,7 +190,8 @@ class VersionRegistry:
         return self.store.switch_promoted(name, version, action="promote", actor="gate", expect_current=baseline,
                                           allow_from=(_C,),
                                           evidence={"baseline": baseline, "gate": decision.model_dump(mode="json")},
-                                          summary=f"gate: v{version} vs v{baseline}: {decision.summary()}")
+                                          summary=f"gate: v{version} vs v{baseline}: {decision.summary()}",
+                                          canary=_rows(canary))
 
     def promote_manually(self, name: str, version: int, *, reason: str | None = None,
                          actor: str = "operator") -> DecisionRecord:
@@ -189,12 +217,18 @@ class VersionRegistry:
             demote_to=_R, evidence={"reason": reason, "rolled_back": current},
             summary=_with_reason(f"{actor}: roll back v{current} -> v{target}", reason))
 
-    def discard(self, name: str, version: int, *, reason: str, actor: str = "recovery") -> DecisionRecord:
+    def discard(self, name: str, version: int, *, reason: str, actor: str = "recovery",
+                canary: Sequence[CanaryEpisode] = ()) -> DecisionRecord:
         """Reject a candidate without a gate verdict (e.g. one a killed loop left undecided
-        whose canary cannot be resumed); the reason is stored."""
+        whose canary cannot be resumed); the reason is stored, with any ``canary`` episodes played."""
         return self.store.decide_version(name, version, _R, action="reject", actor=actor, allow_from=(_C,),
                                          evidence={"reason": reason},
-                                         summary=_with_reason(f"{actor}: discard v{version}", reason))
+                                         summary=_with_reason(f"{actor}: discard v{version}", reason),
+                                         canary=_rows(canary))
+
+
+def _rows(canary: Sequence[CanaryEpisode]) -> list[dict[str, Any]]:
+    return [e.model_dump(mode="json") for e in canary]
 
 
 def _with_reason(summary: str, reason: str | None) -> str:

@@ -3,7 +3,8 @@
 All three show the same numbers because they read them here. Aggregates (one point per
 session, queue lengths, counts) are single SQL statements over the store's tables, so a
 store with many sessions costs one query, not one read per session; the drill-down of a
-few sessions goes through ``TraceStore``'s public reads.
+few sessions, and of the canary episodes behind the latest decisions (``canary_views``),
+goes through ``TraceStore``'s public reads.
 
 Which version served a session: the ``policy_version`` stamped on its first policy call
 (the gateway stamps the promoted version it sent the request to). A session that spans a
@@ -25,6 +26,7 @@ from sqlalchemy.engine import Connection
 
 from seed_agents.observe.curve import Outcome
 from seed_agents.store import (
+    CanaryEpisodeRecord,
     DecisionRecord,
     ModelVersionRecord,
     RewardPolicy,
@@ -32,7 +34,7 @@ from seed_agents.store import (
     SessionRecord,
     TraceStore,
 )
-from seed_agents.store.schema import calls, claims, decisions, model_versions, rewards, sessions
+from seed_agents.store.schema import calls, canary_episodes, claims, decisions, model_versions, rewards, sessions
 from seed_agents.tool_calls import parse_tool_calls
 from seed_agents.types import LLMCall, Skill
 
@@ -51,6 +53,8 @@ QUEUES: dict[str, str] = {
 """Queue name -> what it counts (status, report and /metrics share these names)."""
 
 FAULT_PREFIX = "fault"
+MAX_CANARY_DECISIONS = 10
+"""The most decisions whose canary episodes one page drills into (newest first)."""
 
 
 def _snapshot(store: TraceStore, fn: Callable[[Connection], T]) -> T:
@@ -305,3 +309,57 @@ def session_details(store: TraceStore, session_ids: Sequence[str], policy: Rewar
                                  skill=traj.skill, calls=[call_view(i, c) for i, c in enumerate(traj.calls)],
                                  episode={k: episode[k] for k in ("stop_reason", "fault", "error", "success") if k in episode}))
     return out
+
+
+# -- the canary behind a decision ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CanaryTask:
+    """One canary task of a decision: each side's episodes, by seed."""
+
+    task_id: str
+    promoted: list[CanaryEpisodeRecord]
+    candidate: list[CanaryEpisodeRecord]
+
+
+@dataclass(frozen=True)
+class CanaryView:
+    """The canary episodes one decision rests on, task by task (a gate decision, a drill)."""
+
+    decision: DecisionRecord
+    promoted_version: int | None
+    candidate_version: int | None
+    tasks: list[CanaryTask]
+
+    def tally(self, side: str) -> tuple[int, int, int]:
+        """(successes, faults, episodes) of ``side``: 'promoted' or 'candidate'."""
+        eps = [e for t in self.tasks for e in (t.promoted if side == "promoted" else t.candidate)]
+        return sum(e.success and e.fault is None for e in eps), sum(e.fault is not None for e in eps), len(eps)
+
+
+def canary_views(store: TraceStore, among: Sequence[DecisionRecord], *,
+                 limit: int = MAX_CANARY_DECISIONS) -> list[CanaryView]:
+    """The canary of the newest ``limit`` decisions of ``among`` that kept episodes, newest first.
+    One count, then the episodes of those decisions only (a page never reads them all)."""
+    ids = [d.decision_id for d in among]
+    if not ids or limit <= 0:
+        return []
+    count = (sa.select(canary_episodes.c.decision_id).where(canary_episodes.c.decision_id.in_(ids))
+             .group_by(canary_episodes.c.decision_id))
+    with_episodes = set(_snapshot(store, lambda conn: [int(i) for i in conn.execute(count).scalars()]))
+    chosen = [d for d in sorted(among, key=lambda d: d.decision_id, reverse=True) if d.decision_id in with_episodes][:limit]
+    by_decision: dict[int, list[CanaryEpisodeRecord]] = {}
+    for e in store.canary_episodes([d.decision_id for d in chosen]) if chosen else []:
+        by_decision.setdefault(e.decision_id, []).append(e)
+    views = []
+    for d in chosen:
+        episodes = by_decision.get(d.decision_id, [])
+        tasks: dict[str, CanaryTask] = {}
+        for e in sorted(episodes, key=lambda e: e.seed):
+            task = tasks.setdefault(e.task_id, CanaryTask(task_id=e.task_id, promoted=[], candidate=[]))
+            (task.promoted if e.side == "promoted" else task.candidate).append(e)
+        version = {side: next((e.version for e in episodes if e.side == side), None) for side in ("promoted", "candidate")}
+        views.append(CanaryView(decision=d, promoted_version=version["promoted"], candidate_version=version["candidate"],
+                                tasks=list(tasks.values())))
+    return views

@@ -2,8 +2,10 @@
 
 One self-contained HTML page (no script, no CDN, no external request: the machines that
 run this often have no internet): the success curve per version as inline SVG, the
-versions, the decisions with their evidence, the queues, and the latest sessions with
-their calls, tool calls, rewards and skills (native ``<details>`` drill-down).
+versions, the decisions with their evidence, the canary episodes behind the latest
+decisions (which tasks each side passed, down to each episode's tool calls), the queues,
+and the latest sessions with their calls, tool calls, rewards and skills (native
+``<details>`` drill-down).
 
 Everything shown from the store (user text, model output, tool results, task keys,
 comments, skills, evidence) is untrusted: Jinja2 autoescapes every value, and a Content
@@ -24,6 +26,7 @@ from pathlib import Path
 
 import jinja2
 
+from seed_agents.continual.canary import MAX_TEXT
 from seed_agents.observe.curve import (
     Window,
     auto_window,
@@ -34,8 +37,10 @@ from seed_agents.observe.curve import (
 )
 from seed_agents.observe.data import (
     QUEUES,
+    CanaryView,
     Overview,
     SessionDetail,
+    canary_views,
     evidence_summary,
     outcomes,
     read_overview,
@@ -141,10 +146,13 @@ _TEMPLATE = _environment().from_string(
     resources.files("seed_agents.observe").joinpath("report.html.j2").read_text(encoding="utf-8"))
 
 
-def render_report(ov: Overview, details: list[SessionDetail], *, store_label: str, window_s: int | None = None) -> str:
+def render_report(ov: Overview, details: list[SessionDetail], *, store_label: str, window_s: int | None = None,
+                  canary: list[CanaryView] | None = None) -> str:
     """The page as a string (pure: everything it shows comes in as arguments)."""
     promoted = ov.promoted()
+    canary = canary or []
     return _TEMPLATE.render(
+        canary=canary, canary_ids={c.decision.decision_id for c in canary}, max_text=MAX_TEXT,
         ov=ov, details=details, store_label=store_label, chart=build_chart(ov, window_s=window_s), csp=CSP,
         queues=[(k, ov.queues.get(k, 0), QUEUES.get(k, "")) for k in [*QUEUES, *sorted(set(ov.queues) - set(QUEUES))]],
         decisions=[(d, evidence_summary(d)) for d in reversed(ov.decisions)], promoted=promoted,
@@ -156,7 +164,8 @@ def build_report(store: TraceStore, *, store_label: str, sessions: int = 50, dec
     """Read ``store`` and render the page with its latest ``sessions`` sessions, newest first."""
     ov = read_overview(store, last_decisions=decisions)
     latest = [p.session_id for p in reversed(ov.points)][:sessions]
-    return render_report(ov, session_details(store, latest), store_label=store_label, window_s=window_s)
+    return render_report(ov, session_details(store, latest), store_label=store_label, window_s=window_s,
+                         canary=canary_views(store, ov.decisions))
 
 
 def write_report(html: str, out: Path) -> None:

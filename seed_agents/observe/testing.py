@@ -2,7 +2,7 @@
 
 ``populate(store)`` writes what a few hours of a deployed tool agent leave behind, through
 the store's public API: versions promoted and rejected by the real gate on hand-made
-canary results, sessions with tool calls, rewards of several sources, skills, a session
+canary episodes (kept with each decision, one tool result carrying the payload below), sessions with tool calls, rewards of several sources, skills, a session
 flagged for a secret, one flagged for a fault, open and unrewarded ones, a trained batch,
 and one session whose every text field carries an HTML/script payload (the report must
 show it as text). The store stamps rows with the wall clock; the sessions are then
@@ -19,7 +19,8 @@ from dataclasses import dataclass
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from seed_agents.continual import CanaryResult, GateConfig, VersionRegistry, decide
+from seed_agents.continual import CanaryEpisode, EpisodeTrace, GateConfig, GateDecision, VersionRegistry, decide
+from seed_agents.continual.canary import ToolCallTrace, split_sides
 from seed_agents.store import TraceStore
 from seed_agents.store.schema import decisions, sessions
 from seed_agents.types import LLMCall, SamplingParams, Skill, new_id
@@ -78,12 +79,23 @@ def _episode(store: TraceStore, rng: random.Random, version: int, success: bool,
     return sid
 
 
-def _gate(promote: bool, n_tasks: int = 8):
-    """A real gate decision from hand-made paired canary results."""
-    promoted = [CanaryResult(task_id=f"canary-{i}", seed=0, reward=float(i % 2)) for i in range(n_tasks)]
-    candidate = [CanaryResult(task_id=f"canary-{i}", seed=0, reward=1.0 if promote or i % 4 == 0 else 0.0)
-                 for i in range(n_tasks)]
-    return decide(promoted, candidate, GateConfig(margin=0.05, resamples=1000))
+def _canary_episode(side: str, version: int, i: int, reward: float) -> CanaryEpisode:
+    """A canary episode of a library task: search, then borrow (a pass) or give up."""
+    title = _BOOKS[i % len(_BOOKS)]
+    search = ToolCallTrace(name="search_books", args=f'{{"title": "{title}"}}',
+                           result=f'[{{"id": {i + 1}, "title": "{title}"}}]' if i != 3 else XSS)
+    borrow = ToolCallTrace(name="borrow_book", args=f'{{"book_id": {i + 1}}}', result=f'{{"loan": {i}}}')
+    trace = (EpisodeTrace(tool_calls=[search, borrow], answer=f"Borrowed '{title}'.", turns=3) if reward >= 1
+             else EpisodeTrace(tool_calls=[search], answer=f"I could not borrow '{title}'.", turns=2))
+    return CanaryEpisode(side=side, version=version, task_id=f"canary-{i}", seed=0,  # type: ignore[arg-type]
+                         reward=reward, success=reward >= 1, trace=trace)
+
+
+def _gate(promote: bool, *, baseline: int, candidate: int, n_tasks: int = 8) -> tuple[GateDecision, list[CanaryEpisode]]:
+    """A real gate decision from hand-made paired canary episodes, and the episodes."""
+    episodes = [_canary_episode("promoted", baseline, i, float(i % 2)) for i in range(n_tasks)]
+    episodes += [_canary_episode("candidate", candidate, i, 1.0 if promote or i % 4 == 0 else 0.0) for i in range(n_tasks)]
+    return decide(*split_sides(episodes), GateConfig(margin=0.05, resamples=1000)), episodes
 
 
 def populate(store: TraceStore, *, seed: int = 0, hours: int = 6, per_hour: int = 5) -> Populated:
@@ -103,9 +115,11 @@ def populate(store: TraceStore, *, seed: int = 0, hours: int = 6, per_hour: int 
         if h == half:  # v1 trained on the first half's traffic, then promoted by the gate
             switch_at = now - (hours - h) * 3600
             registry.add_candidate(MODEL, "runs/adapters/v1", served_name="policy-v1")
-            decided[registry.record_decision(MODEL, 1, _gate(True), baseline=0).decision_id] = switch_at
+            gate, canary = _gate(True, baseline=0, candidate=1)
+            decided[registry.record_decision(MODEL, 1, gate, baseline=0, canary=canary).decision_id] = switch_at
             registry.add_candidate(MODEL, "runs/adapters/v2", served_name="policy-v2")
-            decided[registry.record_decision(MODEL, 2, _gate(False), baseline=1).decision_id] = switch_at + 1800
+            gate, canary = _gate(False, baseline=1, candidate=2)
+            decided[registry.record_decision(MODEL, 2, gate, baseline=1, canary=canary).decision_id] = switch_at + 1800
         for i in range(per_hour):
             ok = rng.random() < p_success
             sid = _episode(store, rng, version, ok)

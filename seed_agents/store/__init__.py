@@ -8,6 +8,7 @@ sessions as the JSONL ``Trajectory`` records the training pipeline reads.
 
 from seed_agents.store.export import export_trajectories
 from seed_agents.store.records import (
+    CanaryEpisodeRecord,
     CycleRecord,
     DecisionRecord,
     ModelVersionRecord,
@@ -22,6 +23,7 @@ from seed_agents.store.sink import StoreSink
 from seed_agents.store.store import TraceStore
 
 __all__ = [
+    "CanaryEpisodeRecord",
     "CycleRecord",
     "DecisionRecord",
     "ModelVersionRecord",

@@ -91,12 +91,31 @@ class DecisionRecord(BaseModel):
     decision_id: int
     name: str
     version: int = Field(description="The version decided on: the one rejected, or the one switched to (== to_version).")
-    action: str = Field(description="'promote', 'reject', 'rollback' or 'retire'.")
+    action: str = Field(description="'promote', 'reject', 'rollback', 'retire' or 'drill' (a rehearsal of the gate "
+                                    "on a deliberately regressed candidate: never moves the promoted version).")
     actor: str = Field(description="Who decided: 'gate', 'operator', 'bootstrap', 'recovery', 'migration', ...")
     from_version: int | None = Field(description="The promoted version before the decision (None: none was).")
     to_version: int | None = Field(description="The promoted version after it (equal to from_version when nothing moved).")
     summary: str = Field(description="One line for people.")
     evidence: dict[str, Any] = Field(description="What the decision rests on, e.g. the gate's paired canary statistics.")
+    created_at: float
+
+
+class CanaryEpisodeRecord(BaseModel):
+    """One canary episode, kept with the decision it was evidence for (read model)."""
+
+    episode_id: int
+    decision_id: int
+    name: str
+    version: int = Field(description="The version that played it.")
+    side: str = Field(description="'candidate', or 'promoted': the version it was compared with.")
+    task_id: str
+    seed: int = Field(description="The canary seed: both sides play each (task_id, seed) once.")
+    reward: float
+    success: bool
+    fault: str | None = Field(description="The infrastructure fault that ended it (never paired by the gate), or None.")
+    trace: dict[str, Any] = Field(description="What the agent did: ``seed_agents.continual.canary.EpisodeTrace`` "
+                                              "(tool calls with results or errors, the final answer), bounded.")
     created_at: float
 
 

@@ -6,8 +6,8 @@ takes any older database there, one transaction for the whole run, so a crash mi
 leaves the database at its old version, never in between.
 
 Rule for the next schema change: before editing a ``Table`` below, freeze the migration
-that creates it (migration 1, 2 for ``decisions``, 4 for ``cycles``/``claims``: copy
-today's definitions into it),
+that creates it (migration 1, 2 for ``decisions``, 4 for ``cycles``/``claims``, 5 for
+``canary_episodes``: copy today's definitions into it),
 then append migration N that alters existing tables.
 Opening a database whose version is newer than ``len(MIGRATIONS)`` is refused: this code
 would misread tables it does not know.
@@ -183,6 +183,30 @@ claims = sa.Table(
     sa.Column("updated_at", sa.Double, nullable=False),
 )
 
+# Every canary episode a gate decision rests on (added by migration 5): both sides' episodes
+# of each (task, seed), with what the agent did, so a decision reads episode by episode. They
+# are written in the decision's own transaction. ``side`` is 'candidate' or 'promoted' (the
+# baseline it was compared with); ``trace`` is ``seed_agents.continual.canary.EpisodeTrace``
+# (tool calls with their arguments and results or errors, the final answer), bounded by
+# its writer.
+canary_episodes = sa.Table(
+    "canary_episodes", metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("decision_id", sa.Integer, sa.ForeignKey("decisions.id"), nullable=False),
+    sa.Column("name", sa.String(128), nullable=False),
+    sa.Column("version", sa.Integer, nullable=False),
+    sa.Column("side", sa.String(16), nullable=False),
+    sa.Column("task_id", sa.Text, nullable=False),
+    sa.Column("seed", sa.Integer, nullable=False),
+    sa.Column("reward", sa.Double, nullable=False),
+    sa.Column("success", sa.Boolean, nullable=False),
+    sa.Column("fault", sa.String(32), nullable=True),
+    sa.Column("trace", sa.JSON, nullable=False),
+    sa.Column("created_at", sa.Double, nullable=False),
+    sa.ForeignKeyConstraint(["name", "version"], ["model_versions.name", "model_versions.version"]),
+    sa.Index("ix_canary_episodes_decision", "decision_id", "id"),
+)
+
 # At most one unfinished cycle per model name (migration 4): a restarted loop resumes
 # that one, and a second loop on the same name cannot open another beside it.
 ONE_OPEN_CYCLE_INDEX = "uq_cycles_one_open"
@@ -251,7 +275,13 @@ def _v4_cycles(conn: Connection) -> None:
     conn.execute(sa.text(f"CREATE UNIQUE INDEX IF NOT EXISTS {ONE_OPEN_CYCLE_INDEX} ON cycles (name) WHERE state IN ({states})"))
 
 
-MIGRATIONS: list[Migration] = [_v1_initial, _v2_decisions, _v3_call_complete, _v4_cycles]
+def _v5_canary_episodes(conn: Connection) -> None:
+    """Version 5: ``canary_episodes`` (see its definition). Decisions stored before keep
+    their aggregate evidence only: their episodes were never kept. Idempotent, like 3 and 4."""
+    canary_episodes.create(conn, checkfirst=True)
+
+
+MIGRATIONS: list[Migration] = [_v1_initial, _v2_decisions, _v3_call_complete, _v4_cycles, _v5_canary_episodes]
 
 
 def stored_version(conn: Connection) -> int:

@@ -6,13 +6,15 @@ in one locked transaction (a compare-and-swap on the promoted version and, optio
 on the last decision), and a unique index in the database refuses a second promoted
 row from any writer (``_one_promoted_guard`` turns that into a StoreError that says
 what to use). ``decide_version`` changes a version that does not serve, with its
-decision, in one transaction too.
+decision, in one transaction too. Both store the canary episodes a decision rests on in
+that same transaction (``canary_episodes``): a decision never lacks its episodes, and
+no episode outlives a decision that was not stored.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Mapping, Sequence
 from contextlib import AbstractContextManager
 from types import EllipsisType
 from typing import Any
@@ -22,10 +24,11 @@ from sqlalchemy.engine import Connection, RowMapping
 
 from seed_agents.store import schema
 from seed_agents.store._base import StoreBase, _check_id, _insert_ignore, _unique_index_guard
-from seed_agents.store.records import DecisionRecord, ModelVersionRecord, StoreError
-from seed_agents.store.schema import decisions, model_versions
+from seed_agents.store.records import CanaryEpisodeRecord, DecisionRecord, ModelVersionRecord, StoreError
+from seed_agents.store.schema import canary_episodes, decisions, model_versions
 
 PROMOTED = "promoted"
+CANARY_SIDES = ("candidate", "promoted")
 
 
 class VersionStore(StoreBase):
@@ -91,7 +94,7 @@ class VersionStore(StoreBase):
                         evidence: dict[str, Any], allow_from: Collection[str],
                         expect_current: int | None | EllipsisType = ...,
                         expect_last_decision: int | None | EllipsisType = ...,
-                        demote_to: str = "retired") -> DecisionRecord:
+                        demote_to: str = "retired", canary: Sequence[Mapping[str, Any]] = ()) -> DecisionRecord:
         """Make ``version`` the one promoted version of ``name`` and store the decision, in
         ONE transaction: a crash leaves either the old pointer or the new one, never none,
         two, or a switch without its decision.
@@ -103,10 +106,13 @@ class VersionStore(StoreBase):
         ``expect_last_decision`` (a decision id, or None for "no decision yet") is the same
         check on the whole history, for a choice made from it (a rollback's target): it
         also catches a pointer that moved away and back. The previous promoted version
-        gets ``demote_to``. Concurrent switches serialize on
+        gets ``demote_to``. ``canary``: the episodes the decision rests on (``_canary_row``
+        says the fields), stored with it. Concurrent switches serialize on
         the name's version rows (PostgreSQL: row locks; SQLite: the write lock), and a
         unique index keeps two promoted versions out of the database whatever the caller.
         """
+
+        rows = [_canary_row(e) for e in canary]  # a malformed episode refuses the decision before any write
 
         def tx(conn: Connection) -> DecisionRecord:
             status = _lock_versions(conn, name, version)
@@ -125,6 +131,7 @@ class VersionStore(StoreBase):
             decision_id = _insert_decision(conn, dict(
                 name=name, version=version, action=action, actor=actor, from_version=current, to_version=version,
                 summary=summary, evidence=evidence, created_at=now))
+            _insert_canary(conn, decision_id, name, rows, now)
             note = _decision_note(decision_id, action, actor, summary, now)
             if current is not None:  # demote first: the unique index sees one promoted row at every step
                 _set_status(conn, name, current, demote_to, note, now)
@@ -134,12 +141,15 @@ class VersionStore(StoreBase):
         return self._write(tx)
 
     def decide_version(self, name: str, version: int, status: str, *, action: str, actor: str, summary: str,
-                       evidence: dict[str, Any], allow_from: Collection[str]) -> DecisionRecord:
+                       evidence: dict[str, Any], allow_from: Collection[str],
+                       canary: Sequence[Mapping[str, Any]] = ()) -> DecisionRecord:
         """Give a version that does not serve a new ``status`` (e.g. reject a candidate) and
-        store the decision, in one transaction; refused unless its status is in
-        ``allow_from``. The promoted version does not move (from == to in the record)."""
+        store the decision with its ``canary`` episodes, in one transaction; refused unless
+        its status is in ``allow_from``. The promoted version does not move (from == to in
+        the record)."""
         if status == PROMOTED:
             raise StoreError("decide_version cannot promote; use switch_promoted (it moves the pointer atomically)")
+        rows = [_canary_row(e) for e in canary]
 
         def tx(conn: Connection) -> DecisionRecord:
             statuses = _lock_versions(conn, name, version)
@@ -149,6 +159,7 @@ class VersionStore(StoreBase):
             decision_id = _insert_decision(conn, dict(
                 name=name, version=version, action=action, actor=actor, from_version=current, to_version=current,
                 summary=summary, evidence=evidence, created_at=now))
+            _insert_canary(conn, decision_id, name, rows, now)
             _set_status(conn, name, version, status, _decision_note(decision_id, action, actor, summary, now), now)
             return _get_decision(conn, decision_id)
 
@@ -162,6 +173,17 @@ class VersionStore(StoreBase):
         if limit is not None:
             query = query.limit(limit)
         return self._read(lambda conn: [_decision(r) for r in conn.execute(query).mappings()][::-1])
+
+    def canary_episodes(self, decision_ids: Collection[int] | None = None, *,
+                        name: str | None = None) -> list[CanaryEpisodeRecord]:
+        """The canary episodes stored with decisions (of ``decision_ids`` / of ``name`` when
+        given), by decision, then in the order they were stored."""
+        query = sa.select(canary_episodes).order_by(canary_episodes.c.decision_id, canary_episodes.c.id)
+        if decision_ids is not None:
+            query = query.where(canary_episodes.c.decision_id.in_(list(decision_ids)))
+        if name is not None:
+            query = query.where(canary_episodes.c.name == name)
+        return self._read(lambda conn: [_canary_episode(r) for r in conn.execute(query).mappings()])
 
 
 # ----------------------------------------------------------------- statement helpers
@@ -224,6 +246,33 @@ def _check_transition(name: str, version: int, status: str, allow_from: Collecti
 
 def _insert_decision(conn: Connection, values: dict[str, Any]) -> int:
     return int(conn.execute(sa.insert(decisions).values(**values)).inserted_primary_key[0])
+
+
+_CANARY_FIELDS = ("version", "side", "task_id", "seed", "reward", "success", "fault", "trace")
+
+
+def _canary_row(episode: Mapping[str, Any]) -> dict[str, Any]:
+    """One episode to store: exactly ``_CANARY_FIELDS`` (``CanaryEpisode.model_dump(mode="json")``
+    gives them), checked here so a malformed one is refused before anything is written."""
+    missing = [k for k in _CANARY_FIELDS if k not in episode]
+    if missing or episode["side"] not in CANARY_SIDES or not isinstance(episode["trace"], dict):
+        raise StoreError(f"a canary episode needs {', '.join(_CANARY_FIELDS)} with side one of "
+                         f"{' or '.join(CANARY_SIDES)} and a trace dict; got keys {sorted(episode)!r:.200}")
+    fault = episode["fault"]
+    return {"version": int(episode["version"]), "side": episode["side"], "task_id": str(episode["task_id"]),
+            "seed": int(episode["seed"]), "reward": float(episode["reward"]), "success": bool(episode["success"]),
+            "fault": None if fault is None else str(fault), "trace": episode["trace"]}
+
+
+def _insert_canary(conn: Connection, decision_id: int, name: str, rows: list[dict[str, Any]], now: float) -> None:
+    if rows:
+        conn.execute(sa.insert(canary_episodes), [{**r, "decision_id": decision_id, "name": name, "created_at": now}
+                                                  for r in rows])
+
+
+def _canary_episode(row: RowMapping) -> CanaryEpisodeRecord:
+    return CanaryEpisodeRecord(episode_id=row["id"],
+                               **{k: row[k] for k in CanaryEpisodeRecord.model_fields if k != "episode_id"})
 
 
 def _decision_note(decision_id: int, action: str, actor: str, summary: str, at: float) -> dict[str, Any]:

@@ -92,6 +92,10 @@ def test_cycles_claim_train_gate_and_account_for_every_session(tmp_path, tiny_mo
         d = decisions[c.candidate_version]
         assert d.decision_id == c.decision_id and d.actor == "gate"
         assert d.evidence["gate"]["n_tasks"] == 2 and d.evidence["baseline"] == c.base_version
+        episodes = store.canary_episodes([d.decision_id])  # kept with the decision: 2 tasks x 1 seed x 2 sides
+        assert sorted((e.side, e.version) for e in episodes) == [("candidate", c.candidate_version)] * 2 + \
+            [("promoted", c.base_version)] * 2
+        assert all(e.trace["turns"] >= 1 for e in episodes)
     assert loop.registry.pending(cfg.name) == []
     assert loop.registry.resolve(cfg.name).version == 2  # type: ignore[union-attr]
     v2 = next(v for v in store.model_versions(cfg.name) if v.version == 2)

@@ -116,4 +116,4 @@ def test_a_version_2_store_gains_calls_complete_and_keeps_its_calls(tmp_path):
     assert call.complete and call.completion_ids == [3]
     store.add_call("s1", LLMCall(messages=[], prompt_ids=[1], completion_ids=[4], logprobs=[-1.0], complete=False))
     assert [c.complete for c in store.calls("s1")] == [True, False]
-    assert migrate(sa.create_engine(url)) == len(MIGRATIONS) == 4  # 2 -> 3, then 4 (cycles, claims)
+    assert migrate(sa.create_engine(url)) == len(MIGRATIONS) == 5  # 2 -> 3, then 4 (cycles, claims), 5 (canary_episodes)

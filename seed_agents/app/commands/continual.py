@@ -2,6 +2,7 @@
 which model version serves a deployed agent.
 
     seed-agents continual --config FILE [--cycles N | --once] [--store URL]
+    seed-agents continual drill --config FILE [--drill.strength S]
 
     seed-agents versions list     [--store URL] [--model NAME]
     seed-agents versions promote N [--store URL] [--model NAME] [--reason TEXT]
@@ -13,6 +14,13 @@ rejected. Both switch in one store transaction; a gateway that follows the regis
 (config ``registry``) serves the new version within its refresh interval, and requests
 already running finish on the version they started with. --model may be left out when
 the store holds versions of one model name only.
+
+``continual drill`` rehearses the gate on the live setup the loop's config describes: a
+deliberately regressed candidate (the promoted adapter plus weight noise, see
+``seed_agents.app.drill``) plays the real canary against the promoted version, the
+decision is printed and stored as a drill with its canary episodes, and production stays
+on the promoted version whatever the gate says. Exit 0 when the gate rejected the
+regressed candidate, 1 when it would have promoted it or could not tell.
 """
 
 from __future__ import annotations
@@ -41,23 +49,52 @@ class VersionsConfig(BaseModel):
     model: str | None = Field(None, description="Model name in the registry; unset: the only one the store holds.")
 
 
+class DrillSettings(BaseModel):
+    """How the drill regresses its candidate (``seed_agents.app.drill``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    strength: float = Field(1.0, gt=0, le=100, description=(
+        "Noise added to every LoRA B matrix of the promoted adapter, per layer as a multiple of the base weight's norm "
+        "(1: each layer's output moves about as much as its own signal: the model plays much worse)."))
+    noise_seed: int = Field(0, description="Seed of the noise: the same seed and strength give the same candidate.")
+
+
+class DrillConfig(ContinualConfig):
+    """`seed-agents continual drill`: on the live setup of the loop's config, build a deliberately regressed
+    candidate (the promoted version's weights plus noise), run the real canary and gate against the promoted
+    version, print the decision and store it as a drill. The promoted version never changes."""
+
+    drill: DrillSettings = Field(default_factory=DrillSettings, description="How the candidate is regressed.")
+
+
 class VersionChangeConfig(VersionsConfig):
     """`seed-agents versions promote|rollback`: a switch of the served version, stored as a decision."""
 
     reason: str | None = Field(None, description="Why; stored with the decision.")
 
 
+_CONFIG_HELP = "YAML file with ContinualConfig fields (seed_agents.app.continual_config); flags override it. Required."
+
+
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    """Register ``continual`` and ``versions`` (with ``list``, ``promote``, ``rollback``) on ``sub``."""
+    """Register ``continual`` (with ``drill``) and ``versions`` (with ``list``, ``promote``,
+    ``rollback``) on ``sub``."""
     c = config_command(sub, "continual", ContinualConfig, cmd_continual,
                        help="The continual loop: train on rewarded sessions, gate, promote or reject.",
                        description=f"{ContinualConfig.__doc__}\n\nOne line per cycle. Safe to kill -9 and restart: an "
-                                   "unfinished cycle is resumed from the state the store holds.")
-    c.add_argument("--config", metavar="YAML", required=True,
-                   help="YAML file with ContinualConfig fields (seed_agents.app.continual_config); flags override it.")
+                                   "unfinished cycle is resumed from the state the store holds. `continual drill` "
+                                   "rehearses the gate (see `seed-agents continual drill --help`).")
+    # not required=True: argparse would then ask for it before `drill`, whose own --config it is
+    c.add_argument("--config", metavar="YAML", help=_CONFIG_HELP)
     how_long = c.add_mutually_exclusive_group()
     how_long.add_argument("--cycles", type=int, metavar="N", help="Stop after N cycles (waiting for sessions between).")
     how_long.add_argument("--once", action="store_true", help="Run at most one cycle, then exit (0 also when none waits).")
+    csub = c.add_subparsers(dest="continual_command", metavar="[drill]",
+                            help="Optional: `drill` rehearses the gate instead of running the loop.")
+    d = config_command(csub, "drill", DrillConfig, cmd_drill,
+                       help="Rehearse the gate: a deliberately regressed candidate against the promoted version.")
+    d.add_argument("--config", metavar="YAML", help=_CONFIG_HELP)
 
     p = sub.add_parser("versions", help="Model versions: list them, promote one (operator override), roll back.",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -76,7 +113,7 @@ def cmd_continual(args: argparse.Namespace) -> int:
 
     if args.cycles is not None and args.cycles < 1:
         raise ConfigError(f"--cycles must be >= 1, got {args.cycles}")
-    cfg = load_config(ContinualConfig, args.config, args.config_flags(args))
+    cfg = load_config(ContinualConfig, _config_path(args), args.config_flags(args))
     check_continual(cfg)
     from seed_agents.app.continual import ContinualLoop
 
@@ -86,6 +123,29 @@ def cmd_continual(args: argparse.Namespace) -> int:
     finally:
         loop.close()
     return 0
+
+
+def cmd_drill(args: argparse.Namespace) -> int:
+    """Build, evaluate and store the drill; print its block. 0: the gate rejected the
+    regressed candidate; 1: it would have promoted it, or could not tell."""
+    cfg = load_config(DrillConfig, _config_path(args), args.config_flags(args))
+    check_continual(cfg)
+    from seed_agents.app.drill import run_drill
+
+    outcome = run_drill(cfg, strength=cfg.drill.strength, noise_seed=cfg.drill.noise_seed,
+                        log=lambda line: print(line, flush=True))
+    print(outcome.block(), flush=True)
+    return 0 if outcome.caught else 1
+
+
+def _config_path(args: argparse.Namespace) -> str:
+    """``--config``: the loop's YAML (every command here runs on the setup it describes)."""
+    from seed_agents.config import ConfigError
+
+    if not args.config:
+        raise ConfigError(f"--config is required: the continual loop's YAML (e.g. configs/continual_demo.yaml); "
+                          f"see seed-agents continual{' drill' if args.continual_command else ''} --help")
+    return args.config
 
 
 TRAINING_STACK = ("torch", "transformers", "peft", "trl", "datasets")
