@@ -17,17 +17,28 @@ one, built on tenacity:
 
 ``tools.openapi`` keeps its own stop rules (a deadline, a Retry-After too long to wait
 ends the retries, writes retried on fewer statuses) and shares ``retry_after_seconds``.
+
+``run_blocking`` gives sync code a total deadline on an HTTP exchange: httpx's timeouts
+apply to each read, so a server that sends a byte a second holds a sync request for ever
+(encode/httpx#1450); only cancellation (``anyio.fail_after``) bounds a whole exchange, and
+cancellation needs an event loop. ``tls_context`` is httpx's default TLS context made once,
+for clients made per call (loading the CA bundle costs tens of milliseconds each time).
+``bounded_encoding`` tells a body httpx can decode without a memory bomb from one it cannot.
 """
 
 from __future__ import annotations
 
 import email.utils
+import math
+import ssl
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from functools import cache
+from typing import Any, TypeVar
 
 import httpx
+from anyio.from_thread import BlockingPortalProvider
 from tenacity import (
     AsyncRetrying,
     RetryCallState,
@@ -36,6 +47,8 @@ from tenacity import (
     stop_after_attempt,
     wait_random_exponential,
 )
+
+T = TypeVar("T")
 
 RETRY_STATUSES = frozenset({408, 429})
 """Retried besides every 5xx: a request timeout and a rate limit."""
@@ -52,9 +65,11 @@ def retry_after_seconds(value: str | None, now: float | None = None) -> float | 
         return None
     value = value.strip()
     try:
-        return max(0.0, float(value))
+        seconds = float(value)
     except ValueError:
         pass
+    else:
+        return max(0.0, seconds) if math.isfinite(seconds) else None  # "inf", "1e400": no usable wait
     try:
         when = email.utils.parsedate_to_datetime(value)
     except (TypeError, ValueError):
@@ -109,3 +124,30 @@ class RetryPolicy:
     def aretrying(self, retry_on: Callable[[BaseException], bool] = is_retryable, **options: Any) -> AsyncRetrying:
         """The async twin: ``await policy.aretrying()(coro_fn, *args)``."""
         return AsyncRetrying(**self._options(retry_on), **options)
+
+
+def bounded_encoding(content_encoding: str | None) -> bool:
+    """True when a body so encoded grows by a bounded factor as httpx decodes it: not at
+    all, or one gzip/deflate layer (at most ~1000x a network read). zstd and br can turn a
+    few KB into GBs in one decoding step, and so can gzip twice: a client that caps what it
+    reads asks for ``Accept-Encoding: identity`` and refuses those before reading the body."""
+    layers = [e.strip().lower() for e in (content_encoding or "").split(",") if e.strip().lower() not in ("", "identity")]
+    return len(layers) <= 1 and set(layers) <= {"gzip", "x-gzip", "deflate"}
+
+
+_PORTAL = BlockingPortalProvider()  # one event-loop thread, started while any sync caller needs it
+
+
+def run_blocking(fn: Callable[..., Awaitable[T]], *args: Any) -> T:
+    """``await fn(*args)`` from sync code (any thread, even one whose own loop is running),
+    on a shared event-loop thread; exceptions and context variables carry across. For sync
+    callers that must bound a whole exchange with ``anyio.fail_after`` (see the module)."""
+    with _PORTAL as portal:
+        return portal.call(fn, *args)
+
+
+@cache
+def tls_context() -> ssl.SSLContext:
+    """httpx's default TLS context (certifi, or SSL_CERT_FILE / SSL_CERT_DIR as set at first
+    use), made once and shared: ``httpx.AsyncClient(verify=tls_context())``."""
+    return httpx.create_ssl_context()

@@ -14,6 +14,18 @@ system, so every guard sits below the model's reach and fails closed:
   or invalid arguments all come back as the tool's result: a short message the model can
   act on, in a ToolMessage with status "error". Nothing raises out of the graph except an
   ``EpisodeSignal`` that a transport raises on purpose (``tools.replay.Unreplayable``).
+- Time: ``timeout_s`` bounds a whole attempt, connect to last byte, and ``deadline_s`` the
+  whole call, retries and waits included. httpx's own timeouts apply per read, so a server
+  that drips a byte a second would hold a call for ever (encode/httpx#1450); the attempt
+  therefore runs under ``anyio.fail_after``, and a sync tool on the real network runs its
+  request on that async engine (``seed_agents.http.run_blocking``). A transport passed in is
+  in-process code that answers for itself (its body is still cut at the deadline).
+- What comes back: at most ``max_response_bytes`` of the body (the rest is never read), as
+  text; a body that is not text becomes a one-line note, not mojibake. Responses are asked
+  for uncompressed; one gzip or deflate layer is still read, but an encoding that can grow
+  a few KB into GBs in one step (zstd, br, gzip twice) is refused before its body is read.
+- State: none. Cookies the API sets are neither kept nor sent back, not even to a redirect
+  or a retry of the same call (a cookie set by a 429 would otherwise ride on its retry).
 
 Retries use tenacity: 429/502/503/504 and connection failures, honouring Retry-After up
 to a cap (a longer wait is not retried: the model is told to come back later), otherwise
@@ -26,15 +38,18 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import re
+import time
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
+from functools import partial
+from http.cookiejar import CookieJar, DefaultCookiePolicy
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import quote
 
+import anyio
 import httpx
 from langchain_core.tools import BaseTool, StructuredTool, ToolException
 from pydantic import (
@@ -52,14 +67,16 @@ from tenacity import (
     retry_if_exception_type,
     retry_if_result,
     stop_after_attempt,
-    stop_after_delay,
     stop_any,
+    stop_before_delay,
     wait_random_exponential,
 )
 
 from seed_agents.faults import EpisodeFault
-from seed_agents.http import retry_after_seconds  # the shared Retry-After reading
+from seed_agents.http import bounded_encoding, retry_after_seconds, run_blocking, tls_context
 from seed_agents.redact import redact
+from seed_agents.tools.openapi_auth import AuthConfig, EnvAuth
+from seed_agents.tools.openapi_auth import Refused as _Refused
 
 # the spec side, named here too: `from seed_agents.tools.openapi import load_spec` is the public path
 from seed_agents.tools.openapi_spec import (  # noqa: F401
@@ -67,6 +84,7 @@ from seed_agents.tools.openapi_spec import (  # noqa: F401
     READ_ONLY_METHODS,
     Operation,
     Param,
+    SpecError,
     Transport,
     load_spec,
     operations,
@@ -85,31 +103,6 @@ class EpisodeSignal(EpisodeFault):
     everything else becomes the tool's error message."""
 
 
-class _Refused(Exception):
-    """A request the guards stopped, or that cannot be built; the message is for the model."""
-
-
-class AuthConfig(BaseModel):
-    """Credentials for the API, by environment variable name only."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    kind: Literal["bearer", "header"] = Field(description="bearer: 'Authorization: Bearer <value>'; header: '<header>: <value>'.")
-    env: str = Field(min_length=1, description="Environment variable holding the credential; read per request, never stored.")
-    header: str = Field("X-Api-Key", min_length=1, description="Header name for kind='header'.")
-
-    def secret(self) -> str | None:
-        """The credential now (None when the variable is unset or empty)."""
-        return os.environ.get(self.env) or None
-
-    def headers(self) -> dict[str, str]:
-        """The header to send; raises ``_Refused`` (a tool message) when the variable is unset."""
-        value = self.secret()
-        if value is None:
-            raise _Refused(f"the API needs credentials, but the environment variable {self.env} is not set")
-        return {"Authorization": f"Bearer {value}"} if self.kind == "bearer" else {self.header: value}
-
-
 class OpenAPIToolsConfig(BaseModel):
     """How tools reach one API. Every field is documented; YAML configs validate against it."""
 
@@ -120,13 +113,16 @@ class OpenAPIToolsConfig(BaseModel):
     allow_operations: tuple[str, ...] | None = Field(None, description="operationIds that become tools (default: all).")
     safe_operations: tuple[str, ...] = Field((), description="operationIds that are read-only although their method is not GET/HEAD/OPTIONS.")
     auth: AuthConfig | None = Field(None, description="Credentials from an environment variable (none: no auth header).")
-    timeout_s: float = Field(10.0, gt=0, description="Per-attempt timeout (connect, read, write, pool).")
+    timeout_s: float = Field(10.0, gt=0, description="Total time of one attempt, from connecting to the last byte read "
+                                                     "(not per read: a server dripping bytes is cut off at it).")
     max_retries: int = Field(3, ge=0, le=10, description="Retries after the first attempt on 429/5xx/connection failures.")
-    deadline_s: float = Field(60.0, gt=0, description="No retry once this many seconds have passed since the first attempt.")
+    deadline_s: float = Field(60.0, gt=0, description="Total time of one call, retries and waits included: a retry "
+                                                      "starts only if its wait and a whole attempt fit before it.")
     max_retry_after_s: float = Field(30.0, ge=0, description="Longest Retry-After honoured; a longer one ends the retries.")
     backoff_s: float = Field(0.5, gt=0, description="Base of the jittered exponential backoff (no Retry-After).")
     backoff_max_s: float = Field(8.0, gt=0, description="Longest single backoff wait.")
-    max_response_bytes: int = Field(32_768, ge=256, description="Response bodies past this size are cut (or refused, see oversize).")
+    max_response_bytes: int = Field(32_768, ge=256, description="Most bytes of a response body read and shown to the model; "
+                                                                "the rest is not read (cut or refused, see oversize).")
     oversize: Literal["truncate", "error"] = Field("truncate", description="truncate: return the first bytes with a marker; error: a tool error.")
     max_error_chars: int = Field(400, ge=80, description="Length cap of an error message shown to the model.")
     max_redirects: int = Field(5, ge=0, description="Redirect hops followed (each one re-checked against the allowlists).")
@@ -153,9 +149,24 @@ class _Reply:
     headers: httpx.Headers
     body: bytes
     truncated: bool
+    charset: str | None
 
-    def text(self) -> str:
-        return self.body.decode("utf-8", errors="ignore")
+    def text(self) -> str | None:
+        """The body as text in its declared charset (else UTF-8), a character cut by the size
+        cap dropped; a text content type that does not decode gets replacement characters.
+        None for a body that is not text (an image, a zip)."""
+        charset = self.charset or "utf-8"
+        try:
+            try:
+                return self.body.decode(charset)
+            except UnicodeDecodeError as e:
+                if self.truncated and e.start >= len(self.body) - 8:
+                    return self.body[:e.start].decode(charset)
+                raise
+        except (ValueError, LookupError):  # UnicodeError, or a charset that is no text encoding ("base64")
+            content_type = self.headers.get("content-type", "").lower()
+            textual = content_type.startswith("text/") or any(k in content_type for k in ("json", "xml", "yaml", "javascript"))
+            return self.body.decode("utf-8", errors="replace") if textual else None
 
 
 @dataclass(frozen=True)
@@ -174,6 +185,7 @@ class _Caller:
         self.config = config
         self._hosts = {h.lower() for h in config.allow_hosts}
         self._scheme = httpx.URL(config.base_url).scheme
+        self._origin = _origin(httpx.URL(config.base_url))
         base_path = httpx.URL(config.base_url).path.rstrip("/")
         self._routes = [(o.method, route_regex(base_path + o.path)) for o in ops]
         self._transport = transport
@@ -205,10 +217,13 @@ class _Caller:
     # positional-only ``op``: an API argument may itself be called 'op' or 'self'
 
     def run(self, op: Operation, /, **args: Any) -> str:
+        if self._transport is None:  # a real socket: only the async engine can cut a whole attempt off (module doc)
+            return run_blocking(partial(self.arun, op, **args))
         try:
             request = self._request(op, args)
+            deadline = time.monotonic() + self.config.deadline_s
             with self._client() as client:
-                reply = Retrying(**self._retry_policy(op))(self._attempt, client, request)
+                reply = Retrying(**self._retry_policy(op))(self._attempt, client, request, deadline)
             return self._result(op, reply)
         except (EpisodeSignal, ToolException):
             raise
@@ -218,8 +233,9 @@ class _Caller:
     async def arun(self, op: Operation, /, **args: Any) -> str:
         try:
             request = self._request(op, args)
+            deadline = time.monotonic() + self.config.deadline_s
             async with self._async_client() as client:
-                reply = await AsyncRetrying(**self._retry_policy(op))(self._async_attempt, client, request)
+                reply = await AsyncRetrying(**self._retry_policy(op))(self._async_attempt, client, request, deadline)
             return self._result(op, reply)
         except (EpisodeSignal, ToolException):
             raise
@@ -246,29 +262,64 @@ class _Caller:
                                      by_alias=True, exclude_none=True)
         return _Request(op.method, self.config.base_url.rstrip("/") + path, query, payload, has_body)
 
-    def _attempt(self, client: httpx.Client, req: _Request) -> _Reply:
-        with client.stream(req.method, req.url, params=req.params, json=req.json if req.has_body else None) as response:
-            self._check_declared_size(response)
-            data = bytearray()
-            for chunk in response.iter_bytes():
-                data += chunk
-                if len(data) > self.config.max_response_bytes:
-                    break
-            return self._reply(response, bytes(data))
+    # Redirects are followed here, not by httpx: httpx reads (and decodes) a redirect's whole
+    # body before the next hop, however large or compressed; here it is never read.
 
-    async def _async_attempt(self, client: httpx.AsyncClient, req: _Request) -> _Reply:
-        async with client.stream(req.method, req.url, params=req.params, json=req.json if req.has_body else None) as response:
-            self._check_declared_size(response)
-            data = bytearray()
-            async for chunk in response.aiter_bytes():
-                data += chunk
-                if len(data) > self.config.max_response_bytes:
-                    break
-            return self._reply(response, bytes(data))
+    def _attempt(self, client: httpx.Client, req: _Request, deadline: float) -> _Reply:
+        """One attempt on a sync transport of the caller's (in-process: it answers for itself);
+        its body is still read no longer than the attempt's time."""
+        ends = time.monotonic() + self._budget(deadline)
+        request = client.build_request(req.method, req.url, params=req.params, json=req.json if req.has_body else None)
+        for _ in range(self.config.max_redirects + 1):
+            response = client.send(request, stream=True)
+            try:
+                if response.next_request is None:
+                    self._check_head(response)
+                    data = bytearray()
+                    for chunk in response.iter_bytes():
+                        data += chunk
+                        if len(data) > self.config.max_response_bytes:
+                            break
+                        if time.monotonic() > ends:
+                            raise TimeoutError
+                    return self._reply(response, bytes(data))
+                request = response.next_request
+            finally:
+                response.close()
+        raise httpx.TooManyRedirects("too many redirects", request=request)
 
-    def _check_declared_size(self, response: httpx.Response) -> None:
+    async def _async_attempt(self, client: httpx.AsyncClient, req: _Request, deadline: float) -> _Reply:
+        with anyio.fail_after(self._budget(deadline)):  # the whole attempt, however slowly the bytes come
+            request = client.build_request(req.method, req.url, params=req.params, json=req.json if req.has_body else None)
+            for _ in range(self.config.max_redirects + 1):
+                response = await client.send(request, stream=True)
+                try:
+                    if response.next_request is None:
+                        self._check_head(response)
+                        data = bytearray()
+                        async for chunk in response.aiter_bytes():
+                            data += chunk
+                            if len(data) > self.config.max_response_bytes:
+                                break
+                        return self._reply(response, bytes(data))
+                    request = response.next_request
+                finally:
+                    await response.aclose()
+            raise httpx.TooManyRedirects("too many redirects", request=request)
+
+    def _budget(self, deadline: float) -> float:
+        """An attempt's time: ``timeout_s``, or less when the call's deadline comes first."""
+        return max(0.0, min(self.config.timeout_s, deadline - time.monotonic()))
+
+    def _check_head(self, response: httpx.Response) -> None:
+        """Before the body is read: an encoding that can grow a few KB into GBs in one step is
+        refused (``bounded_encoding``), and so is a declared size over the cap when oversize
+        is "error"."""
+        if not bounded_encoding(response.headers.get("content-encoding")):
+            raise _Refused(f"the response is encoded as {response.headers['content-encoding'][:60]!r}, which this tool does "
+                           "not read; the service should answer uncompressed (identity), as asked")
         declared = response.headers.get("content-length", "")
-        if self.config.oversize == "error" and declared.isdigit() and int(declared) > self.config.max_response_bytes:
+        if self.config.oversize == "error" and declared.isascii() and declared.isdigit() and int(declared) > self.config.max_response_bytes:
             raise _Refused(f"the response is {int(declared)} bytes, over the {self.config.max_response_bytes}-byte limit; "
                            "narrow the request (filters, a smaller limit)")
 
@@ -276,7 +327,8 @@ class _Caller:
         cap = self.config.max_response_bytes
         if len(data) > cap and self.config.oversize == "error":
             raise _Refused(f"the response is over the {cap}-byte limit; narrow the request (filters, a smaller limit)")
-        return _Reply(response.status_code, response.reason_phrase, response.headers, data[:cap], len(data) > cap)
+        return _Reply(response.status_code, response.reason_phrase, response.headers, data[:cap], len(data) > cap,
+                      response.charset_encoding)
 
     # -- clients: one per call, so no pooled connection outlives its event loop
 
@@ -306,11 +358,16 @@ class _Caller:
 
     def _client_options(self) -> dict[str, Any]:
         auth = self.config.auth
-        return {"timeout": self.config.timeout_s, "follow_redirects": True, "max_redirects": self.config.max_redirects,
-                "auth": _EnvAuth(auth) if auth else None}
+        return {"timeout": self.config.timeout_s, "headers": {"Accept-Encoding": "identity"},  # at most max_response_bytes is read: compression saves little
+                "auth": EnvAuth(auth) if auth else None, "verify": tls_context(),  # a client per call, not a CA bundle per call
+                "cookies": CookieJar(DefaultCookiePolicy(allowed_domains=[]))}  # stateless: the API's cookies never come back
 
     def _guard(self, request: httpx.Request) -> None:
-        """Runs before every request and every redirect hop."""
+        """Runs before every request and every redirect hop (before it is sent)."""
+        if self.config.auth and _origin(request.url) != self._origin:
+            # httpx drops Authorization on a cross-origin hop, not a custom header: the
+            # credential goes to the base URL's origin only (not another port of an allowed host)
+            request.headers.pop(self.config.auth.header_name, None)
         host = request.url.host.lower()
         if host not in self._hosts:
             raise _Refused(f"refused: {host} is not an allowed host")
@@ -343,8 +400,9 @@ class _Caller:
 
         return {
             "retry": retry_if_exception_type(_RETRY_EXCEPTIONS) | retry_if_result(lambda r: r.status in statuses),
-            "stop": stop_any(stop_after_attempt(self.config.max_retries + 1), stop_after_delay(self.config.deadline_s),
-                             retry_after_too_long),
+            # no retry starts unless a whole attempt fits before the deadline: none is cut short by it
+            "stop": stop_any(stop_after_attempt(self.config.max_retries + 1),
+                             stop_before_delay(max(0.0, self.config.deadline_s - self.config.timeout_s)), retry_after_too_long),
             "wait": wait,
             "before_sleep": before_sleep,
             "retry_error_callback": lambda state: state.outcome.result(),  # the last reply (or its exception)
@@ -357,7 +415,12 @@ class _Caller:
         if not 200 <= reply.status < 300:
             raise ToolException(self.redact(f"Error: {op.tool_name} failed with HTTP {reply.status} {reply.reason}"
                                              f"{_detail(reply)}{_hint(reply)}"))
-        text = redact(reply.text(), [secret], patterns=())  # data, not a message: only the literal secret
+        text = reply.text()
+        if text is None:
+            content_type = reply.headers.get("content-type") or "no content type"
+            return self.redact(f"[a binary response ({content_type}, {len(reply.body)}"
+                               f"{'+' if reply.truncated else ''} bytes); this tool returns text only]")
+        text = redact(text, [secret], patterns=())  # data, not a message: only the literal secret
         if reply.truncated:
             text += (f"\n[truncated: the response is longer than {self.config.max_response_bytes} bytes; "
                      "narrow the request to see the rest]")
@@ -366,14 +429,17 @@ class _Caller:
     def _message(self, op: Operation, error: Exception) -> str:
         if isinstance(error, _Refused):
             why = str(error)
-        elif isinstance(error, httpx.TimeoutException) and not isinstance(error, httpx.ConnectTimeout):
-            why = f"no answer within {self.config.timeout_s:g} s; the service is slow, try again later or ask for less"
+        elif isinstance(error, TimeoutError) or (isinstance(error, httpx.TimeoutException) and not isinstance(error, httpx.ConnectTimeout)):
+            seconds = min(self.config.timeout_s, self.config.deadline_s)  # an attempt's time (module doc)
+            why = f"no answer within {seconds:g} s; the service is slow, try again later or ask for less"
         elif isinstance(error, _RETRY_EXCEPTIONS):
             why = f"cannot reach the service ({type(error).__name__}); try again later"
         elif isinstance(error, httpx.TooManyRedirects):
             why = f"more than {self.config.max_redirects} redirects"
         elif isinstance(error, httpx.HTTPError):
             why = f"the request failed ({type(error).__name__})"
+        elif isinstance(error, httpx.InvalidURL):  # not an HTTPError: e.g. a redirect to "javascript:x"
+            why = f"the request failed (an invalid URL: {error})"
         else:
             log.warning("%s: unexpected %s: %s", op.tool_name, type(error).__name__, self.redact(str(error)))
             why = f"internal error ({type(error).__name__})"
@@ -382,17 +448,6 @@ class _Caller:
     def redact(self, text: str) -> str:
         secret = self.config.auth.secret() if self.config.auth else None
         return redact(text, [secret], max_chars=self.config.max_error_chars)
-
-
-class _EnvAuth(httpx.Auth):
-    """Sets the credential on each outgoing request, read from the environment just then."""
-
-    def __init__(self, config: AuthConfig) -> None:
-        self._config = config
-
-    def auth_flow(self, request: httpx.Request) -> Iterator[httpx.Request]:
-        request.headers.update(self._config.headers())
-        yield request
 
 
 def openapi_tools(spec: dict[str, Any] | str | Path, config: OpenAPIToolsConfig | None = None, *,
@@ -404,18 +459,14 @@ def openapi_tools(spec: dict[str, Any] | str | Path, config: OpenAPIToolsConfig 
     httpx transport, e.g. ``tools.replay.ReplayTransport`` or ``httpx.MockTransport``) is
     used for the requests and for fetching a spec URL. Each tool's ``metadata`` has
     ``operation_id``, ``method``, ``path`` and ``mutating``. Raises ``ValueError`` for a bad
-    config or spec, or an ``allow_operations`` id that the spec does not have.
+    config, and its subclass ``SpecError`` (a ``UserError``) for a bad spec or an
+    ``allow_operations`` id that the spec does not have.
     """
     cfg = OpenAPIToolsConfig.model_validate({**(config.model_dump() if config else {}), **fields})
     if transport is not None and not isinstance(transport, (httpx.BaseTransport, httpx.AsyncBaseTransport)):
         raise TypeError(f"transport must be an httpx transport, got {type(transport).__name__}")
     doc = load_spec(spec, allow_hosts=cfg.allow_hosts, transport=transport, timeout_s=cfg.timeout_s)
-    ops = operations(doc, cfg.safe_operations)
-    if cfg.allow_operations is not None:
-        if unknown := sorted(set(cfg.allow_operations) - {o.operation_id for o in ops}):
-            raise ValueError(f"allow_operations names operations the spec does not have: {unknown}; "
-                             f"it has {[o.operation_id for o in ops]}")
-        ops = [o for o in ops if o.operation_id in cfg.allow_operations]
+    ops = operations(doc, cfg.safe_operations, only=cfg.allow_operations)
     caller = _Caller(cfg, ops, transport)
     sync = transport is None or isinstance(transport, httpx.BaseTransport)
     asynchronous = transport is None or isinstance(transport, httpx.AsyncBaseTransport)
@@ -466,19 +517,26 @@ def _retry_after_of(state: RetryCallState) -> float | None:
 
 def _detail(reply: _Reply) -> str:
     """The server's own explanation, short: FastAPI-style ``detail``, ``message``/``error``, or the text."""
-    text = reply.text().strip()
+    text = (reply.text() or "").strip()
     try:
         data = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or nested past the parser's depth
         return f": {text[:300]}" if text else ""
     if isinstance(data, dict):
         detail = data.get("detail", data.get("message", data.get("error")))
         if isinstance(detail, list):  # FastAPI validation errors
-            detail = "; ".join(f"{'.'.join(str(x) for x in d.get('loc', [])[1:])}: {d.get('msg')}" if isinstance(d, dict) else str(d)
-                               for d in detail)
+            detail = "; ".join(_validation_error(d) for d in detail[:10])
         if detail is not None:
             return f": {str(detail)[:300]}"
     return f": {text[:300]}"
+
+
+def _validation_error(item: Any) -> str:
+    if not isinstance(item, dict):
+        return str(item)[:100]
+    loc = item.get("loc")
+    where = ".".join(str(x) for x in loc[1:]) if isinstance(loc, list) else ""
+    return f"{where}: {str(item.get('msg'))[:100]}"
 
 
 def _hint(reply: _Reply) -> str:
@@ -491,6 +549,10 @@ def _hint(reply: _Reply) -> str:
     if status >= 500:
         return " (the service failed: try again later)"
     return ""
+
+
+def _origin(url: httpx.URL) -> tuple[str, str, int | None]:
+    return url.scheme, url.host.lower(), url.port or {"http": 80, "https": 443}.get(url.scheme)
 
 
 def _path_segment(value: Any) -> str:
