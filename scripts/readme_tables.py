@@ -278,6 +278,26 @@ def tool_agent(results: dict[str, Result]) -> list[str]:
     return out
 
 
+def continual_atlas(results: dict[str, Result]) -> list[str]:
+    """One loop cycle on the atlas family: does the signal GRPO needs reach the update?"""
+    r = one(results, "continual_atlas")
+    c, x = r.config, r.results
+    rp, canary, step = x["replays"], x["canary"]["by_side"], x["training"]["step"]
+    what = (f"{x['model']}, atlas level {c['level']}, first turn forced to `{c['tool_choice']}`; {c['sessions']} sessions x "
+            f"G={c['group_size']} replays, canary {c['canary']} held-out tasks x {c['canary_seeds']} seed, one cycle")
+    rows = [["replays with a tool call", f"{rp['with_tool_call']}/{rp['replays']}"],
+            ["replays: right calls / right answer", f"{rp['right_calls']:.0%} / {rp['right_answer']:.0%}"],
+            ["groups with unequal rewards", f"{rp['groups_unequal']}/{rp['groups']} (zero-variance fraction {rp['zero_variance_fraction']:.0%})"],
+            ["writes that reached production", str(rp["requests"]["live_writes"])],
+            ["canary episodes with a tool call", f"{sum(s['with_tool_call'] for s in canary.values())}/{x['canary']['episodes']}"],
+            ["canary solved, promoted vs candidate", f"{canary['promoted']['successes']}/{canary['promoted']['episodes']} vs "
+                                                     f"{canary['candidate']['successes']}/{canary['candidate']['episodes']}"],
+            ["gate", x["gate"]["summary"].removeprefix("gate: ")],
+            ["time: replays / update / canary + gate", " / ".join(f"{x['phases_s'][k]:.0f} s" for k in ("replays", "train", "load_canary_gate"))],
+            ["update rows, skills parsed", f"{step['rows']:.0f} rows, {step['skill_parse_rate']:.0%}"]]
+    return [source_line(r, what), "", *table(["one cycle", "measured"], rows)]
+
+
 def continual_demo(results: dict[str, Result]) -> list[str]:
     r = one(results, "continual_demo")
     c, x = r.config, r.results
@@ -382,7 +402,7 @@ RENDERERS: dict[str, Callable[[dict[str, Result]], list[str]]] = {
     "capture_overhead": capture_overhead, "seed_overhead": seed_overhead, "gateway_overhead": gateway_overhead,
     "update_memory": update_memory, "webshop_index": webshop_index, "sample_efficiency": sample_efficiency,
     "skill_usefulness": skill_usefulness, "roofline": roofline, "logprob_gap": logprob_gap,
-    "rollout_throughput": rollout_throughput, "atlas_band": atlas_band}
+    "rollout_throughput": rollout_throughput, "atlas_band": atlas_band, "continual_atlas": continual_atlas}
 
 
 # -- the pages ----------------------------------------------------------------------------
