@@ -31,7 +31,7 @@ a forced first call: 17% success, the only level above 0; docs/results/atlas_ban
 per side: about 10-15 minutes on 2 cores.
 
     .venv/bin/python bench/continual_atlas.py --note "nothing else ran"
-    .venv/bin/python bench/continual_atlas.py --model /path/to/tiny --sessions 2 --canary 2 --results-dir /tmp/r
+    .venv/bin/python bench/continual_atlas.py --model TINY_MODEL_DIR --sessions 2 --canary 2 --results-dir runs/smoke
 """
 
 from __future__ import annotations

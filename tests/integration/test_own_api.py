@@ -33,7 +33,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 import uvicorn
 
@@ -41,6 +40,7 @@ from seed_agents.gateway.testing import FakeVLLM
 from seed_agents.store import TraceStore
 from seed_agents.tool_calls import format_tool_call
 from tests.clinic_service import ClinicServer
+from tests.gateway_procs import free_port, stop, wait_up
 
 pytestmark = pytest.mark.integration
 pytest.importorskip("trl")
@@ -134,32 +134,10 @@ def gateway(argv: list[str], env: dict[str, str], cwd: Path) -> Iterator[str]:
         proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert proc.poll() is None, f"the gateway exited: {log.read_text()[-2000:]}"
-            assert time.monotonic() < deadline, f"the gateway did not answer: {log.read_text()[-2000:]}"
-            try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
+        wait_up(url, proc, log, "/health")
         yield url
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
-def free_port() -> str:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return str(s.getsockname()[1])
+        stop(proc)
 
 
 def test_the_own_api_walkthrough_runs_as_written(tmp_path: Path, tiny_model_dir: str, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -189,7 +167,7 @@ def test_the_own_api_walkthrough_runs_as_written(tmp_path: Path, tiny_model_dir:
         commands = doc_commands(local(doc_block("gateway"), ports))
         assert [argv[3] for _, argv in commands] == ["serve", "gateway"]  # serve: the scripted stand-in above
         prefix, argv = commands[1]
-        argv = with_flags(argv, upstream=upstream, tokenizer=tiny_model_dir, port=free_port())
+        argv = with_flags(argv, upstream=upstream, tokenizer=tiny_model_dir, port=str(free_port()))
         with gateway(argv, {**env, **prefix}, tmp_path) as gateway_url:
             monkeypatch.setenv("GATEWAY_URL", gateway_url)
             monkeypatch.setenv("GATEWAY_CLIENT_KEY", CLIENT_KEY)
