@@ -65,6 +65,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from seed_agents.imports import load_object
 from seed_agents.redact import redact
 from seed_agents.tools.openapi import READ_ONLY_METHODS, AuthConfig, EpisodeSignal, OpenAPIToolsConfig, openapi_tools
+from seed_agents.tools.sandbox import SandboxReset, SandboxResetFailed
 from seed_agents.transcript import ToolResult
 from seed_agents.types import FaultKind
 
@@ -89,38 +90,6 @@ class Unreplayable(EpisodeSignal):
         super().__init__(f"unreplayable: {method} {path} would change production data, "
                          "and there is no sandbox and no recorded answer")
         self.method, self.path, self.key = method, path, key
-
-
-class SandboxResetFailed(EpisodeSignal):
-    """The sandbox could not be put back to its initial state before an episode. Playing
-    on would let one episode see another's writes, so the episode ends as an
-    infrastructure fault (``FaultKind.ENV``), recorded and never trained on."""
-
-    kind = FaultKind.ENV
-
-
-class SandboxReset(BaseModel):
-    """How a URL sandbox goes back to its initial state before every episode: one HTTP
-    request to the sandbox (``path``, sent with ``sandbox_auth``), or one command
-    (``command``, an argv run without a shell: restore a database dump, restart a
-    container). It must succeed (a 2xx answer, exit status 0) within ``timeout_s``."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    method: Literal["POST", "PUT", "DELETE", "GET"] = Field("POST", description="HTTP method of the reset request.")
-    path: str | None = Field(None, description="Path of the reset request, appended to sandbox_base_url (e.g. /reset).")
-    body: Any = Field(None, description="JSON body of the reset request (none: no body).")
-    command: tuple[str, ...] | None = Field(None, min_length=1, description="Instead of path: argv of a command that "
-                                                                             "resets the sandbox (exit 0 = done).")
-    timeout_s: float = Field(30.0, gt=0, description="Longest a reset may take before the episode is a fault.")
-
-    @model_validator(mode="after")
-    def _one_way(self) -> SandboxReset:
-        if (self.path is None) == (self.command is None):
-            raise ValueError("sandbox_reset needs exactly one of path (an HTTP request to the sandbox) or command")
-        if self.path is not None and not self.path.startswith("/"):
-            raise ValueError(f"sandbox_reset.path must start with '/', got {self.path!r}")
-        return self
 
 
 class Exchange(BaseModel):
