@@ -59,8 +59,8 @@ from bench.results import add_results_args, config_of, now, write_result
 NAME = "atlas-agent"
 BEST_LEVEL = 0  # docs/results/atlas_band.json: forced level 0 solved 17%, levels 1 and 2 none
 # the issue asks for SmolLM2 on CPU; the paper trains Qwen2.5 models on GPUs with G=8
-PAPER = {"model": "Qwen2.5-3B-Instruct", "group_size": 8}
-LABELS = {"model": "model", "group_size": "G"}
+PAPER = {"model": "Qwen2.5-3B-Instruct", "group_size": 8, "max_turns": 30, "max_tokens": 512}
+LABELS = {"model": "model", "group_size": "G", "max_turns": "max turns", "max_tokens": "max response tokens"}
 
 
 def build_parser() -> argparse.ArgumentParser:
