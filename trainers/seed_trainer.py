@@ -33,6 +33,8 @@ from trl.trainer.utils import RepeatSampler
 from seed_agents.config.core import PAPER, PAPER_LEARNING_RATE
 from seed_agents.distill import SEEDCoefficients, group_advantages, seed_objective
 from seed_agents.errors import NoTrainableRows
+from seed_agents.trainers.shared_prefix import MIN_PREFIX, common_prefix_len, shared_prefix_logps
+from seed_agents.trainers.shared_prefix import supported as prefix_supported
 from seed_agents.types import Row, Task, Trajectory
 
 
@@ -45,7 +47,9 @@ class SEEDConfig(GRPOConfig):
     opd_coef: float = field(default=PAPER.lam, metadata={"help": "lambda: weight of the gated OPD term; 0 = plain GRPO."})
     gate_sharpness: float = field(default=PAPER.gate_sharpness, metadata={"help": "Sharpness of the sigmoid gate on (teacher - student) log-probs (the paper's beta)."})
     advantage_norm: Literal["mean_std", "mean"] = field(default="mean_std", metadata={"help": "Group advantage: (r-mean)/std (ALFWorld) or r-mean (WebShop)."})
-    score_batch_size: int = field(default=4, metadata={"help": "Rows per forward when scoring teacher/reference log-probs."})
+    score_batch_size: int = field(default=16, metadata={"help": "Most rows per forward when scoring teacher/reference log-probs (chunk_tokens bounds each forward too); more rows share one prefix forward."})
+    share_prefix: bool = field(default=True, metadata={"help": "Compute the prompt tokens a chunk's rows share (system prompt, tool schemas, the task) once and run each row's own tokens on top (trainers/shared_prefix.py); exact up to float rounding."})
+    chunk_tokens: int = field(default=8192, metadata={"help": "Token budget (rows x trimmed width) of one forward in the loss and in scoring; rows are grouped by length and each group's padding trimmed. 0: TRL's layout (every row padded to the batch's widest prompt and completion)."})
     # TRL fields with the paper's values
     beta: float = field(default=PAPER.kl, metadata={"help": "KL(pi || pi_ref) coefficient (k3 estimator)."})
     epsilon: float = field(default=PAPER.clip_eps, metadata={"help": "PPO clip range."})
@@ -134,6 +138,28 @@ def rows_to_tensors(rows: list[Row], advantages_B: torch.Tensor, pad_id: int) ->
     }
 
 
+def length_chunks(prompt_lens: list[int], completion_lens: list[int], budget: int,
+                  max_rows: int | None = None) -> list[list[int]]:
+    """Row indices grouped for forwards: sorted by length, each chunk as many rows as keep
+    ``rows x (widest prompt + widest completion)`` within ``budget`` tokens (at least one
+    row; at most ``max_rows``). Sorting puts rows of like length together, so the padding
+    each chunk still computes is small."""
+    order = sorted(range(len(prompt_lens)), key=lambda i: (prompt_lens[i] + completion_lens[i], i))
+    chunks: list[list[int]] = []
+    rows: list[int] = []
+    p = c = 0
+    for i in order:
+        wp, wc = max(p, prompt_lens[i]), max(c, completion_lens[i])
+        if rows and ((len(rows) + 1) * (wp + wc) > budget or (max_rows is not None and len(rows) >= max_rows)):
+            chunks.append(rows)
+            rows, wp, wc = [], prompt_lens[i], completion_lens[i]
+        rows.append(i)
+        p, c = wp, wc
+    if rows:
+        chunks.append(rows)
+    return chunks
+
+
 class SEEDTrainer(GRPOTrainer):
     """Thin subclass: our rollouts and our loss; TRL's everything else."""
 
@@ -153,6 +179,63 @@ class SEEDTrainer(GRPOTrainer):
             shuffle=self.shuffle_dataset, seed=self.args.seed)
 
     # -- rollouts -> tensors ---------------------------------------------------------
+    # -- forwards over rows of mixed lengths -------------------------------------------------
+    def _get_per_token_logps_and_entropies(self, model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                                           logits_to_keep: int, batch_size: int | None = None,
+                                           compute_entropy: bool = False, **kwargs: Any) -> Any:
+        """TRL's scorer, run on length-grouped, trimmed chunks (``length_chunks``).
+
+        TRL pads every row to the batch's widest prompt plus its widest completion; a step-level
+        agent's rows differ several-fold in length (a first turn against a fifth, a one-word
+        answer against a 64-token call), so most of that padding was computed. Rows are scored
+        in groups of similar length with each group's padding cut off, and the results are put
+        back in the batch's order and width. Exact up to float rounding: padding is masked out,
+        and a left-pad shift leaves RoPE's relative positions unchanged (the unit tests compare
+        both layouts). Multimodal inputs keep TRL's path.
+        """
+        if self.args.chunk_tokens <= 0 or any(v is not None for v in kwargs.values()):
+            return super()._get_per_token_logps_and_entropies(
+                model, input_ids, attention_mask, logits_to_keep, batch_size=batch_size, compute_entropy=compute_entropy,
+                **kwargs)
+        width = input_ids.size(1)
+        prompt_width = width - logits_to_keep
+        prompt_lens = attention_mask[:, :prompt_width].sum(1).tolist()
+        completion_lens = attention_mask[:, prompt_width:].sum(1).tolist()
+        parts: list[tuple[list[int], torch.Tensor, torch.Tensor | None]] = []
+        for rows in length_chunks(prompt_lens, completion_lens, self.args.chunk_tokens, max_rows=batch_size):
+            p = max(max(prompt_lens[i] for i in rows), 1)
+            c = max(max(completion_lens[i] for i in rows), 1)
+            idx = torch.tensor(rows, device=input_ids.device)
+            span = slice(prompt_width - p, prompt_width + c)
+            ids, mask = input_ids[idx, span], attention_mask[idx, span]
+            shared = self._shared_prefix(model, ids, p, [prompt_lens[i] for i in rows])
+            if shared:
+                logps, entropies = shared_prefix_logps(model, ids, mask, c, shared, compute_entropy=compute_entropy,
+                                                       autocast=self.accelerator.autocast)
+            else:
+                logps, entropies, _ = super()._get_per_token_logps_and_entropies(
+                    model, ids, mask, c, compute_entropy=compute_entropy)
+            pad = (0, logits_to_keep - c)
+            parts.append((rows, torch.nn.functional.pad(logps, pad),
+                          torch.nn.functional.pad(entropies, pad) if entropies is not None else None))
+        order = torch.tensor([i for rows, _, _ in parts for i in rows], device=input_ids.device)
+        back = torch.empty_like(order)
+        back[order] = torch.arange(order.numel(), device=order.device)
+        logps = torch.cat([lp for _, lp, _ in parts])[back]
+        entropies = torch.cat([e for _, _, e in parts])[back] if compute_entropy else None
+        return logps, entropies, None
+
+    def _shared_prefix(self, model: Any, ids: torch.Tensor, prompt_width: int, prompt_lens: list[int]) -> int:
+        """How many leading tokens a chunk's rows share, where computing them once pays
+        (``trainers.shared_prefix``); 0: score the chunk as TRL does."""
+        if not self.args.share_prefix or len(prompt_lens) < 2:
+            return 0
+        if torch.is_grad_enabled() and not prefix_supported(model):
+            return 0
+        prompts = [ids[i, prompt_width - n:prompt_width].tolist() for i, n in enumerate(prompt_lens)]
+        shared = min(common_prefix_len(prompts), min(prompt_lens) - 1)
+        return shared if shared >= MIN_PREFIX else 0
+
     def _generate_and_score_completions(self, generation_batch: list[dict[str, Any]]) -> dict[str, Any]:
         tasks = list({t.task_id: t for t in (Task.model_validate_json(x["prompt"]) for x in generation_batch)}.values())
         t0 = time.perf_counter()

@@ -16,7 +16,8 @@ from seed_agents.graphs.hindsight import with_hindsight  # noqa: E402
 from seed_agents.runner import EpisodeRunner, RunnerConfig  # noqa: E402
 from seed_agents.testing import SKILL_JSON, FakeBackend, ParityEnv  # noqa: E402
 from seed_agents.trainers.rollout import GraphRollout  # noqa: E402
-from seed_agents.trainers.seed_trainer import SEEDConfig, SEEDTrainer  # noqa: E402
+from seed_agents.trainers.seed_trainer import SEEDConfig, SEEDTrainer, length_chunks, rows_to_tensors  # noqa: E402
+from seed_agents.types import Row  # noqa: E402
 from seed_agents.trainers.weight_sync import InProcessSync  # noqa: E402
 from seed_agents.types import SamplingParams, Task  # noqa: E402
 
@@ -194,3 +195,41 @@ def test_seed_config_sets_checkpointing_without_transformers_deprecation_warning
         warnings.simplefilter("error", FutureWarning)
         args = SEEDConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, report_to=[], **kwargs)
     assert args.gradient_checkpointing is kwargs.get("gradient_checkpointing", True)  # what TRL reads
+
+
+def test_length_chunks_cover_every_row_once_within_the_budget():
+    prompts, completions = [300, 10, 290, 12, 305, 11, 50], [5, 60, 4, 64, 6, 2, 30]
+    chunks = length_chunks(prompts, completions, budget=700)
+    assert sorted(i for c in chunks for i in c) == list(range(7))
+    for c in chunks:
+        width = max(prompts[i] for i in c) + max(completions[i] for i in c)
+        assert len(c) == 1 or len(c) * width <= 700, (c, width)
+    assert {0, 2, 4} & set(chunks[-1]) and not {1, 3, 5} & set(chunks[-1]), "long rows are grouped apart from short ones"
+    assert all(len(c) <= 2 for c in length_chunks(prompts, completions, budget=10**6, max_rows=2))
+    assert length_chunks([900], [100], budget=10) == [[0]], "a row over the budget still gets its own forward"
+
+
+def test_length_chunked_scoring_equals_trls_padded_layout(tiny_model_dir, tokenizer, tmp_path):
+    """Rows of very different lengths: log-probs, entropies and the gradient of a masked loss
+    agree between the trimmed, length-grouped forwards and TRL's one padded batch."""
+    trainer, _ = make_trainer(tiny_model_dir, tokenizer, tmp_path, opd_coef=0.0)
+    g = torch.Generator().manual_seed(1)
+    shapes = [(120, 3), (8, 40), (100, 2), (6, 35), (60, 20), (9, 1)]
+    rows = [Row(trajectory_id=f"t{i}", task_id="t", group_id="g", call_ids=[f"c{i}"],
+                prompt_ids=torch.randint(5, 1000, (p,), generator=g).tolist(),
+                completion_ids=torch.randint(5, 1000, (c,), generator=g).tolist(),
+                old_logprobs=[0.0] * c, loss_mask=[1] * c) for i, (p, c) in enumerate(shapes)]
+    t = rows_to_tensors(rows, torch.zeros(len(rows)), pad_id=0)
+    ids = torch.cat([t["prompt_ids"], t["completion_ids"]], 1)
+    mask = torch.cat([t["prompt_mask"], t["completion_mask"]], 1)
+    keep = t["completion_ids"].size(1)
+    results = {}
+    for budget in (0, 600):  # 0: TRL's own layout
+        trainer.args.chunk_tokens = budget
+        trainer.model.zero_grad()
+        logps, ent, _ = trainer._get_per_token_logps_and_entropies(trainer.model, ids, mask, keep, compute_entropy=True)
+        (logps * t["loss_mask"]).sum().backward()
+        grads = torch.cat([p.grad.flatten() for p in trainer.model.parameters() if p.grad is not None])
+        results[budget] = (logps * t["loss_mask"], ent * t["loss_mask"], grads)
+    for a, b in zip(results[0], results[600]):
+        assert a.shape == b.shape and torch.allclose(a, b, atol=2e-4, rtol=1e-4), (a - b).abs().max()
