@@ -4,6 +4,11 @@ The episode that first meets the dead server is a backend fault naming the URL; 
 circuit breaker opens, so every later episode is recorded as skipped instead of retrying
 the dead server; the fault budget then stops the run. The server is this module's own
 (the session's shared one must stay up), on the tiny random model.
+
+Slow tier: its own vLLM server costs ~70 s of the default suite's 20 minutes. The default
+suite holds the same behaviour against a real HTTP server that dies mid-run
+(``tests/unit/test_faults.py``: a dead server is one fault naming the URL, later episodes
+are skipped, the run stops).
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from seed_agents.serve import VLLMServer
 from seed_agents.types import FaultKind, SamplingParams, Task
 from tests.conftest import _serve
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")
