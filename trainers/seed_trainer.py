@@ -33,7 +33,7 @@ from trl.trainer.utils import RepeatSampler
 from seed_agents.config.core import PAPER, PAPER_LEARNING_RATE
 from seed_agents.distill import SEEDCoefficients, group_advantages, seed_objective
 from seed_agents.errors import NoTrainableRows
-from seed_agents.trainers.shared_prefix import MIN_PREFIX, common_prefix_len, shared_prefix_logps
+from seed_agents.trainers.shared_prefix import shared_prefix_logps, worth_sharing
 from seed_agents.trainers.shared_prefix import supported as prefix_supported
 from seed_agents.types import Row, Task, Trajectory
 
@@ -228,13 +228,11 @@ class SEEDTrainer(GRPOTrainer):
     def _shared_prefix(self, model: Any, ids: torch.Tensor, prompt_width: int, prompt_lens: list[int]) -> int:
         """How many leading tokens a chunk's rows share, where computing them once pays
         (``trainers.shared_prefix``); 0: score the chunk as TRL does."""
-        if not self.args.share_prefix or len(prompt_lens) < 2:
+        if not self.args.share_prefix:
             return 0
         if torch.is_grad_enabled() and not prefix_supported(model):
             return 0
-        prompts = [ids[i, prompt_width - n:prompt_width].tolist() for i, n in enumerate(prompt_lens)]
-        shared = min(common_prefix_len(prompts), min(prompt_lens) - 1)
-        return shared if shared >= MIN_PREFIX else 0
+        return worth_sharing([ids[i, prompt_width - n:prompt_width].tolist() for i, n in enumerate(prompt_lens)])
 
     def _generate_and_score_completions(self, generation_batch: list[dict[str, Any]]) -> dict[str, Any]:
         tasks = list({t.task_id: t for t in (Task.model_validate_json(x["prompt"]) for x in generation_batch)}.values())

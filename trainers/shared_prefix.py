@@ -21,19 +21,20 @@ forwards keep TRL's path (``supported``).
 from __future__ import annotations
 
 import contextlib
-import inspect
 from collections.abc import Iterator
 from typing import Any
 
 import torch
 from transformers.cache_utils import DynamicCache
 
+from seed_agents.backends.prefix import MIN_PREFIX, cache_kwarg, common_prefix_len, prefix_kv, worth_sharing
+
 try:  # transformers >= 4.56 has the layer class; the cache switch came later
     from transformers.modeling_layers import GradientCheckpointingLayer
 except ImportError:  # pragma: no cover - older transformers: no checkpointed layers to manage
     GradientCheckpointingLayer = None  # type: ignore[assignment,misc]
 
-MIN_PREFIX = 32  # below this, one more forward costs more than the tokens it saves
+__all__ = ["MIN_PREFIX", "common_prefix_len", "shared_prefix_logps", "supported", "worth_sharing"]
 
 
 class _ReadOnlyPrefix(DynamicCache):
@@ -44,18 +45,6 @@ class _ReadOnlyPrefix(DynamicCache):
                **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
         layer = self.layers[layer_idx]
         return torch.cat([layer.keys, key_states], dim=-2), torch.cat([layer.values, value_states], dim=-2)
-
-
-def common_prefix_len(seqs: list[list[int]]) -> int:
-    """Length of the longest prefix every sequence shares."""
-    if not seqs:
-        return 0
-    first, n = seqs[0], min(len(s) for s in seqs)
-    for i in range(n):
-        token = first[i]
-        if any(s[i] != token for s in seqs):
-            return i
-    return n
 
 
 def _layers(model: Any) -> list[Any]:
@@ -95,12 +84,6 @@ def _checkpointing(model: Any, *, prefix: bool) -> Iterator[None]:
                 m._can_checkpoint_with_cache = can
 
 
-def _cache_kwarg(model: Any) -> str:
-    """transformers 5 renamed ``past_key_values`` to ``cache``."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return "cache" if "cache" in inspect.signature(type(base).forward).parameters else "past_key_values"
-
-
 def shared_prefix_logps(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: int,
                         prefix_len: int, *, compute_entropy: bool = False,
                         autocast: Any = contextlib.nullcontext) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -116,13 +99,9 @@ def shared_prefix_logps(model: Any, input_ids: torch.Tensor, attention_mask: tor
         raise ValueError(f"prefix_len {prefix_len} must be in [1, shortest prompt {int(prompt_lens.min())})")
     first = prompt_width - int(prompt_lens[0])
     prefix = input_ids[:1, first:first + prefix_len]
-    cache_kw = _cache_kwarg(model)
+    cache_kw = cache_kwarg(model)
     with _checkpointing(model, prefix=True), autocast():
-        out = model(input_ids=prefix, use_cache=True, **{cache_kw: DynamicCache()}, logits_to_keep=1)
-    filled = getattr(out, cache_kw, None)
-    if filled is None:
-        filled = out.past_key_values
-    kv = [(layer.keys, layer.values) for layer in filled.layers]
+        kv = prefix_kv(model, prefix)
 
     # each row's own tokens: drop its prefix columns, keep TRL's layout for the rest
     rest_width = int((prompt_lens - prefix_len).max())

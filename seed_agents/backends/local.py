@@ -2,6 +2,10 @@
 
 Concurrent ``agenerate`` calls are gathered into batches (left-padded, KV-cached
 ``generate``) so a group of episodes shares one forward per token, as a server would.
+The prompt tokens every request of a batch begins with (an agent's system prompt and tool
+schemas: most of each prompt) run once, as one row, and every row reads their keys and
+values (``seed_agents.backends.prefix``; vLLM's prefix cache does the same across requests);
+``share_prefix=False`` turns it off.
 
 Reproducible runs. A row's logits depend on its batch: on this CPU, the same prompt alone,
 in a batch of four, or in the same four in another order gives logits that differ by
@@ -49,9 +53,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from transformers.cache_utils import DynamicCache
 
 from seed_agents.backends.base import BackendError, CompletionPiece
 from seed_agents.backends.grammar import grammar_mask
+from seed_agents.backends.prefix import cache_kwarg, prefix_kv, worth_sharing
 from seed_agents.capture import Cohort, Ticket, current_scope
 from seed_agents.precision import compute_in
 from seed_agents.types import Completion, SamplingParams
@@ -186,6 +192,7 @@ class LocalBackend:
         max_batch_size: int = 8,
         batch_wait_s: float = 0.005,
         policy_version: int = 0,
+        share_prefix: bool = True,
     ) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -208,6 +215,7 @@ class LocalBackend:
         # (``seed_agents.precision``); None or float32 computes in the weights' own dtype.
         self.compute_dtype = compute_dtype
         self.batch_wait_s = batch_wait_s
+        self.share_prefix = share_prefix  # compute a batch's common prompt prefix once (seed_agents.backends.prefix)
         self.policy_version = policy_version
         pad = self.tokenizer.pad_token_id
         self.pad_id = int(pad if pad is not None else self.tokenizer.eos_token_id)
@@ -412,12 +420,18 @@ class LocalBackend:
         stop = set(params.stop_token_ids)
         if self.tokenizer.eos_token_id is not None:
             stop.add(int(self.tokenizer.eos_token_id))
-        width = max(len(p) for p in prompts)
+        # A prefix every prompt shares (system prompt, tool schemas) is computed once and its
+        # keys and values read by every row: the rows are laid out [prefix | pad | own tokens],
+        # with explicit positions so a row's own tokens sit right after the prefix.
+        shared = worth_sharing(prompts) if self.share_prefix else 0
+        width = shared + max(len(p) - shared for p in prompts)
         input_ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
         attention = torch.zeros((len(prompts), width), dtype=torch.long)
         for i, p in enumerate(prompts):
-            input_ids[i, width - len(p):] = torch.tensor(p)
-            attention[i, width - len(p):] = 1
+            input_ids[i, width - len(p) + shared:] = torch.tensor(p[shared:])
+            attention[i, width - len(p) + shared:] = 1
+        input_ids[:, :shared] = torch.tensor(prompts[0][:shared])
+        attention[:, :shared] = 1
         # A fresh GenerationConfig: the checkpoint's defaults (top_k=50, repetition
         # penalty, ...) would silently change the distribution we claim to sample from.
         # Greedy decoding throughout: sampling is the processors' (``_RowSampler``).
@@ -430,6 +444,13 @@ class LocalBackend:
         if mask is not None and on_token is not None:
             on_token = mask.streamed(on_token)
         processors = LogitsProcessorList([mask] if mask is not None else [])
+        extra: dict[str, Any] = {}
+        with (self._lock, torch.no_grad(), compute_in(self.compute_dtype)):
+            if shared:
+                cache = DynamicCache(ddp_cache_data=[(k.expand(len(prompts), -1, -1, -1), v.expand(len(prompts), -1, -1, -1))
+                                                     for k, v in prefix_kv(self.model, input_ids[:1, :shared])])
+                positions = (attention.cumsum(1) - 1).clamp(min=0)
+                extra = {cache_kwarg(self.model): cache, "position_ids": positions}
         with (self._lock, torch.no_grad(), compute_in(self.compute_dtype),
               _token_streamer(self.model, on_token, len(prompts)) as streamer):
             if params.temperature > 0:  # the warpers (and order) transformers' own sampling applies
@@ -439,7 +460,7 @@ class LocalBackend:
                 processors.append(_RowSampler([int(torch.randint(0, 2**62, ())) if s is None else s for s in seeds]))
             out = self.model.generate(input_ids=input_ids, attention_mask=attention, generation_config=cfg,
                                       stopping_criteria=_stopping_criteria(should_stop), streamer=streamer,
-                                      logits_processor=processors)
+                                      logits_processor=processors, **extra)
         new = out.sequences[:, width:]
         logps = torch.stack(out.logits, dim=1).float().log_softmax(-1)  # [B, T, V]
         tok_logps = logps.gather(-1, new.unsqueeze(-1)).squeeze(-1)

@@ -95,3 +95,29 @@ def test_model_object_without_tokenizer_is_a_clear_error(tiny_model_dir):
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     with pytest.raises(ValueError, match="tokenizer"):
         LocalBackend(model)
+
+
+async def test_a_shared_prompt_prefix_is_computed_once_and_changes_nothing(tiny_model_dir, monkeypatch):
+    """Prompts with one long system prompt: the batch runs the prefix once (a forward of one
+    row), and every row's greedy tokens and logprobs equal that prompt sampled alone."""
+    import asyncio
+
+    import seed_agents.backends.local as local_module
+
+    backend = LocalBackend(tiny_model_dir, max_batch_size=8, batch_wait_s=0.05)
+    tok = backend.tokenizer
+    system = "You answer questions about places in a private atlas; look facts up with the lookup tool. " * 3
+    prompts = [tok(f"<|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\n{q}<|im_end|>\n<|im_start|>assistant\n",
+                   add_special_tokens=False)["input_ids"] for q in ("a", "what is the area of Varnok?", "x y z", "hello")]
+    prefixes = []
+    original = local_module.prefix_kv
+    monkeypatch.setattr(local_module, "prefix_kv", lambda model, ids: prefixes.append(ids.shape) or original(model, ids))
+    params = SamplingParams(max_tokens=8, temperature=0.0)
+    batched = await asyncio.gather(*(backend.agenerate(p, params) for p in prompts))
+    assert prefixes and all(shape[0] == 1 and shape[1] >= 32 for shape in prefixes), prefixes
+    backend.share_prefix = False
+    for p, b in zip(prompts, batched):
+        single = backend.generate(p, params)
+        assert single.token_ids == b.token_ids
+        assert max(abs(x - y) for x, y in zip(single.logprobs, b.logprobs)) < 1e-4
+    backend.close()

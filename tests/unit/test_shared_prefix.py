@@ -5,7 +5,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from seed_agents.trainers.seed_trainer import rows_to_tensors
-from seed_agents.trainers.shared_prefix import common_prefix_len, shared_prefix_logps, supported
+from seed_agents.backends.prefix import common_prefix_len, worth_sharing
+from seed_agents.trainers.shared_prefix import shared_prefix_logps, supported
 from seed_agents.types import Row
 
 
@@ -14,6 +15,11 @@ def test_common_prefix_len():
     assert common_prefix_len([[1, 2], [1, 2]]) == 2
     assert common_prefix_len([[5], [1]]) == 0
     assert common_prefix_len([]) == 0
+    long = list(range(100))
+    assert worth_sharing([long + [1], long + [2]]) == 100
+    assert worth_sharing([long, long + [2]]) == 99, "every sequence keeps a token of its own"
+    assert worth_sharing([long[:20] + [1], long[:20] + [2]]) == 0, "too short to pay"
+    assert worth_sharing([long + [1]]) == 0, "one sequence shares with nobody"
 
 
 def _rows(shared: int, shapes: list[tuple[int, int]], seed: int = 3) -> list[Row]:

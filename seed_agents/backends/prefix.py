@@ -1,0 +1,57 @@
+"""Prompts that begin with the same tokens: find that prefix and compute it once.
+
+An agent's concurrent calls share most of their prompt (the system prompt, the tool
+schemas, the task), and so do the rows of one update. Both the local backend (sampling a
+batch) and the trainer (scoring a chunk of rows) run the shared prefix as one sequence
+and let every row read its keys and values. Exact up to float rounding: each row's own
+tokens keep their true positions after the prefix.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import torch
+from transformers.cache_utils import DynamicCache
+
+MIN_PREFIX = 32  # below this, one more forward costs more than the tokens it saves
+
+
+def common_prefix_len(seqs: list[list[int]]) -> int:
+    """Length of the longest prefix every sequence shares."""
+    if not seqs:
+        return 0
+    first, n = seqs[0], min(len(s) for s in seqs)
+    for i in range(n):
+        token = first[i]
+        if any(s[i] != token for s in seqs):
+            return i
+    return n
+
+
+def worth_sharing(seqs: list[list[int]]) -> int:
+    """The prefix length to compute once for these sequences, or 0: at least ``MIN_PREFIX``
+    tokens, two sequences, and one token of its own left to every sequence (the first new
+    token is predicted from a sequence's own last position)."""
+    if len(seqs) < 2:
+        return 0
+    shared = min(common_prefix_len(seqs), min(len(s) for s in seqs) - 1)
+    return shared if shared >= MIN_PREFIX else 0
+
+
+def cache_kwarg(model: Any) -> str:
+    """transformers 5 renamed the forward's ``past_key_values`` to ``cache``."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return "cache" if "cache" in inspect.signature(type(base).forward).parameters else "past_key_values"
+
+
+def prefix_kv(model: Any, prefix_ids: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Each layer's keys and values of ``prefix_ids`` (shape [1, K]), from one forward."""
+    # the layers fill a cache they are handed whatever use_cache says; asking for use_cache
+    # under gradient checkpointing only makes transformers warn that it turns it off
+    cache = DynamicCache()
+    model(input_ids=prefix_ids, use_cache=False, logits_to_keep=1, **{cache_kwarg(model): cache})
+    if not cache.layers or cache.get_seq_length() != prefix_ids.shape[1]:
+        raise RuntimeError("this transformers version did not fill the prefix cache; set share_prefix off")
+    return [(layer.keys, layer.values) for layer in cache.layers]
