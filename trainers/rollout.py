@@ -87,18 +87,24 @@ class GraphRollout:
 
     def metrics(self, trajs: list[Trajectory]) -> dict[str, float]:
         """Outcome metrics over the episodes that measured the policy (faults excluded),
-        plus the fault counts by kind and how many episodes and groups were trained."""
+        plus the fault counts by kind, how many episodes and groups were trained, and the
+        fraction of trained groups with zero reward variance (1.0 when none was trained)."""
         faults = fault_counts(trajs)
         trained = trainable_episodes(trajs)
         all_trajs, trajs = trajs, [t for t in trajs if t.fault is None]
         n = len(trajs) or 1
         skills = [t.skill for t in trajs if t.skill is not None]
+        rewards_of: dict[str, set[float]] = {}
+        for t in trained:
+            rewards_of.setdefault(t.group_id, set()).add(t.reward)
         return {
             "success_rate": sum(t.success for t in trajs) / n,
             "episodes": float(len(all_trajs)),
             "episodes_trained": float(len(trained)),
             "groups_trained": float(len({t.group_id for t in trained})),
             "groups_dropped": float(len({t.group_id for t in all_trajs}) - len({t.group_id for t in trained})),
+            # a group whose episodes all got one reward has zero advantages: no outcome gradient
+            "zero_variance_groups": (sum(len(r) == 1 for r in rewards_of.values()) / len(rewards_of)) if rewards_of else 1.0,
             "faults": float(sum(faults.values())),
             **{f"faults/{kind}": float(n_kind) for kind, n_kind in faults.items()},
             "episode_errors": float(sum(t.error is not None for t in all_trajs)),

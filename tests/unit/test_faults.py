@@ -91,6 +91,7 @@ def test_rows_and_advantages_come_from_clean_episodes_only(tokenizer):
     assert m["faults/env"] == 2 and m["faults/timeout"] == 2 and m["faults/reward"] == 2 and m["faults"] == 6
     assert m["episodes"] == 9 and m["episodes_trained"] == 2
     assert m["groups_trained"] == 1 and m["groups_dropped"] == 3
+    assert m["zero_variance_groups"] == (1.0 if trajs[0].reward == trajs[1].reward else 0.0)
     assert m["success_rate"] == pytest.approx(sum(t.success for t in trajs[:2] + [lone]) / 3)
 
 
@@ -224,3 +225,19 @@ def test_timed_out_local_generation_is_cancelled_and_the_process_exits_cleanly(t
         assert "episodes done" in proc.stdout and "terminate called" not in proc.stderr
         # the abandoned generation stopped at once: no waiting for 4000 tokens at exit
         assert time.perf_counter() - t0 < 30
+
+
+def test_zero_variance_groups_is_the_share_of_trained_groups_with_one_reward(tokenizer):
+    from seed_agents.trainers.rollout import GraphRollout
+
+    llm = fake_llm(tokenizer)
+    runner = faulty_runner(llm, group_size=2)
+    trajs = asyncio.run(runner.run(tasks_with(None, None, None)))
+
+    def with_rewards(*rewards):
+        return [t.model_copy(update={"reward": r}) for t, r in zip(trajs, rewards, strict=True)]
+
+    metrics = GraphRollout(runner, llm, skills="none").metrics
+    assert metrics(with_rewards(1.0, 1.0, 0.0, 1.0, 0.0, 0.0))["zero_variance_groups"] == pytest.approx(2 / 3)
+    assert metrics(with_rewards(1.0, 0.0, 0.0, 1.0, 0.5, 0.0))["zero_variance_groups"] == 0.0
+    assert metrics([t.model_copy(update={"fault": FaultKind.ENV}) for t in trajs])["zero_variance_groups"] == 1.0
