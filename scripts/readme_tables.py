@@ -397,12 +397,35 @@ def atlas_band(results: dict[str, Result]) -> list[str]:
                     "right answer", "groups with zero reward variance", "episodes"], rows)]
 
 
+def update_throughput(results: dict[str, Result]) -> list[str]:
+    r = one(results, "update_throughput")
+    c, x = r.config, r.results
+    lora = f"LoRA r{c['lora_r']}" if c["lora_r"] else "full fine-tuning"
+    what = (f"one SEED update on atlas level-0 rows (forced first turn): {x['episodes']} episodes, {x['rows']} rows, "
+            f"{x['real_tokens']} real tokens, teacher prompts on {x['rows_with_teacher']}/{x['rows']} rows; {lora}, fp32, "
+            f"{c['repeats']} timed update(s) per layout" + (f"; {c['note']}" if c.get("note") else ""))
+    names = {"trl": "TRL's layout (before)", "chunked": "length-grouped, trimmed", "shared": "+ shared prefix once",
+             "shared-nogc": "+ shared prefix, no checkpointing"}
+    order = [k for k in c["layouts"].split(",") if k in x["layouts"]]  # the run's order; the file sorts keys
+    first = order[0]
+    rows = [[f"{names.get(k, k)} (`{k}`)", f"{v['median_s']:.1f}", f"{v['vs_first']:.2f}", str(v["train_tokens_computed"]),
+             str(v["teacher_tokens_computed"]), f"{v['fraction_of_ceiling']:.0%}", f"{v['effective_fraction']:.0%}"]
+            for k, v in ((k, x["layouts"][k]) for k in order)]
+    best = x["layouts"][x["fastest"]]
+    return [source_line(r, what), "",
+            *table(["layout", "update s", f"vs `{first}`", "training positions computed", "teacher positions computed",
+                    f"of the {x['ceiling_gflops']:.0f} GFLOP/s matmul ceiling", "effective (all real tokens)"], rows),
+            "", f"Fastest: `{x['fastest']}`, {best['fraction_of_ceiling']:.0%} of the matmul ceiling "
+                f"({goal_words(best['fraction_of_ceiling'], 0.4, at_most=False)})."]
+
+
 RENDERERS: dict[str, Callable[[dict[str, Result]], list[str]]] = {
     "determinism": determinism, "tool_agent": tool_agent, "continual_demo": continual_demo,
     "capture_overhead": capture_overhead, "seed_overhead": seed_overhead, "gateway_overhead": gateway_overhead,
     "update_memory": update_memory, "webshop_index": webshop_index, "sample_efficiency": sample_efficiency,
     "skill_usefulness": skill_usefulness, "roofline": roofline, "logprob_gap": logprob_gap,
-    "rollout_throughput": rollout_throughput, "atlas_band": atlas_band, "continual_atlas": continual_atlas}
+    "rollout_throughput": rollout_throughput, "atlas_band": atlas_band, "continual_atlas": continual_atlas,
+    "update_throughput": update_throughput}
 
 
 # -- the pages ----------------------------------------------------------------------------
