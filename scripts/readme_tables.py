@@ -419,13 +419,48 @@ def update_throughput(results: dict[str, Result]) -> list[str]:
                 f"({goal_words(best['fraction_of_ceiling'], 0.4, at_most=False)})."]
 
 
+def learning_curve(results: dict[str, Result]) -> list[str]:
+    """Held-out success from the start to the end of training, each method, with its CI."""
+    r = one(results, "learning_curve")
+    c, x = r.config, r.results
+    seeds = c["seeds"]
+    what = (f"atlas level {c['level']} ({c['first_turn']} first turn), {c['train_tasks']} training / {c['heldout']} "
+            f"held-out tasks (disjoint places), {len(seeds)} seed(s), LoRA r{c['lora_r']} lr {c['lr']:g}, "
+            f"T {c['temperature']:g}, held-out greedy every {c['eval_every']} updates"
+            + (f"; {c['note']}" if c.get("note") else ""))
+
+    def ci(v: Any) -> str:
+        return "-" if v is None else f"[{v[0]:+.3f}, {v[1]:+.3f}]"
+
+    rows = []
+    for method, m in x["methods"].items():
+        curve = m["curve"]
+        a, b = curve[min(curve, key=int)], curve[max(curve, key=int)]
+        rows.append([method, str(m["updates"] // max(1, len(seeds))),
+                     f"{a['right_answer']:.3f} -> {b['right_answer']:.3f}", f"{f(m['gain'], '+.3f')} {ci(m['gain_ci'])}",
+                     f"{a['right_calls']:.3f} -> {b['right_calls']:.3f}", f"{a['parsed']:.3f} -> {b['parsed']:.3f}",
+                     f(m["training_success"]), f(m["zero_variance_groups"])])
+    out = [source_line(r, what), "",
+           *table(["method", "updates per seed", "held-out right answer", "gain, 95% CI (seeds x tasks)",
+                   "right tool + arguments", "a call parses", "training success", "groups with zero reward variance"],
+                  rows)]
+    d = x.get("seed_minus_grpo")
+    if d:
+        out += ["", f"SEED - GRPO, final held-out answer success paired by seed (n={d['n']}): {f(d['mean'], '+.3f')}, "
+                    f"95% CI {ci(d['ci'])}; a paired test would need {d['seeds_needed'] or '-'} seeds."]
+    if "grpo" in x["methods"]:
+        out += ["", f"Goal (GRPO held-out gain >= +{x['goal']['gain_at_least']:.2f}, 95% CI over seeds and tasks "
+                    f"excluding 0): **{x['goal']['verdict']}**."]
+    return out
+
+
 RENDERERS: dict[str, Callable[[dict[str, Result]], list[str]]] = {
     "determinism": determinism, "tool_agent": tool_agent, "continual_demo": continual_demo,
     "capture_overhead": capture_overhead, "seed_overhead": seed_overhead, "gateway_overhead": gateway_overhead,
     "update_memory": update_memory, "webshop_index": webshop_index, "sample_efficiency": sample_efficiency,
     "skill_usefulness": skill_usefulness, "roofline": roofline, "logprob_gap": logprob_gap,
     "rollout_throughput": rollout_throughput, "atlas_band": atlas_band, "continual_atlas": continual_atlas,
-    "update_throughput": update_throughput}
+    "update_throughput": update_throughput, "learning_curve": learning_curve}
 
 
 # -- the pages ----------------------------------------------------------------------------

@@ -1,0 +1,347 @@
+"""Does the agent get better? Held-out success over updates: the untrained policy, GRPO and SEED.
+
+From one start (SmolLM2-135M-Instruct, a LoRA adapter), each method trains on the same atlas
+tool tasks (``examples/atlas_tasks.py``, one level; the first turn forced to a tool call)
+with the same seeds and budget, through ``seed-agents train`` itself (a graph run with a
+periodic held-out evaluation), so the curve is the product's, not a re-implementation:
+
+- ``grpo``: ``skills.source none`` (outcome RL only);
+- ``seed``: the policy writes its own hindsight skills and the gated distillation term is on
+  (the paper's lambda).
+
+Every ``--eval-every`` updates (and before the first) the whole held-out set is played
+greedily (disjoint places: a gain is a gain in using the tools, not a remembered fact) and
+scored at three levels: a call parses (format), the right tool with the right arguments,
+the right answer (what the reward pays for), so a format gain cannot pass for a competence
+gain. Per update it keeps training success, the fraction of GRPO groups with zero reward
+variance (no outcome gradient), the skill parse rate and the KL to the start.
+
+Runs live under ``--work``; a killed benchmark resumes without redoing finished runs
+(``seed-agents train --resume`` continues a run from its last checkpoint). It prints last:
+each method's held-out answer success from start to end with a 95% bootstrap CI over seeds
+and held-out tasks, GRPO's gain against the goal (>= +10 points, CI excluding 0), SEED minus
+GRPO paired by seed with its CI and the seeds a paired test needs. Writes
+``docs/results/learning_curve.json`` and ``docs/results/learning_curve.png``.
+
+    .venv/bin/python bench/learning_curve.py --note "nothing else ran"
+    .venv/bin/python bench/learning_curve.py --seeds 0 --methods grpo --updates 2 --tasks-per-update 1 \\
+        --group 2 --heldout 4 --eval-every 1 --work runs/lc-smoke --results-dir runs/lc-smoke/results  # smoke
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run as a script: bench/ and examples/ are on the path
+from bench.results import add_results_args, config_of, now, write_result  # noqa: E402
+from bench.stats import compare, seeds_needed  # noqa: E402
+
+METHODS = ("grpo", "seed")
+LEVELS = ("parsed", "right_calls", "right_answer")
+MIN_SEEDS = 3  # the issue's CI is over seeds as well as held-out tasks
+AGENT_MAX_TURNS = 4  # examples.atlas_tasks.build_agent's default; `train` builds the graph with it
+GOAL = 0.10  # GRPO: held-out answer success up by >= 10 points, 95% CI excluding 0 (issue 22)
+PAPER = {"model": "Qwen2.5-3B-Instruct", "updates": 150, "tasks_per_update": 16, "group": 8, "max_turns": 30,
+         "max_tokens": 512, "lr": 1e-6}
+LABELS = {"model": "model", "updates": "updates", "tasks_per_update": "tasks/update", "group": "group size",
+          "max_turns": "max turns", "max_tokens": "max response tokens", "lr": "learning rate"}
+
+
+# -- the runs ---------------------------------------------------------------------------
+
+def write_tasks(work: Path, level: int, train: int | None, heldout: int | None) -> tuple[Path, Path, int, int]:
+    """The level's training and held-out tasks as JSONL (the generator's, which the
+    committed manifests under bench/atlas/ are checked against)."""
+    from examples.atlas_tasks import make_tasks
+
+    files = []
+    for split, n in (("train", train), ("heldout", heldout)):
+        tasks = make_tasks(split, levels=[level])[:n]
+        path = work / f"{split}-L{level}.jsonl"
+        path.write_text("".join(t.model_dump_json() + "\n" for t in tasks), encoding="utf-8")
+        files.append((path, len(tasks)))
+    (train_path, n_train), (heldout_path, n_heldout) = files
+    return train_path, heldout_path, n_train, n_heldout
+
+
+def train_config(args: argparse.Namespace, method: str, seed: int, tasks: Path, heldout: Path, n_train: int,
+                 n_heldout: int, out: Path) -> dict[str, Any]:
+    from seed_agents.config.core import PAPER as COEF
+
+    return {
+        "num_tasks": n_train, "tasks_per_iteration": args.tasks_per_update, "iterations": args.updates, "seed": seed,
+        "out": str(out),
+        "graph": {"build": f"examples.atlas_tasks:{'build_agent' if args.first_turn == 'forced' else 'build_auto_agent'}",
+                  "tasks": str(tasks), "reward": "examples.atlas_tasks:answer_reward"},
+        "backend": {"kind": "local", "model": args.model, "max_batch_size": args.tasks_per_update * args.group},
+        "sampling": {"max_tokens": args.max_tokens, "temperature": args.temperature},
+        "runner": {"group_size": args.group, "concurrency": args.tasks_per_update * args.group, "progress": False},
+        "skills": {"source": "self" if method == "seed" else "none", "max_tokens": args.skill_tokens},
+        "trainer": {"learning_rate": args.lr, "lora_r": args.lora_r, "lora_alpha": 2 * args.lora_r,
+                    "opd_coef": COEF.lam if method == "seed" else 0.0, "kl_coef": args.kl_coef},
+        "stage1": {"run": "off"},
+        "eval": {"tasks": str(heldout), "num_tasks": n_heldout, "every": args.eval_every, "at_start": True,
+                 "temperature": 0.0},
+    }
+
+
+def run_one(config: dict[str, Any], out: Path, log: Path) -> float:
+    """Train one (method, seed) to the end, resuming a run a killed benchmark left; the
+    seconds it took (this process's share). A finished run is not run again."""
+    digest = hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:16]
+    done = out / "benchmark-done.json"
+    if done.exists():
+        record = json.loads(done.read_text())
+        if record["config"] != digest:
+            raise SystemExit(f"error: {out} finished with other settings; move it away or use another --work")
+        return float(record["wall_s"])
+    cfg_path = out.parent / f"{out.name}.json"
+    # `train` refuses a folder that holds a run unless resumed; a run killed before its first
+    # checkpoint restarts at step 0 under --resume
+    started = any((out / name).exists() for name in ("config.json", "metrics.jsonl", "trajectories.jsonl", "eval.jsonl"))
+    if cfg_path.exists() and json.loads(cfg_path.read_text()) != config and started:
+        raise SystemExit(f"error: {out} was started with other settings; move it away or use another --work")
+    cfg_path.write_text(json.dumps(config, indent=1))
+    cmd = [sys.executable, "-m", "seed_agents", "train", "--config", str(cfg_path), "--out", str(out)]
+    if started:
+        cmd.append("--resume")
+    t0 = time.perf_counter()
+    with log.open("a", encoding="utf-8") as f:
+        f.write(f"\n$ {' '.join(cmd)}\n")
+        f.flush()
+        proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT,
+                              env={**os.environ, "PYTHONPATH": str(ROOT)})
+    wall = time.perf_counter() - t0
+    if proc.returncode != 0:
+        raise SystemExit(f"error: training {out.name} failed (exit {proc.returncode}); see {log}; rerun to resume")
+    done.write_text(json.dumps({"config": digest, "wall_s": wall}))
+    return wall
+
+
+# -- reading a run ----------------------------------------------------------------------
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(x) for x in path.read_text(encoding="utf-8").splitlines() if x.strip()] if path.exists() else []
+
+
+def heldout_scores(out: Path, heldout: Path) -> dict[int, dict[str, dict[str, bool]]]:
+    """updates -> task id -> the three levels, from the run's held-out trajectories."""
+    from examples.atlas_tasks import score_levels
+    from seed_agents.types import Task, Trajectory
+
+    tasks = {t["task_id"]: Task.model_validate(t) for t in read_jsonl(heldout)}
+    scores: dict[int, dict[str, dict[str, bool]]] = {}
+    for record in read_jsonl(out / "eval_trajectories.jsonl"):
+        traj = Trajectory.model_validate(record)
+        updates = int(traj.metadata["iteration"]) + 1
+        levels = score_levels(tasks[traj.task_id], traj) if traj.fault is None else dict.fromkeys(LEVELS, False)
+        scores.setdefault(updates, {})[traj.task_id] = {**levels, "fault": traj.fault is not None}
+    return scores
+
+
+def per_update(out: Path) -> list[dict[str, Any]]:
+    """One row per update from metrics.jsonl: what the curve's diagnostics need."""
+    keep = ("success_rate", "zero_variance_groups", "skill_parse_rate", "kl", "loss/opd", "opd/gate", "rows",
+            "time/rollout_s", "time/score_s", "step_time", "faults")
+    return [{"update": int(m["iteration"]) + 1, **{k: m[k] for k in keep if k in m}} for m in read_jsonl(out / "metrics.jsonl")]
+
+
+# -- analysis (pure) --------------------------------------------------------------------
+
+def hierarchical_ci(per_seed: dict[int, dict[str, float]], *, confidence: float = 0.95, resamples: int = 10_000,
+                    seed: int = 0) -> tuple[float, float] | None:
+    """Bootstrap CI of a mean over seeds and held-out tasks: resample seeds, then tasks
+    within each drawn seed. ``per_seed``: seed -> task -> value (a difference or a score)."""
+    seeds = [np.asarray(list(v.values()), dtype=float) for v in per_seed.values() if v]
+    if not seeds or sum(len(s) for s in seeds) < 2:
+        return None
+    rng = np.random.default_rng(seed)
+    means = np.empty(resamples)
+    for i in range(resamples):
+        drawn = rng.integers(0, len(seeds), size=len(seeds))
+        means[i] = np.mean([seeds[j][rng.integers(0, len(seeds[j]), size=len(seeds[j]))].mean() for j in drawn])
+    tail = (1 - confidence) / 2
+    low, high = np.quantile(means, [tail, 1 - tail])
+    return float(low), float(high)
+
+
+def analyse(runs: dict[str, dict[int, dict[str, Any]]]) -> dict[str, Any]:
+    """runs: method -> seed -> {"scores": updates -> task -> levels, "metrics": [...]}."""
+    out: dict[str, Any] = {"methods": {}}
+    finals: dict[str, dict[int, float]] = {}
+    for method, by_seed in runs.items():
+        curve: dict[int, dict[str, list[float]]] = {}
+        gains: dict[int, dict[str, float]] = {}
+        for s, run in by_seed.items():
+            scores = run["scores"]
+            if not scores:
+                continue
+            first, last = min(scores), max(scores)
+            for updates, per_task in scores.items():
+                for level in LEVELS:
+                    curve.setdefault(updates, {}).setdefault(level, []).append(
+                        statistics.fmean(v[level] for v in per_task.values()))
+            common = set(scores[first]) & set(scores[last])
+            gains[s] = {t: float(scores[last][t]["right_answer"]) - float(scores[first][t]["right_answer"]) for t in common}
+            finals.setdefault(method, {})[s] = statistics.fmean(float(scores[last][t]["right_answer"]) for t in scores[last])
+        metrics = [m for run in by_seed.values() for m in run["metrics"]]
+        gain_means = {s: statistics.fmean(g.values()) for s, g in gains.items() if g}
+        out["methods"][method] = {
+            "curve": {str(u): {lv: statistics.fmean(v) for lv, v in levels.items()} for u, levels in sorted(curve.items())},
+            "curve_per_seed": {str(u): levels for u, levels in sorted(curve.items())},
+            "gain": statistics.fmean(gain_means.values()) if gain_means else None,
+            "gain_per_seed": gain_means,
+            "gain_ci": hierarchical_ci(gains),
+            "seeds_needed_for_gain": seeds_needed(list(gain_means.values())),
+            "zero_variance_groups": statistics.fmean(m["zero_variance_groups"] for m in metrics)
+            if any("zero_variance_groups" in m for m in metrics) else None,
+            "training_success": statistics.fmean(m["success_rate"] for m in metrics) if metrics else None,
+            "updates": len(metrics),
+        }
+    if {"grpo", "seed"} <= finals.keys():
+        p = compare(finals["seed"], finals["grpo"])
+        out["seed_minus_grpo"] = {"n": p.n, "mean": p.mean, "ci": p.ci, "seeds_needed": p.seeds_needed,
+                                  "higher": p.higher, "lower": p.lower, "equal": p.equal}
+    grpo = out["methods"].get("grpo", {})
+    ci = grpo.get("gain_ci")
+    seeds = len(grpo.get("gain_per_seed", {}))
+    met = grpo.get("gain") is not None and grpo["gain"] >= GOAL and ci is not None and ci[0] > 0
+    # the goal's CI is over seeds and tasks: with fewer than MIN_SEEDS it spans tasks only
+    out["goal"] = {"gain_at_least": GOAL, "min_seeds": MIN_SEEDS, "seeds": seeds,
+                   "verdict": ("met" if met else "missed") if seeds >= MIN_SEEDS else
+                   f"not decided: {seeds} seed(s), the goal needs {MIN_SEEDS}" + (" (this seed's gain clears it)" if met else "")}
+    return out
+
+
+def plot(analysis: dict[str, Any], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4), dpi=110)
+    for method, m in analysis["methods"].items():
+        xs = [int(u) for u in m["curve"]]
+        axes[0].plot(xs, [m["curve"][str(u)]["right_answer"] for u in xs], marker="o", label=f"{method}: right answer")
+        axes[0].plot(xs, [m["curve"][str(u)]["right_calls"] for u in xs], ls="--", alpha=0.7,
+                     label=f"{method}: right tool + arguments")
+        for u in xs:
+            for y in m["curve_per_seed"][str(u)]["right_answer"]:
+                axes[0].scatter(u, y, s=8, alpha=0.35, color="grey")
+    axes[0].set_xlabel("updates")
+    axes[0].set_ylabel("held-out success (greedy)")
+    axes[0].set_ylim(-0.02, 1.02)
+    axes[0].legend(fontsize=7)
+    for method, series in analysis.get("zero_variance_series", {}).items():
+        axes[1].plot([p[0] for p in series], [p[1] for p in series], marker=".", label=f"{method}")
+    axes[1].set_xlabel("update")
+    axes[1].set_ylabel("GRPO groups with zero reward variance")
+    axes[1].set_ylim(-0.02, 1.02)
+    axes[1].legend(fontsize=7)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="smollm2-135m")
+    p.add_argument("--methods", default=",".join(METHODS), help=f"Comma list of {', '.join(METHODS)}.")
+    p.add_argument("--seeds", default="0,1,2", help="Comma list of seeds (each method runs every seed).")
+    p.add_argument("--level", type=int, default=0, help="Atlas level (0: one lookup; docs/results/atlas_band.json).")
+    p.add_argument("--first-turn", choices=["forced", "auto"], default="forced")
+    p.add_argument("--updates", type=int, default=30)
+    p.add_argument("--tasks-per-update", type=int, default=4)
+    p.add_argument("--group", type=int, default=8)
+    p.add_argument("--train-tasks", type=int, default=None, help="Distinct training tasks (default: all of the level).")
+    p.add_argument("--heldout", type=int, default=None, help="Held-out tasks (default: all of the level).")
+    p.add_argument("--eval-every", type=int, default=5)
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--skill-tokens", type=int, default=64)
+    p.add_argument("--temperature", type=float, default=0.7)
+    p.add_argument("--lora-r", type=int, default=8)
+    p.add_argument("--lr", type=float, default=1e-4)
+    p.add_argument("--kl-coef", type=float, default=0.001, help="KL to the start (the LoRA's base); also logged.")
+    p.add_argument("--work", type=Path, default=ROOT / "runs" / "learning_curve", help="Run folders (resumable).")
+    p.add_argument("--note", default="", help="What else ran on the machine (it shapes the wall time).")
+    add_results_args(p)
+    args = p.parse_args(argv)
+    methods = [m for m in args.methods.split(",") if m]
+    if not methods or set(methods) - set(METHODS):
+        p.error(f"--methods: choose from {', '.join(METHODS)}")
+    try:
+        seeds = [int(s) for s in args.seeds.split(",") if s]
+    except ValueError:
+        p.error("--seeds: a comma list of integers")
+    started = now()
+    args.work.mkdir(parents=True, exist_ok=True)
+    tasks, heldout, n_train, n_heldout = write_tasks(args.work, args.level, args.train_tasks, args.heldout)
+    log = args.work / "train.log"
+    runs: dict[str, dict[int, dict[str, Any]]] = {}
+    walls: dict[str, float] = {}
+    for s in seeds:  # seeds outermost: a benchmark stopped early still has paired runs
+        for method in methods:
+            name = f"{method}-s{s}"
+            out = args.work / name
+            config = train_config(args, method, s, tasks, heldout, n_train, n_heldout, out)
+            print(f"{name}: training ({args.updates} updates of {args.tasks_per_update} tasks x {args.group})", flush=True)
+            walls[name] = run_one(config, out, log)
+            runs.setdefault(method, {})[s] = {"scores": heldout_scores(out, heldout), "metrics": per_update(out)}
+            print(f"{name}: done in {walls[name]:.0f} s", flush=True)
+
+    analysis = analyse(runs)
+    analysis["zero_variance_series"] = {
+        m: [(u, statistics.fmean(r["metrics"][u - 1]["zero_variance_groups"] for r in by_seed.values()
+                                 if len(r["metrics"]) >= u and "zero_variance_groups" in r["metrics"][u - 1]))
+            for u in range(1, args.updates + 1)
+            if any(len(r["metrics"]) >= u and "zero_variance_groups" in r["metrics"][u - 1] for r in by_seed.values())]
+        for m, by_seed in runs.items()}
+    results_dir = Path(args.results_dir)
+    results_dir.mkdir(parents=True, exist_ok=True)
+    title = (f"{args.model}, atlas level {args.level} ({args.first_turn} first turn), {len(seeds)} seed(s), "
+             f"{args.updates} updates x {args.tasks_per_update} tasks x G{args.group}, LoRA r{args.lora_r} lr {args.lr:g}")
+    plot(analysis, results_dir / "learning_curve.png", title)
+
+    print(f"\n{title}; {n_train} training / {n_heldout} held-out tasks")
+    for method, m in analysis["methods"].items():
+        curve = m["curve"]
+        first, last = curve[min(curve, key=int)], curve[max(curve, key=int)]
+        ci = m["gain_ci"]
+        print(f"{method:<5} held-out right answer {first['right_answer']:.3f} -> {last['right_answer']:.3f} "
+              f"(right calls {first['right_calls']:.3f} -> {last['right_calls']:.3f}, parsed {first['parsed']:.3f} -> "
+              f"{last['parsed']:.3f}); gain {m['gain']:+.3f}, 95% CI "
+              f"{'-' if ci is None else f'[{ci[0]:+.3f}, {ci[1]:+.3f}]'}; training success {m['training_success']:.3f}; "
+              f"zero-variance groups {'-' if m['zero_variance_groups'] is None else format(m['zero_variance_groups'], '.3f')}")
+    d = analysis.get("seed_minus_grpo")
+    if d:
+        ci = d["ci"]
+        print(f"SEED - GRPO (final held-out, paired by seed, n={d['n']}): {d['mean']:+.3f}, 95% CI "
+              f"{'-' if ci is None else f'[{ci[0]:+.3f}, {ci[1]:+.3f}]'}; a paired test needs {d['seeds_needed'] or '-'} seeds")
+    g = analysis["methods"].get("grpo")
+    if g:
+        print(f"goal: GRPO held-out gain >= +{GOAL:.2f} with its 95% CI (seeds x tasks) excluding 0: "
+              f"{analysis['goal']['verdict']}")
+    print(f"wall: {sum(walls.values()) / 60:.1f} min of training runs this invocation (finished runs count their own)")
+    config = {**config_of(args), "work": args.work.name, "max_turns": AGENT_MAX_TURNS, "model": Path(str(args.model)).name,
+              "seeds": seeds, "methods": methods, "train_tasks": n_train, "heldout": n_heldout}
+    write_result("learning_curve", config,
+                 {**analysis, "wall_s": walls, "note": args.note,
+                  "per_run": {m: {str(s): r["metrics"] for s, r in by_seed.items()} for m, by_seed in runs.items()}},
+                 paper=PAPER, labels=LABELS, started_at=started, results_dir=args.results_dir)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,67 @@
+"""bench/learning_curve.py: its statistics, its verdict and its resume, without training."""
+
+import hashlib
+import json
+
+import pytest
+
+from bench.learning_curve import analyse, hierarchical_ci, run_one, train_config
+
+
+def _run(start: list[bool], end: list[bool], zero_var: float = 0.5) -> dict:
+    def levels(ok: bool) -> dict:
+        return {"parsed": True, "right_calls": ok, "right_answer": ok, "fault": False}
+
+    return {"scores": {0: {f"h{i}": levels(x) for i, x in enumerate(start)},
+                       10: {f"h{i}": levels(x) for i, x in enumerate(end)}},
+            "metrics": [{"update": u, "success_rate": 0.3, "zero_variance_groups": zero_var} for u in range(1, 11)]}
+
+
+def test_hierarchical_ci_brackets_the_mean_and_is_none_without_spread_to_resample():
+    assert hierarchical_ci({}) is None
+    assert hierarchical_ci({0: {"a": 1.0}}) is None
+    assert hierarchical_ci({0: {"a": 0.5, "b": 0.5}, 1: {"a": 0.5}}, resamples=200) == (0.5, 0.5)
+    low, high = hierarchical_ci({0: {"a": 0.0, "b": 1.0}, 1: {"a": 1.0, "b": 1.0}}, resamples=2000)
+    assert 0.0 <= low < 0.75 < high <= 1.0
+
+
+def test_a_clear_gain_meets_the_goal_and_no_gain_misses_it():
+    n = 40
+    gain = {s: _run([False] * n, [i % 2 == 0 for i in range(n)]) for s in range(3)}  # 0 -> 50% on every seed
+    flat = {s: _run([i % 4 == 0 for i in range(n)], [i % 4 == 0 for i in range(n)]) for s in range(3)}
+    a = analyse({"grpo": gain, "seed": flat})
+    g = a["methods"]["grpo"]
+    assert g["gain"] == pytest.approx(0.5) and g["gain_ci"][0] > 0 and a["goal"]["verdict"] == "met"
+    assert g["curve"]["0"]["right_answer"] == 0.0 and g["curve"]["10"]["right_answer"] == pytest.approx(0.5)
+    assert g["zero_variance_groups"] == pytest.approx(0.5) and g["updates"] == 30
+    d = a["seed_minus_grpo"]
+    assert d["n"] == 3 and d["mean"] == pytest.approx(0.25 - 0.5) and d["lower"] == 3
+    assert analyse({"grpo": flat})["goal"]["verdict"] == "missed"
+    one_seed = analyse({"grpo": {0: gain[0]}})["goal"]["verdict"]
+    assert one_seed.startswith("not decided: 1 seed(s)") and "clears it" in one_seed
+
+
+def test_a_finished_run_is_not_run_again_and_other_settings_are_refused(tmp_path):
+    out = tmp_path / "grpo-s0"
+    out.mkdir()
+    config = {"iterations": 3, "out": str(out)}
+    digest = hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:16]
+    (out / "benchmark-done.json").write_text(json.dumps({"config": digest, "wall_s": 12.5}))
+    assert run_one(config, out, tmp_path / "log") == 12.5  # no subprocess: there is no train config to run
+    with pytest.raises(SystemExit, match="other settings"):
+        run_one({**config, "iterations": 4}, out, tmp_path / "log")
+
+
+def test_grpo_and_seed_differ_only_in_the_skills_and_the_distillation(tmp_path):
+    import argparse
+
+    args = argparse.Namespace(tasks_per_update=4, updates=30, group=8, first_turn="forced", model="smollm2-135m",
+                              max_tokens=64, temperature=0.7, skill_tokens=64, lr=1e-4, lora_r=8, kl_coef=0.001,
+                              eval_every=5)
+    grpo, seed = (train_config(args, m, 1, tmp_path / "t.jsonl", tmp_path / "h.jsonl", 200, 80, tmp_path / m)
+                  for m in ("grpo", "seed"))
+    assert grpo["skills"]["source"] == "none" and grpo["trainer"]["opd_coef"] == 0.0
+    assert seed["skills"]["source"] == "self" and seed["trainer"]["opd_coef"] > 0
+    same = {k for k in grpo if grpo[k] == seed[k]}
+    assert same == set(grpo) - {"skills", "trainer", "out"}
+    assert grpo["eval"]["num_tasks"] == 80 and grpo["eval"]["temperature"] == 0.0 and grpo["seed"] == 1
