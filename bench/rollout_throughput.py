@@ -6,7 +6,9 @@ Workloads (fixed tasks, group 8, sampled at T 0.7):
   first turn a forced call under the tools' grammar, 4 turns, 48 tokens a turn).
 
 Paths:
-- ``local``: ``LocalBackend`` in float32 (the path every run used until now);
+- ``local``: ``LocalBackend`` in float32, a batch's common prompt prefix computed once (the default);
+- ``local-noshare``: the same with ``share_prefix=False``: every prompt run whole (the path
+  before the shared prefix), for the side-by-side comparison;
 - ``local-auto``: ``LocalBackend`` in the precision ``auto`` picks on this CPU
   (``seed_agents.precision``); skipped when that is float32 too (it would be the same path);
 - ``vllm``: the vLLM CPU server (``seed_agents.serve.VLLMServer``, float32), started here.
@@ -80,10 +82,11 @@ def open_path(path: str, args: argparse.Namespace, server: Any) -> tuple[Any, An
     from seed_agents.precision import resolve_precision
 
     model = resolve_model(args.model)
-    if path in ("local", "local-auto"):
-        dtype, why = resolve_precision("float32" if path == "local" else "auto")
-        backend = LocalBackend(model, max_batch_size=args.group * args.tasks, compute_dtype=dtype)
-        return backend, backend.tokenizer, why
+    if path in ("local", "local-noshare", "local-auto"):
+        dtype, why = resolve_precision("auto" if path == "local-auto" else "float32")
+        backend = LocalBackend(model, max_batch_size=args.group * args.tasks, compute_dtype=dtype,
+                               share_prefix=path != "local-noshare")
+        return backend, backend.tokenizer, why + ("" if path != "local-noshare" else ", every prompt whole")
     from seed_agents.backends.vllm import VLLMBackend
 
     return (VLLMBackend(server.url, server.served_model_name, max_concurrency=64),
@@ -93,7 +96,8 @@ def open_path(path: str, args: argparse.Namespace, server: Any) -> tuple[Any, An
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="smollm2-135m")
-    parser.add_argument("--paths", nargs="+", default=["local", "local-auto", "vllm"], choices=["local", "local-auto", "vllm"])
+    parser.add_argument("--paths", nargs="+", default=["local", "local-noshare", "local-auto", "vllm"],
+                        choices=["local", "local-noshare", "local-auto", "vllm"])
     parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
     parser.add_argument("--tasks", type=int, default=2, help="Distinct tasks per workload.")
     parser.add_argument("--group", type=int, default=8, help="Episodes per task.")
