@@ -30,10 +30,11 @@ import torch
 from trl import GRPOConfig, GRPOTrainer
 from trl.trainer.utils import RepeatSampler
 
+from seed_agents.backends.prefix import worth_sharing
 from seed_agents.config.core import PAPER, PAPER_LEARNING_RATE
 from seed_agents.distill import SEEDCoefficients, group_advantages, seed_objective
 from seed_agents.errors import NoTrainableRows
-from seed_agents.trainers.shared_prefix import shared_prefix_logps, worth_sharing
+from seed_agents.trainers.shared_prefix import shared_prefix_logps
 from seed_agents.trainers.shared_prefix import supported as prefix_supported
 from seed_agents.types import Row, Task, Trajectory
 

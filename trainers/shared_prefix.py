@@ -27,14 +27,12 @@ from typing import Any
 import torch
 from transformers.cache_utils import DynamicCache
 
-from seed_agents.backends.prefix import MIN_PREFIX, cache_kwarg, common_prefix_len, prefix_kv, worth_sharing
+from seed_agents.backends.prefix import cache_kwarg, prefix_kv
 
 try:  # transformers >= 4.56 has the layer class; the cache switch came later
     from transformers.modeling_layers import GradientCheckpointingLayer
 except ImportError:  # pragma: no cover - older transformers: no checkpointed layers to manage
     GradientCheckpointingLayer = None  # type: ignore[assignment,misc]
-
-__all__ = ["MIN_PREFIX", "common_prefix_len", "shared_prefix_logps", "supported", "worth_sharing"]
 
 
 class _ReadOnlyPrefix(DynamicCache):
