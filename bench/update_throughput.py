@@ -161,13 +161,10 @@ def main(argv: list[str] | None = None) -> None:
     unknown = sorted(set(layouts) - set(LAYOUTS))
     if unknown:
         ap.error(f"unknown layout {unknown[0]!r}; layouts: {', '.join(LAYOUTS)}")
-    roofline = bench_results.load_result(args.roofline)
-    from seed_agents.precision import cpu_flags
-
-    here = sorted(cpu_flags() & {"amx_bf16", "amx_tile", "avx512_bf16", "avx512f", "avx2"})
-    if roofline.results["cpu_flags"] != here:  # a ceiling from other hardware would misstate every fraction
-        ap.error(f"{args.roofline} was measured on a CPU with {roofline.results['cpu_flags']}, this one has {here}: "
-                 f"run bench/roofline.py here first")
+    try:
+        roofline = bench_results.load_roofline(args.roofline)
+    except bench_results.RooflineMismatch as e:
+        ap.error(str(e))
     ceiling = roofline.results["matmul_gflops"]["fp32"]["mlp_prefill_2048"]["best"] * 1e9
     started = bench_results.now()
 

@@ -74,6 +74,18 @@ def one(results: dict[str, Result], name: str) -> Result:
     return results[name]
 
 
+def roofline_for(results: dict[str, Result], r: Result) -> Result:
+    """The roofline a run's fractions are read against: docs/results/roofline.json, refused
+    when the run recorded a CPU with other ceiling features (results written before the
+    runs recorded their flags are read as they are)."""
+    roof = one(results, "roofline")
+    flags = r.machine.get("cpu_flags")
+    if flags is not None and flags != roof.results["cpu_flags"]:
+        raise TablesError(f"{r.name} ran on a CPU with {flags}, roofline.json was measured on one with "
+                          f"{roof.results['cpu_flags']}: re-run one of them on the other's machine")
+    return roof
+
+
 # -- one renderer per table ---------------------------------------------------------------
 
 def capture_overhead(results: dict[str, Result]) -> list[str]:
@@ -369,7 +381,7 @@ def rollout_throughput(results: dict[str, Result]) -> list[str]:
             f"interleaved repeats" + (f"; {x['note']}" if x.get("note") else ""))
     # both ceilings from docs/results/roofline.json (the fp32 ones, as a common yardstick), not the
     # file the run happened to read: a roofline re-measured on the run's machine corrects both
-    fp32 = one(results, "roofline").results["ceilings"]["fp32"]
+    fp32 = roofline_for(results, r).results["ceilings"]["fp32"]
     prefill, decode = fp32["prefill_tokens_per_s"], fp32["decode_tokens_per_s"]["8"]
     rows = []
     for key, s in x["summary"].items():
@@ -413,7 +425,7 @@ def update_throughput(results: dict[str, Result]) -> list[str]:
     order = [k for k in c["layouts"].split(",") if k in x["layouts"]]  # the run's order; the file sorts keys
     first = order[0]
     # read against docs/results/roofline.json (the machine's own fp32 ceiling), whatever file the run read
-    ceiling = one(results, "roofline").results["matmul_gflops"]["fp32"]["mlp_prefill_2048"]["best"]
+    ceiling = roofline_for(results, r).results["matmul_gflops"]["fp32"]["mlp_prefill_2048"]["best"]
 
     def rate(v: dict[str, Any], key: str) -> float:  # achieved GFLOP/s, from the fraction of the ceiling the run used
         return v[key] * x["ceiling_gflops"]

@@ -191,3 +191,30 @@ def test_the_writer_is_stable_portable_and_works_outside_a_checkout(tmp_path):
     assert "versions" in b["machine"] and "torch" in b["machine"]["versions"]
     strip = lambda t: {k: v for k, v in json.loads(t).items() if k != "machine"}  # noqa: E731 (load moves)
     assert strip(a.read_text()) == strip(first)
+
+
+def test_fractions_of_a_ceiling_measured_on_another_cpu_are_refused():
+    import dataclasses
+
+    results = {p.stem: load_result(p) for p in (ROOT / "docs" / "results").glob("*.json")}
+    readme = "<!-- results:update_throughput -->\n<!-- /results:update_throughput -->\n"
+    roof_flags = results["roofline"].results["cpu_flags"]
+    other = ["avx2"] if roof_flags != ["avx2"] else ["avx2", "avx512f"]
+    same = dataclasses.replace(results["update_throughput"], machine={"cpu_flags": roof_flags})
+    assert "GFLOP/s" in tables.render(readme, {**results, "update_throughput": same})
+    moved = dataclasses.replace(results["update_throughput"], machine={"cpu_flags": other})
+    with pytest.raises(tables.TablesError, match="re-run one of them on the other's machine"):
+        tables.render(readme, {**results, "update_throughput": moved})
+
+
+def test_a_benchmark_refuses_a_roofline_from_another_cpu_or_none(tmp_path):
+    from bench import results
+
+    with pytest.raises(results.RooflineMismatch, match="run bench/roofline.py on this machine first"):
+        results.load_roofline(tmp_path / "roofline.json")
+    write_result("roofline", {}, {"cpu_flags": ["amx_tile", "not-this-cpu"]}, results_dir=tmp_path)
+    with pytest.raises(results.RooflineMismatch, match="run bench/roofline.py here first"):
+        results.load_roofline(tmp_path / "roofline.json")
+    write_result("roofline", {}, {"cpu_flags": results.ceiling_flags()}, results_dir=tmp_path)
+    assert results.load_roofline(tmp_path / "roofline.json").results["cpu_flags"] == results.ceiling_flags()
+    assert json.loads((tmp_path / "roofline.json").read_text())["machine"]["cpu_flags"] == results.ceiling_flags()
