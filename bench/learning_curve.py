@@ -17,7 +17,12 @@ gain. Per update it keeps training success, the fraction of GRPO groups with zer
 variance (no outcome gradient), the skill parse rate and the KL to the start.
 
 Runs live under ``--work``; a killed benchmark resumes without redoing finished runs
-(``seed-agents train --resume`` continues a run from its last checkpoint). It prints last:
+(``seed-agents train --resume`` continues a run from its last checkpoint). Each finished
+run's held-out scores (per task, per level, per evaluation) and per-update metrics are also
+kept in the result file, keyed by a digest of its settings and tasks: a later invocation
+(another machine, a fresh checkout without ``runs/``) reads a run from there instead of
+training it again, so SEED's seeds can be added beside GRPO's in another session and still
+be paired with them. It prints last:
 each method's held-out answer success from start to end with a 95% bootstrap CI over seeds
 and held-out tasks, GRPO's gain against the goal (>= +10 points, CI excluding 0), SEED minus
 GRPO paired by seed with its CI and the seeds a paired test needs. Writes
@@ -158,6 +163,46 @@ def per_update(out: Path) -> list[dict[str, Any]]:
     return [{"update": int(m["iteration"]) + 1, **{k: m[k] for k in keep if k in m}} for m in read_jsonl(out / "metrics.jsonl")]
 
 
+def run_digest(config: dict[str, Any], tasks: Path, heldout: Path) -> str:
+    """A run's identity across machines: its settings without the paths (which name this
+    checkout's folders), and the contents of its task files instead."""
+    portable = json.loads(json.dumps(config))
+    portable.pop("out", None)
+    portable["graph"].pop("tasks", None)
+    portable["eval"].pop("tasks", None)
+    portable["task_files"] = [hashlib.sha256(f.read_bytes()).hexdigest()[:16] for f in (tasks, heldout)]
+    return hashlib.sha256(json.dumps(portable, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def pack_run(run: dict[str, Any], digest: str, wall_s: float) -> dict[str, Any]:
+    """A finished run as the result file keeps it: per evaluation, one 0/1 string per level
+    over the held-out tasks in sorted order (``tasks``), and the per-update metrics."""
+    ids = sorted({t for per_task in run["scores"].values() for t in per_task})
+    return {"digest": digest, "wall_s": wall_s, "tasks": ids, "metrics": run["metrics"],
+            "scores": {str(u): {lv: "".join("-" if t not in per_task else str(int(per_task[t][lv]))
+                                            for t in ids) for lv in (*LEVELS, "fault")}
+                       for u, per_task in sorted(run["scores"].items())}}
+
+
+def unpack_run(packed: dict[str, Any]) -> dict[str, Any]:
+    """``pack_run``'s inverse: the form ``analyse`` reads."""
+    ids = packed["tasks"]
+    scores = {int(u): {t: {lv: bits[lv][i] == "1" for lv in (*LEVELS, "fault")}
+                       for i, t in enumerate(ids) if bits["right_answer"][i] != "-"}
+              for u, bits in packed["scores"].items()}
+    return {"scores": scores, "metrics": packed["metrics"]}
+
+
+def stored_runs(path: Path) -> dict[str, dict[str, Any]]:
+    """The finished runs an earlier invocation kept in ``path`` (name -> packed run)."""
+    if not path.exists():
+        return {}
+    try:
+        return dict(json.loads(path.read_text(encoding="utf-8"))["results"].get("runs", {}))
+    except (ValueError, KeyError, TypeError) as e:
+        raise SystemExit(f"error: {path} is not a learning_curve result ({e}); move it away") from None
+
+
 # -- analysis (pure) --------------------------------------------------------------------
 
 def hierarchical_ci(per_seed: dict[int, dict[str, float]], *, confidence: float = 0.95, resamples: int = 10_000,
@@ -292,14 +337,24 @@ def main(argv: list[str] | None = None) -> None:
     log = args.work / "train.log"
     runs: dict[str, dict[int, dict[str, Any]]] = {}
     walls: dict[str, float] = {}
+    kept = stored_runs(Path(args.results_dir) / "learning_curve.json")
+    packed: dict[str, dict[str, Any]] = {}
     for s in seeds:  # seeds outermost: a benchmark stopped early still has paired runs
         for method in methods:
             name = f"{method}-s{s}"
             out = args.work / name
             config = train_config(args, method, s, tasks, heldout, n_train, n_heldout, out)
+            digest = run_digest(config, tasks, heldout)
+            if not (out / "benchmark-done.json").exists() and kept.get(name, {}).get("digest") == digest:
+                packed[name] = kept[name]
+                walls[name] = float(kept[name]["wall_s"])
+                runs.setdefault(method, {})[s] = unpack_run(kept[name])
+                print(f"{name}: finished in an earlier invocation ({walls[name]:.0f} s), read from the result file", flush=True)
+                continue
             print(f"{name}: training ({args.updates} updates of {args.tasks_per_update} tasks x {args.group})", flush=True)
             walls[name] = run_one(config, out, log)
             runs.setdefault(method, {})[s] = {"scores": heldout_scores(out, heldout), "metrics": per_update(out)}
+            packed[name] = pack_run(runs[method][s], digest, walls[name])
             print(f"{name}: done in {walls[name]:.0f} s", flush=True)
 
     analysis = analyse(runs)
@@ -338,8 +393,7 @@ def main(argv: list[str] | None = None) -> None:
     config = {**config_of(args), "work": args.work.name, "max_turns": AGENT_MAX_TURNS, "model": Path(str(args.model)).name,
               "seeds": seeds, "methods": methods, "train_tasks": n_train, "heldout": n_heldout}
     write_result("learning_curve", config,
-                 {**analysis, "wall_s": walls, "note": args.note,
-                  "per_run": {m: {str(s): r["metrics"] for s, r in by_seed.items()} for m, by_seed in runs.items()}},
+                 {**analysis, "wall_s": walls, "note": args.note, "runs": packed},
                  paper=PAPER, labels=LABELS, started_at=started, results_dir=args.results_dir)
 
 

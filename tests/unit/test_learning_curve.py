@@ -65,3 +65,75 @@ def test_grpo_and_seed_differ_only_in_the_skills_and_the_distillation(tmp_path):
     same = {k for k in grpo if grpo[k] == seed[k]}
     assert same == set(grpo) - {"skills", "trainer", "out"}
     assert grpo["eval"]["num_tasks"] == 80 and grpo["eval"]["temperature"] == 0.0 and grpo["seed"] == 1
+
+
+def test_a_run_packs_into_the_result_file_and_unpacks_unchanged():
+    from bench.learning_curve import pack_run, unpack_run
+
+    run = _run([True, False, False], [True, True, False])
+    run["scores"][10]["h1"]["fault"] = True
+    del run["scores"][0]["h2"]  # a task an evaluation did not reach stays absent
+    packed = json.loads(json.dumps(pack_run(run, "abc", 12.0)))  # what the file holds
+    assert packed["scores"]["0"]["right_answer"] == "10-" and packed["scores"]["10"]["fault"] == "010"
+    assert unpack_run(packed) == run
+
+
+def test_a_run_kept_in_the_result_file_is_read_not_trained_again(tmp_path, monkeypatch):
+    import bench.learning_curve as lc
+
+    argv = ["--methods", "grpo", "--seeds", "0", "--updates", "2", "--train-tasks", "4", "--heldout", "3",
+            "--work", str(tmp_path / "work"), "--results-dir", str(tmp_path / "results")]
+    trained = []
+
+    def fake_run_one(config, out, log):  # what training leaves: eval trajectories and metrics
+        trained.append(out.name)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "metrics.jsonl").write_text("".join(json.dumps({"iteration": i, "success_rate": 0.25,
+                                                                "zero_variance_groups": 0.5}) + "\n" for i in range(2)))
+        return 7.0
+
+    scores = {0: {f"atlas-heldout-L0-00{i}": {"parsed": True, "right_calls": False, "right_answer": False, "fault": False}
+                  for i in range(3)}}
+    scores[2] = {t: {**v, "right_calls": True, "right_answer": True} for t, v in scores[0].items()}
+    monkeypatch.setattr(lc, "run_one", fake_run_one)
+    monkeypatch.setattr(lc, "heldout_scores", lambda out, heldout: scores)
+    lc.main(argv)
+    first = json.loads((tmp_path / "results" / "learning_curve.json").read_text())["results"]
+    assert trained == ["grpo-s0"] and first["methods"]["grpo"]["gain"] == 1.0
+
+    # a fresh checkout: no run folders, only the result file
+    import shutil
+
+    shutil.rmtree(tmp_path / "work")
+    monkeypatch.setattr(lc, "heldout_scores", lambda out, heldout: pytest.fail("read from the folder"))
+    lc.main(argv)
+    again = json.loads((tmp_path / "results" / "learning_curve.json").read_text())["results"]
+    assert trained == ["grpo-s0"] and again["methods"] == first["methods"] and again["runs"] == first["runs"]
+
+    # other settings are another run: trained, not read
+    monkeypatch.setattr(lc, "heldout_scores", lambda out, heldout: scores)
+    lc.main([*argv, "--lr", "3e-4"])
+    assert trained == ["grpo-s0", "grpo-s0"]
+
+
+def test_the_run_digest_ignores_where_the_files_live_but_not_what_they_hold(tmp_path):
+    import argparse
+
+    from bench.learning_curve import run_digest
+
+    args = argparse.Namespace(tasks_per_update=4, updates=30, group=8, first_turn="forced", model="smollm2-135m",
+                              max_tokens=64, temperature=0.7, skill_tokens=64, lr=1e-4, lora_r=8, kl_coef=0.001,
+                              eval_every=5)
+    for d in ("a", "b"):
+        (tmp_path / d).mkdir()
+        (tmp_path / d / "t.jsonl").write_text("t\n")
+        (tmp_path / d / "h.jsonl").write_text("h\n")
+
+    def digest(d, **change):
+        cfg = train_config(argparse.Namespace(**{**vars(args), **change}), "grpo", 0, tmp_path / d / "t.jsonl",
+                           tmp_path / d / "h.jsonl", 1, 1, tmp_path / d / "out")
+        return run_digest(cfg, tmp_path / d / "t.jsonl", tmp_path / d / "h.jsonl")
+
+    assert digest("a") == digest("b") != digest("a", lr=3e-4)
+    (tmp_path / "b" / "h.jsonl").write_text("other\n")
+    assert digest("a") != digest("b")
