@@ -6,9 +6,11 @@ Workloads (fixed tasks, group 8, sampled at T 0.7):
   first turn a forced call under the tools' grammar, 4 turns, 48 tokens a turn).
 
 Paths:
-- ``local``: ``LocalBackend`` in float32, a batch's common prompt prefix computed once (the default);
-- ``local-noshare``: the same with ``share_prefix=False``: every prompt run whole (the path
-  before the shared prefix), for the side-by-side comparison;
+- ``local``: ``LocalBackend`` in float32, a batch's common prompt prefix computed once and an
+  episode's next turn reading its last prompt's keys and values (the default);
+- ``local-noturn``: the same without the turn cache (``turn_cache_bytes=0``: the path before it);
+- ``local-noshare``: neither (``share_prefix=False``, no turn cache): every prompt run whole
+  (the path before the shared prefix), for the side-by-side comparison;
 - ``local-auto``: ``LocalBackend`` in the precision ``auto`` picks on this CPU
   (``seed_agents.precision``); skipped when that is float32 too (it would be the same path);
 - ``vllm``: the vLLM CPU server (``seed_agents.serve.VLLMServer``, float32), started here.
@@ -72,6 +74,9 @@ async def play(graph: Any, tasks: list[Any], make_env: Any, make_input: Any, arg
     return time.perf_counter() - t0, trajs
 
 
+LOCAL_PATHS = ("local", "local-noturn", "local-noshare", "local-auto")
+
+
 def open_path(path: str, args: argparse.Namespace, server: Any) -> tuple[Any, Any, str]:
     """(backend, tokenizer, what) for a rollout path."""
     from transformers import AutoTokenizer
@@ -81,11 +86,13 @@ def open_path(path: str, args: argparse.Namespace, server: Any) -> tuple[Any, An
     from seed_agents.precision import resolve_precision
 
     model = resolve_model(args.model)
-    if path in ("local", "local-noshare", "local-auto"):
+    if path in LOCAL_PATHS:
         dtype, why = resolve_precision("auto" if path == "local-auto" else "float32")
         backend = LocalBackend(model, max_batch_size=args.group * args.tasks, compute_dtype=dtype,
-                               share_prefix=path != "local-noshare")
-        return backend, backend.tokenizer, why + ("" if path != "local-noshare" else ", every prompt whole")
+                               share_prefix=path != "local-noshare",
+                               turn_cache_bytes=0 if path in ("local-noturn", "local-noshare") else 1 << 30)
+        return backend, backend.tokenizer, why + {"local-noshare": ", every prompt whole",
+                                                  "local-noturn": ", no turn cache"}.get(path, "")
     from seed_agents.backends.vllm import VLLMBackend
 
     return (VLLMBackend(server.url, server.served_model_name, max_concurrency=64),
@@ -95,8 +102,7 @@ def open_path(path: str, args: argparse.Namespace, server: Any) -> tuple[Any, An
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="smollm2-135m")
-    parser.add_argument("--paths", nargs="+", default=["local", "local-noshare", "local-auto", "vllm"],
-                        choices=["local", "local-noshare", "local-auto", "vllm"])
+    parser.add_argument("--paths", nargs="+", default=[*LOCAL_PATHS, "vllm"], choices=[*LOCAL_PATHS, "vllm"])
     parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
     parser.add_argument("--tasks", type=int, default=2, help="Distinct tasks per workload.")
     parser.add_argument("--group", type=int, default=8, help="Episodes per task.")

@@ -5,7 +5,10 @@ Concurrent ``agenerate`` calls are gathered into batches (left-padded, KV-cached
 The prompt tokens every request of a batch begins with (an agent's system prompt and tool
 schemas: most of each prompt) run once, as one row, and every row reads their keys and
 values (``seed_agents.backends.prefix``; vLLM's prefix cache does the same across requests);
-``share_prefix=False`` turns it off.
+``share_prefix=False`` turns it off. Across the turns of an episode, a call reads the keys
+and values of the episode's previous prompt for the tokens the two share
+(``seed_agents.backends.turn_cache``: per episode, so an episode's numbers never depend on
+its neighbours); ``turn_cache_bytes=0`` turns it off.
 
 Reproducible runs. A row's logits depend on its batch: on this CPU, the same prompt alone,
 in a batch of four, or in the same four in another order gives logits that differ by
@@ -58,6 +61,7 @@ from transformers.cache_utils import DynamicCache
 from seed_agents.backends.base import BackendError, CompletionPiece
 from seed_agents.backends.grammar import grammar_mask
 from seed_agents.backends.prefix import cache_kwarg, prefix_kv, worth_sharing
+from seed_agents.backends.turn_cache import KV, TurnCache, weights_fingerprint
 from seed_agents.capture import Cohort, Ticket, current_scope
 from seed_agents.precision import compute_in
 from seed_agents.types import Completion, SamplingParams
@@ -173,6 +177,7 @@ class _Request:
     t0: float = field(default_factory=time.perf_counter)
     cohort: Cohort | None = None
     ticket: Ticket | None = None
+    owner: Any = None  # the capture scope (episode) that asked: whose turn cache it reads
 
     def order(self) -> tuple[str, int, list[int]]:
         """Where the request goes in its wave: by params, then seed (its episode and call)."""
@@ -193,6 +198,7 @@ class LocalBackend:
         batch_wait_s: float = 0.005,
         policy_version: int = 0,
         share_prefix: bool = True,
+        turn_cache_bytes: int = 1 << 30,
     ) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -216,24 +222,38 @@ class LocalBackend:
         self.compute_dtype = compute_dtype
         self.batch_wait_s = batch_wait_s
         self.share_prefix = share_prefix  # compute a batch's common prompt prefix once (seed_agents.backends.prefix)
-        self.policy_version = policy_version
+        # an episode's next turn reads its last prompt's keys and values (seed_agents.backends.turn_cache)
+        self.turn_cache = TurnCache(turn_cache_bytes)
+        self._policy_version = policy_version
         pad = self.tokenizer.pad_token_id
         self.pad_id = int(pad if pad is not None else self.tokenizer.eos_token_id)
         self._lock = threading.Lock()  # one forward at a time; the trainer may share the model
         self._queues: dict[int, list[_Request]] = {}
         self._workers: set[int] = set()
 
+    @property
+    def policy_version(self) -> int:
+        return self._policy_version
+
+    @policy_version.setter
+    def policy_version(self, version: int) -> None:
+        """A weight sync: the turn cache is stale (and its memory is freed now, not at the
+        next request)."""
+        self._policy_version = version
+        self.turn_cache.check(-1)
+
     # -- public API ------------------------------------------------------------------
     def generate(self, prompt_ids: list[int], params: SamplingParams) -> Completion:
         t0 = time.perf_counter()
-        comp = self._generate_batch([prompt_ids], params)[0]
+        comp = self._generate_batch([prompt_ids], params, owners=[current_scope()])[0]
         comp.latency_s = time.perf_counter() - t0
         return comp
 
     async def agenerate(self, prompt_ids: list[int], params: SamplingParams) -> Completion:
         loop = asyncio.get_running_loop()
         scope = current_scope()
-        req = _Request(list(prompt_ids), params, loop.create_future(), cohort=scope.cohort if scope else None)
+        req = _Request(list(prompt_ids), params, loop.create_future(), cohort=scope.cohort if scope else None,
+                       owner=scope)
         key = id(loop)
         self._queues.setdefault(key, []).append(req)
         if req.cohort is not None:
@@ -252,11 +272,11 @@ class LocalBackend:
         Closing the iterator stops the generation at the next token and waits for it."""
         pieces: queue.Queue[CompletionPiece | BaseException] = queue.Queue()
         stop = threading.Event()
-        version = self.policy_version
+        version, owner = self.policy_version, current_scope()
 
         def run() -> None:
             try:
-                pieces.put(self._stream_one(list(prompt_ids), params, stop.is_set, pieces.put, version))
+                pieces.put(self._stream_one(list(prompt_ids), params, stop.is_set, pieces.put, version, owner))
             except BaseException as e:  # noqa: BLE001 - handed to the consumer
                 pieces.put(e)
 
@@ -280,7 +300,7 @@ class LocalBackend:
         loop = asyncio.get_running_loop()
         pieces: asyncio.Queue[CompletionPiece | BaseException] = asyncio.Queue()
         stop = threading.Event()
-        version = self.policy_version
+        version, owner = self.policy_version, current_scope()
 
         def put(item: CompletionPiece | BaseException) -> None:
             with contextlib.suppress(RuntimeError):  # the loop closed: nobody is listening
@@ -288,7 +308,7 @@ class LocalBackend:
 
         def run() -> None:
             try:
-                put(self._stream_one(list(prompt_ids), params, stop.is_set, put, version))
+                put(self._stream_one(list(prompt_ids), params, stop.is_set, put, version, owner))
             except BaseException as e:  # noqa: BLE001 - handed to the consumer
                 put(e)
 
@@ -308,7 +328,7 @@ class LocalBackend:
                 await asyncio.shield(worker)
 
     def _stream_one(self, prompt_ids: list[int], params: SamplingParams, should_stop: Callable[[], bool],
-                    put: Callable[[CompletionPiece], None], version: int) -> CompletionPiece:
+                    put: Callable[[CompletionPiece], None], version: int, owner: Any = None) -> CompletionPiece:
         """Generate one stream, ``put`` a piece per token; return the last piece."""
         streamed: list[int] = []
 
@@ -316,7 +336,7 @@ class LocalBackend:
             streamed.append(token_id)
             put(CompletionPiece([token_id], [logprob], None, version))
 
-        comp = self._generate_batch([prompt_ids], params, should_stop, on_token)[0]
+        comp = self._generate_batch([prompt_ids], params, should_stop, on_token, owners=[owner])[0]
         if comp.token_ids[: len(streamed)] != streamed:
             raise BackendError(f"streamed ids {streamed} disagree with the generated {comp.token_ids}")
         # Normally nothing is left: every id was streamed as it was sampled.
@@ -350,7 +370,7 @@ class LocalBackend:
                 try:
                     comps = await asyncio.to_thread(self._generate_batch, [r.prompt_ids for r in batch],
                                                     batch[0].params, abandoned, None,
-                                                    [r.params.seed for r in batch])
+                                                    [r.params.seed for r in batch], [r.owner for r in batch])
                 except BaseException as e:
                     for r in batch:
                         if not r.future.done():
@@ -396,18 +416,21 @@ class LocalBackend:
 
     def _generate_batch(self, prompts: list[list[int]], params: SamplingParams,
                         should_stop: Callable[[], bool] = lambda: False,
-                        on_token: OnToken | None = None, seeds: list[int | None] | None = None) -> list[Completion]:
+                        on_token: OnToken | None = None, seeds: list[int | None] | None = None,
+                        owners: list[Any] | None = None) -> list[Completion]:
         """Every torch op of a batch runs inside ``_IN_FLIGHT``, so exit waits for all of it.
-        ``seeds``: each row's sampling seed (default: ``params.seed`` for every row)."""
+        ``seeds``: each row's sampling seed (default: ``params.seed`` for every row);
+        ``owners``: each row's episode (its capture scope), whose turn cache it reads."""
         if _IN_FLIGHT.shutting_down.is_set():
             raise RuntimeError("the process is exiting: no new generation")
         with _IN_FLIGHT:
             return self._generate_tracked(prompts, params, should_stop, on_token,
-                                          seeds if seeds is not None else [params.seed] * len(prompts))
+                                          seeds if seeds is not None else [params.seed] * len(prompts),
+                                          owners if owners is not None else [None] * len(prompts))
 
     def _generate_tracked(self, prompts: list[list[int]], params: SamplingParams,
                           should_stop: Callable[[], bool], on_token: OnToken | None,
-                          seeds: list[int | None]) -> list[Completion]:
+                          seeds: list[int | None], owners: list[Any]) -> list[Completion]:
         from transformers import (
             GenerationConfig,
             LogitsProcessorList,
@@ -420,18 +443,7 @@ class LocalBackend:
         stop = set(params.stop_token_ids)
         if self.tokenizer.eos_token_id is not None:
             stop.add(int(self.tokenizer.eos_token_id))
-        # A prefix every prompt shares (system prompt, tool schemas) is computed once and its
-        # keys and values read by every row: the rows are laid out [prefix | pad | own tokens],
-        # with explicit positions so a row's own tokens sit right after the prefix.
-        shared = worth_sharing(prompts) if self.share_prefix else 0
-        width = shared + max(len(p) - shared for p in prompts)
-        input_ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
-        attention = torch.zeros((len(prompts), width), dtype=torch.long)
-        for i, p in enumerate(prompts):
-            input_ids[i, width - len(p) + shared:] = torch.tensor(p[shared:])
-            attention[i, width - len(p) + shared:] = 1
-        input_ids[:, :shared] = torch.tensor(prompts[0][:shared])
-        attention[:, :shared] = 1
+        input_ids, attention, extra = self._layout(prompts, owners)
         # A fresh GenerationConfig: the checkpoint's defaults (top_k=50, repetition
         # penalty, ...) would silently change the distribution we claim to sample from.
         # Greedy decoding throughout: sampling is the processors' (``_RowSampler``).
@@ -444,13 +456,6 @@ class LocalBackend:
         if mask is not None and on_token is not None:
             on_token = mask.streamed(on_token)
         processors = LogitsProcessorList([mask] if mask is not None else [])
-        extra: dict[str, Any] = {}
-        with (self._lock, torch.no_grad(), compute_in(self.compute_dtype)):
-            if shared:
-                cache = DynamicCache(ddp_cache_data=[(k.expand(len(prompts), -1, -1, -1), v.expand(len(prompts), -1, -1, -1))
-                                                     for k, v in prefix_kv(self.model, input_ids[:1, :shared])])
-                positions = (attention.cumsum(1) - 1).clamp(min=0)
-                extra = {cache_kwarg(self.model): cache, "position_ids": positions}
         with (self._lock, torch.no_grad(), compute_in(self.compute_dtype),
               _token_streamer(self.model, on_token, len(prompts)) as streamer):
             if params.temperature > 0:  # the warpers (and order) transformers' own sampling applies
@@ -461,6 +466,8 @@ class LocalBackend:
             out = self.model.generate(input_ids=input_ids, attention_mask=attention, generation_config=cfg,
                                       stopping_criteria=_stopping_criteria(should_stop), streamer=streamer,
                                       logits_processor=processors, **extra)
+        width = input_ids.shape[1]
+        self._keep_turns(out.past_key_values, attention, prompts, owners)
         new = out.sequences[:, width:]
         logps = torch.stack(out.logits, dim=1).float().log_softmax(-1)  # [B, T, V]
         tok_logps = logps.gather(-1, new.unsqueeze(-1)).squeeze(-1)
@@ -479,3 +486,65 @@ class LocalBackend:
                 finish_reason=finish, policy_version=self.policy_version,
             ))
         return comps
+
+    def _layout(self, prompts: list[list[int]], owners: list[Any]) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
+        """(input ids, attention mask, generate's extra kwargs) of a batch whose rows start
+        from keys and values already computed: the row's episode's last prompt (the turn
+        cache) or, where longer, the prefix every prompt of the batch shares (computed once).
+
+        Rows are laid out [pad | cached tokens | pad | own tokens]: the cached columns are
+        the cache's, right-aligned so that every row's own tokens start at the same column,
+        and explicit positions (the count of real tokens before) keep each token where it
+        sits in its own prompt. A batch whose rows all read the shared prefix reads it
+        without copying it per row."""
+        n_rows = len(prompts)
+        shared = worth_sharing(prompts) if self.share_prefix else 0
+        with (self._lock, torch.no_grad(), compute_in(self.compute_dtype)):
+            self.turn_cache.check(weights_fingerprint(self.model, self._policy_version, self.compute_dtype))
+            reused = [self.turn_cache.lookup(o, p) for o, p in zip(owners, prompts)]
+            shared_kv: KV | None = None
+            if shared and any(n < shared for n, _ in reused):
+                shared_kv = prefix_kv(self.model, torch.tensor([prompts[0][:shared]]))
+            sources = [(shared, shared_kv) if n < shared else (n, kv) for n, kv in reused]
+        cached = [n for n, _ in sources]
+        cache_width = max(cached)
+        width = cache_width + max(len(p) - n for p, n in zip(prompts, cached))
+        input_ids = torch.full((n_rows, width), self.pad_id, dtype=torch.long)
+        attention = torch.zeros((n_rows, width), dtype=torch.long)
+        for i, (p, n) in enumerate(zip(prompts, cached)):
+            input_ids[i, cache_width - n:cache_width] = torch.tensor(p[:n], dtype=torch.long)
+            input_ids[i, width - (len(p) - n):] = torch.tensor(p[n:], dtype=torch.long)
+            attention[i, cache_width - n:cache_width] = 1
+            attention[i, width - (len(p) - n):] = 1
+        if not cache_width:
+            return input_ids, attention, {}
+        if all(kv is shared_kv for _, kv in sources):
+            layers = [(k.expand(n_rows, -1, -1, -1), v.expand(n_rows, -1, -1, -1)) for k, v in shared_kv or []]
+        else:
+            layers = []
+            for layer, (k0, v0) in enumerate(next(kv for _, kv in sources if kv is not None)):
+                k = k0.new_zeros((n_rows, k0.shape[1], cache_width, k0.shape[3]))
+                v = v0.new_zeros((n_rows, v0.shape[1], cache_width, v0.shape[3]))
+                for i, (n, kv) in enumerate(sources):
+                    if n and kv is not None:
+                        k[i, :, cache_width - n:] = kv[layer][0][0]
+                        v[i, :, cache_width - n:] = kv[layer][1][0]
+                layers.append((k, v))
+        positions = (attention.cumsum(1) - 1).clamp(min=0)
+        return input_ids, attention, {cache_kwarg(self.model): DynamicCache(ddp_cache_data=layers), "position_ids": positions}
+
+    def _keep_turns(self, past: Any, attention: torch.Tensor, prompts: list[list[int]], owners: list[Any]) -> None:
+        """Each row's prompt keys and values, copied out of the batch's cache, as its
+        episode's turn-cache entry (the columns its mask marks real, in order)."""
+        if self.turn_cache.max_bytes == 0 or all(o is None for o in owners) or not isinstance(past, DynamicCache):
+            return
+        width = attention.shape[1]
+        with self._lock:
+            for i, (owner, prompt) in enumerate(zip(owners, prompts)):
+                if owner is None:
+                    continue
+                real = attention[i].bool()
+                kv = [(layer.keys[i:i + 1, :, :width][:, :, real].clone(), layer.values[i:i + 1, :, :width][:, :, real].clone())
+                      for layer in past.layers]
+                if kv and kv[0][0].shape[2] == len(prompt):
+                    self.turn_cache.store(owner, prompt, kv)
