@@ -544,7 +544,8 @@ class LocalBackend:
                 if owner is None:
                     continue
                 real = attention[i].bool()
-                kv = [(layer.keys[i:i + 1, :, :width][:, :, real].clone(), layer.values[i:i + 1, :, :width][:, :, real].clone())
+                # boolean indexing copies: the entry owns its memory, the batch's cache can go
+                kv = [(layer.keys[i:i + 1, :, :width][:, :, real], layer.values[i:i + 1, :, :width][:, :, real])
                       for layer in past.layers]
                 if kv and kv[0][0].shape[2] == len(prompt):
                     self.turn_cache.store(owner, prompt, kv)
