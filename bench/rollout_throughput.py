@@ -110,6 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--note", default="", help="What else ran on the machine.")
+    parser.add_argument("--roofline", default=None, help="The ceilings' file (default: docs/results/roofline.json).")
     bench_results.add_results_args(parser)
     args = parser.parse_args(argv)
     started = bench_results.now()
@@ -125,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     if skipped:
         print(f"skipped {skipped}: {resolve_precision('auto')[1]} (the same path as local)", flush=True)
     try:  # a ceiling from another CPU would misstate every fraction
-        ceiling = bench_results.load_roofline().results["ceilings"]["fp32"]["decode_tokens_per_s"]["8"]
+        ceiling = bench_results.load_roofline(args.roofline).results["ceilings"]["fp32"]["decode_tokens_per_s"]["8"]
     except bench_results.RooflineMismatch as e:
         parser.error(str(e))
     server = None
