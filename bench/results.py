@@ -194,7 +194,7 @@ def load_result(path: Path | str) -> Result:
 
 def ceiling_flags() -> list[str]:
     """This CPU's features among ``CEILING_FLAGS``, sorted (what a roofline records)."""
-    from seed_agents.precision import cpu_flags
+    from seed_agents.cpu import cpu_flags
 
     return sorted(cpu_flags() & set(CEILING_FLAGS))
 

@@ -39,7 +39,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: bench/ is on the path, its package is not
 from bench import results as bench_results  # noqa: E402
-from seed_agents.precision import cpu_flags  # noqa: E402
+from seed_agents.cpu import cpu_flags  # noqa: E402
 
 SMOLLM2 = {"params": 134_515_008, "hidden": 576, "intermediate": 1536, "layers": 30}
 """SmolLM2-135M-Instruct (LlamaForCausalLM, tied embeddings: the 49152 x 576 matrix counted once)."""

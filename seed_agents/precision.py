@@ -18,24 +18,14 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Literal
 
 import torch
 
+from seed_agents.cpu import cpu_flags
+
 Precision = Literal["auto", "float32", "bfloat16"]
 _BF16_FLAGS = ("amx_bf16", "avx512_bf16")
-
-
-def cpu_flags() -> set[str]:
-    """The CPU's feature flags (Linux ``/proc/cpuinfo``; empty elsewhere)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
 
 
 def resolve_precision(wanted: Precision, *, device: str = "cpu") -> tuple[torch.dtype, str]:

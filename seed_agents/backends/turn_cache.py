@@ -68,7 +68,7 @@ class TurnCache:
         self._entries: weakref.WeakKeyDictionary[Any, _Entry] = weakref.WeakKeyDictionary()
         self._fingerprint: int | None = None
         self._clock = 0
-        self.hits = self.reused_tokens = self.lookups = 0
+        self.hits = self.reused_tokens = 0
 
     @property
     def nbytes(self) -> int:
@@ -89,7 +89,6 @@ class TurnCache:
         of the prompt is left to compute (the next token is predicted from its position)."""
         if owner is None or self.max_bytes == 0:
             return 0, None
-        self.lookups += 1
         entry = self._entries.get(owner)
         if entry is None:
             return 0, None
