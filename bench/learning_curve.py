@@ -26,7 +26,13 @@ be paired with them. It prints last:
 each method's held-out answer success from start to end with a 95% bootstrap CI over seeds
 and held-out tasks, GRPO's gain against the goal (>= +10 points, CI excluding 0), SEED minus
 GRPO paired by seed with its CI and the seeds a paired test needs. Writes
-``docs/results/learning_curve.json`` and ``docs/results/learning_curve.png``.
+``docs/results/learning_curve.json`` and ``docs/results/learning_curve.png`` (``--result-name``
+for another name, so a variant does not replace the main curve).
+
+``--first-turn auto`` leaves the agent free to call a tool or answer; ``--guide-share``
+then steers that share of each group's training episodes into a call at their first free
+choice (guided openings, docs/training.md) while held-out episodes stay free: whether the
+steering transfers to an agent left to choose is what the held-out curve then shows.
 
     .venv/bin/python bench/learning_curve.py --note "nothing else ran"
     .venv/bin/python bench/learning_curve.py --seeds 0 --methods grpo --updates 2 --tasks-per-update 1 \\
@@ -95,7 +101,9 @@ def train_config(args: argparse.Namespace, method: str, seed: int, tasks: Path, 
         "runner": {"group_size": args.group, "concurrency": args.tasks_per_update * args.group, "progress": False},
         "skills": {"source": "self" if method == "seed" else "none", "max_tokens": args.skill_tokens},
         "trainer": {"learning_rate": args.lr, "lora_r": args.lora_r, "lora_alpha": 2 * args.lora_r,
-                    "opd_coef": COEF.lam if method == "seed" else 0.0, "kl_coef": args.kl_coef},
+                    "opd_coef": COEF.lam if method == "seed" else 0.0, "kl_coef": args.kl_coef,
+                    # only when on: runs without it keep the digests (and stored runs) they had
+                    **({"guide_share": args.guide_share} if args.guide_share else {})},
         "stage1": {"run": "off"},
         "eval": {"tasks": str(heldout), "num_tasks": n_heldout, "every": args.eval_every, "at_start": True,
                  "temperature": 0.0},
@@ -159,7 +167,8 @@ def heldout_scores(out: Path, heldout: Path) -> dict[int, dict[str, dict[str, bo
 def per_update(out: Path) -> list[dict[str, Any]]:
     """One row per update from metrics.jsonl: what the curve's diagnostics need."""
     keep = ("success_rate", "zero_variance_groups", "skill_parse_rate", "kl", "loss/opd", "opd/gate", "rows",
-            "time/rollout_s", "time/score_s", "step_time", "faults")
+            "time/rollout_s", "time/score_s", "step_time", "faults", "guided_episodes", "guided_success_rate",
+            "free_success_rate")
     return [{"update": int(m["iteration"]) + 1, **{k: m[k] for k in keep if k in m}} for m in read_jsonl(out / "metrics.jsonl")]
 
 
@@ -321,9 +330,20 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--lr", type=float, default=1e-4)
     p.add_argument("--kl-coef", type=float, default=0.001, help="KL to the start (the LoRA's base); also logged.")
     p.add_argument("--work", type=Path, default=ROOT / "runs" / "learning_curve", help="Run folders (resumable).")
+    p.add_argument("--guide-share", type=float, default=0.0,
+                   help="With --first-turn auto: share of each group's training episodes steered into a tool call "
+                        "at their first free choice (guided openings; held-out episodes stay free).")
+    p.add_argument("--result-name", default="learning_curve",
+                   help="Result file stem under --results-dir (a variant keeps the main curve).")
     p.add_argument("--note", default="", help="What else ran on the machine (it shapes the wall time).")
     add_results_args(p)
     args = p.parse_args(argv)
+    if not 0.0 <= args.guide_share <= 1.0:
+        p.error("--guide-share: a share in [0, 1]")
+    if args.guide_share and args.first_turn != "auto":
+        p.error("--guide-share steers free first turns: it needs --first-turn auto")
+    if not args.result_name.replace("_", "").replace("-", "").isalnum():
+        p.error("--result-name: letters, digits, '-' and '_' only")
     methods = [m for m in args.methods.split(",") if m]
     if not methods or set(methods) - set(METHODS):
         p.error(f"--methods: choose from {', '.join(METHODS)}")
@@ -337,7 +357,7 @@ def main(argv: list[str] | None = None) -> None:
     log = args.work / "train.log"
     runs: dict[str, dict[int, dict[str, Any]]] = {}
     walls: dict[str, float] = {}
-    kept = stored_runs(Path(args.results_dir) / "learning_curve.json")
+    kept = stored_runs(Path(args.results_dir) / f"{args.result_name}.json")
     packed: dict[str, dict[str, Any]] = {}
     for s in seeds:  # seeds outermost: a benchmark stopped early still has paired runs
         for method in methods:
@@ -368,7 +388,9 @@ def main(argv: list[str] | None = None) -> None:
     results_dir.mkdir(parents=True, exist_ok=True)
     title = (f"{args.model}, atlas level {args.level} ({args.first_turn} first turn), {len(seeds)} seed(s), "
              f"{args.updates} updates x {args.tasks_per_update} tasks x G{args.group}, LoRA r{args.lora_r} lr {args.lr:g}")
-    plot(analysis, results_dir / "learning_curve.png", title)
+    if args.guide_share:
+        title += f", guide share {args.guide_share:g}"
+    plot(analysis, results_dir / f"{args.result_name}.png", title)
 
     print(f"\n{title}; {n_train} training / {n_heldout} held-out tasks")
     for method, m in analysis["methods"].items():
@@ -392,7 +414,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"wall: {sum(walls.values()) / 60:.1f} min of training runs this invocation (finished runs count their own)")
     config = {**config_of(args), "work": args.work.name, "max_turns": AGENT_MAX_TURNS, "model": Path(str(args.model)).name,
               "seeds": seeds, "methods": methods, "train_tasks": n_train, "heldout": n_heldout}
-    write_result("learning_curve", config,
+    write_result(args.result_name, config,
                  {**analysis, "wall_s": walls, "note": args.note, "runs": packed},
                  paper=PAPER, labels=LABELS, started_at=started, results_dir=args.results_dir)
 

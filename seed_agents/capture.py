@@ -12,6 +12,10 @@ runner): a ``seed`` from which every LLM call made in it derives its own per-req
 seed (``request_seed``: the scope's seed and the call's index in the scope, never the
 order in which concurrent episodes happen to call), and the ``Cohort`` of episodes it
 runs with, which a backend may use to batch in a schedule that does not depend on timing.
+
+A scope may carry a ``guide`` (set by the runner for a share of training episodes): the
+first policy call in it that leaves the model free to call a tool or not is steered into a
+call (see ``SeedChatModel`` and ``docs/training.md``, "Guided openings").
 """
 
 from __future__ import annotations
@@ -186,8 +190,10 @@ class CaptureScope:
         purpose: Purpose | None,
         seed: int | None = None,
         cohort: Cohort | None = None,
+        guide: bool = False,
     ) -> None:
         self.parent = parent
+        self.guide = guide  # cleared by the call that takes it
         self.labels = {**(parent.labels if parent else {}), **labels}
         self.sink = sink
         self.purpose: Purpose | None = purpose if purpose is not None else (parent.purpose if parent else None)
@@ -211,6 +217,18 @@ class CaptureScope:
             owner._requests += 1
         return derive_seed(owner.seed, n, *identity)
 
+    def take_guide(self) -> bool:
+        """True once per guided episode: for the first free tool choice made in this scope
+        or one it is nested in (the nearest scope that still holds a guide gives it up)."""
+        scope: CaptureScope | None = self
+        while scope is not None:
+            with scope._lock:
+                if scope.guide:
+                    scope.guide = False
+                    return True
+            scope = scope.parent
+        return False
+
     def record(self, call: LLMCall) -> None:
         call.scope = {**self.labels, **call.scope}
         scope: CaptureScope | None = self
@@ -229,16 +247,17 @@ _ACTIVE: ContextVar[CaptureScope | None] = ContextVar("seed_agents_capture", def
 
 @contextmanager
 def capture(sink: Sink | None = None, purpose: Purpose | None = None, *, seed: int | None = None,
-            cohort: Cohort | None = None, **labels: Any) -> Iterator[CaptureScope]:
+            cohort: Cohort | None = None, guide: bool = False, **labels: Any) -> Iterator[CaptureScope]:
     """Record every ``SeedChatModel`` call made inside the block.
 
     ``labels`` (e.g. ``task_id``, ``group_id``) are stamped onto each call's ``scope``;
     ``purpose`` overrides the chat model's own purpose for calls in the block (the
     hindsight node uses ``purpose="analyzer"``). ``seed``: calls in the block without a
     seed of their own sample with one derived from it (``CaptureScope.request_seed``);
-    ``cohort``: the episodes this one runs with (see ``Cohort``).
+    ``cohort``: the episodes this one runs with (see ``Cohort``); ``guide``: steer the
+    block's first free tool choice into a call (``CaptureScope.take_guide``).
     """
-    scope = CaptureScope(labels, _ACTIVE.get(), sink, purpose, seed, cohort)
+    scope = CaptureScope(labels, _ACTIVE.get(), sink, purpose, seed, cohort, guide)
     token = _ACTIVE.set(scope)
     try:
         yield scope

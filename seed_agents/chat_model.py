@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import time
 from collections.abc import (
     AsyncGenerator,
@@ -176,6 +177,8 @@ class _Turn:
     params: SamplingParams
     builder: ReplyBuilder
     stream: bool = False  # a token stream was asked for (else: stream only to honour stop strings)
+    prefill_len: int = 0  # a guided opening: the steering prefill's ids at the end of prompt_ids
+    guided: bool = False
     t0: float = field(default_factory=time.perf_counter)
 
 
@@ -198,6 +201,12 @@ class SeedChatModel(BaseChatModel):
     of ``completion_ids``: it was not sampled, so it is never trained on. A trailing
     ``AIMessage`` in the input is continued the same way (an assistant prefill), so a
     recorded call re-renders to the same ``prompt_ids``.
+
+    Guided openings: inside a ``capture(guide=True)`` scope (the runner's guided training
+    episodes), the first policy call left free to choose ("auto" with tools bound) is
+    forced as "any" would be. Its record says so (``LLMCall.guided``) and counts the
+    prefill ids that the free prompt did not have (``prefill_len``), so that rows can
+    train the prefill as the opening the model should learn to choose on its own.
 
     Constrained decoding: with tools bound (and ``constrain_tool_calls``, the default),
     the backend samples under ``backends.grammar.tool_call_tag``: the model still chooses
@@ -291,33 +300,49 @@ class SeedChatModel(BaseChatModel):
         choice = _normalize_tool_choice(kwargs.get("tool_choice"))
         if choice == "none":
             tools = None  # nothing offered, nothing parsed
+        scope = current_scope()
+        free_ids: list[int] | None = None
+        continues = bool(messages) and messages[-1].type == "ai" and bool(messages[-1].content)  # its own prefill
+        if (choice is None and tools and not continues and self._purpose(scope) == "policy" and scope is not None
+                and scope.take_guide()):
+            free_ids, _ = self.render(messages, tools)  # what the model was offered, to measure the prefill
+            choice = "any"
         prefix = forced_tool_prefix(choice, tools)
         if prefix:
             messages = [*messages, AIMessage(prefix)]
         prompt_ids, dicts = self.render(messages, tools)
+        prefill_len = 0
+        if free_ids is not None:
+            # the forced render extends the free one by the prefill (the template's assistant
+            # header is shared); where tokenization merged across the seam, the prefill starts
+            # at the first id that differs, so every id of it is accounted for
+            prefill_len = len(prompt_ids) - len(os.path.commonprefix([free_ids, prompt_ids]))  # lists too; no torch import
         stops = stop if stop is not None else (self.stop or [])
         builder = ReplyBuilder(self._decode, stop=stops, parse_tools=bool(tools), prefix=prefix)
         params = self._params(kwargs)
-        scope = current_scope()
         if params.seed is None and scope is not None:
             # A reproducible run: the call's seed comes from its episode, its index there and
             # the policy version, never from when it reached the backend (None: unseeded).
             params = params.model_copy(update={"seed": scope.request_seed(self.backend.policy_version)})
         if tools and self.constrain_tool_calls and params.structural_tag is None:
             params = params.model_copy(update={"structural_tag": tool_call_tag(tools, prefix)})
-        return _Turn(prompt_ids, dicts, tools, params, builder, stream)
+        return _Turn(prompt_ids, dicts, tools, params, builder, stream, prefill_len=prefill_len,
+                     guided=free_ids is not None)
+
+    def _purpose(self, scope: Any) -> Purpose:
+        """The calls' purpose: an enclosing scope's, else the model's own."""
+        return scope.purpose if scope is not None and scope.purpose is not None else self.purpose
 
     def _record(self, turn: _Turn) -> AIMessage:
         """Record the finished call; return the reply it makes."""
         b = turn.builder
         if b.finish_reason is None:
             raise BackendError("the backend's stream ended without a finish reason; nothing was recorded")
-        scope = current_scope()
-        purpose = scope.purpose if scope is not None and scope.purpose is not None else self.purpose
         call = LLMCall(
             messages=turn.messages, tools=turn.tools, prompt_ids=turn.prompt_ids, completion_ids=list(b.token_ids),
-            logprobs=list(b.logprobs), text=b.text, policy_version=b.policy_version, purpose=purpose,
+            logprobs=list(b.logprobs), text=b.text, policy_version=b.policy_version, purpose=self._purpose(current_scope()),
             finish_reason=b.finish_reason, latency_s=time.perf_counter() - turn.t0, sampling=turn.params,
+            guided=turn.guided, prefill_len=turn.prefill_len,
         )
         record_call(call)
         content, tool_calls, invalid = b.reply()
@@ -335,12 +360,11 @@ class SeedChatModel(BaseChatModel):
         """A stream its consumer left: record what was sampled, marked incomplete, so the
         trace is whole; rows never train on it (no outcome followed those tokens)."""
         b = turn.builder
-        scope = current_scope()
-        purpose = scope.purpose if scope is not None and scope.purpose is not None else self.purpose
         record_call(LLMCall(
             messages=turn.messages, tools=turn.tools, prompt_ids=turn.prompt_ids, completion_ids=list(b.token_ids),
-            logprobs=list(b.logprobs), text=b.text, policy_version=b.policy_version, purpose=purpose,
+            logprobs=list(b.logprobs), text=b.text, policy_version=b.policy_version, purpose=self._purpose(current_scope()),
             finish_reason="error", latency_s=time.perf_counter() - turn.t0, sampling=turn.params, complete=False,
+            guided=turn.guided, prefill_len=turn.prefill_len,
         ))
 
     def _pieces(self, turn: _Turn) -> Generator[CompletionPiece, None, None]:

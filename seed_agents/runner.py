@@ -14,6 +14,10 @@ gets a seed derived from the run's seed and the episode's identity (group, task,
 from which each of its LLM calls derives its own (see ``seed_agents.capture``), and the
 episodes form a ``Cohort`` that an in-process backend batches in lockstep (see
 ``LocalBackend``). Without one, sampling and batching are as the backend pleases.
+
+With a ``guide_share``, that share of each group's episodes (spread evenly over the
+sample indices, the same ones in every group) is guided: its first free tool choice is
+steered into a call (``capture(guide=True)``; docs/training.md, "Guided openings").
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import asyncio
 import time
 import traceback
 from collections.abc import Callable, Collection
+from fractions import Fraction
 from typing import Any
 
 from langgraph.errors import GraphRecursionError
@@ -64,6 +69,16 @@ def default_reward(task: Task, state: dict[str, Any]) -> float:
     return float(state.get("reward", 0.0))
 
 
+def guided_episode(sample_index: int, share: float) -> bool:
+    """Whether a group's ``sample_index``-th episode is guided when ``share`` of them are:
+    the share is spread evenly (0.5: samples 1, 3, 5, ...; 0.25: 3, 7, ...), so each group
+    of G has ``floor(G * share)`` guided episodes beside free ones to compare with."""
+    if not 0.0 <= share <= 1.0:
+        raise ValueError(f"guide share {share} is not in [0, 1]")
+    q = Fraction(share).limit_denominator(10_000)  # 0.1 means one in ten, not its binary float
+    return (sample_index + 1) * q // 1 > sample_index * q // 1
+
+
 class EpisodeRunner:
     """Plays ``graph`` on tasks. ``make_env`` is optional: tool agents need no env.
 
@@ -71,6 +86,7 @@ class EpisodeRunner:
     prebuilt ReAct agent wants ``{"messages": [...]}``); ``reward_fn(task, final_state)``
     scores the episode (default: the state's ``reward``). ``seed``: make the run
     reproducible (module docstring); None samples as the backend pleases.
+    ``guide_share``: the share of each group's episodes that are guided (module docstring).
     """
 
     def __init__(
@@ -85,8 +101,11 @@ class EpisodeRunner:
         labels: dict[str, Any] | None = None,
         make_input: Callable[[Task], dict[str, Any]] = lambda task: {"task": task},
         seed: int | None = None,
+        guide_share: float = 0.0,
     ) -> None:
+        guided_episode(0, guide_share)  # an out-of-range share fails here, not mid-run
         self.seed = seed
+        self.guide_share = guide_share
         self.graph = graph
         self.config = config
         self.make_env = make_env
@@ -147,7 +166,8 @@ class EpisodeRunner:
             return self._finish(traj, t0)
         seed = derive_seed(self.seed, group_id, task.task_id, sample_index) if self.seed is not None else None
         with capture(**self.labels, task_id=task.task_id, group_id=group_id, sample_index=sample_index,
-                     trajectory_id=traj.trajectory_id, seed=seed, cohort=cohort) as cap:
+                     trajectory_id=traj.trajectory_id, seed=seed, cohort=cohort,
+                     guide=guided_episode(sample_index, self.guide_share)) as cap:
             state: dict[str, Any] | None = None
             try:
                 async with asyncio.timeout(self.config.episode_timeout_s):

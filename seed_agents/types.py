@@ -106,6 +106,8 @@ class LLMCall(BaseModel):
     sampling: SamplingParams | None = None
     scope: dict[str, Any] = Field(default_factory=dict, description="Capture scope labels (run, task, group, ...).")
     complete: bool = Field(True, description="False: a stream its consumer abandoned; the ids sampled so far are kept for the record and never trained on.")
+    guided: bool = Field(False, description="A guided opening: the model was free to call a tool or not and the runner steered it into a call (docs/training.md).")
+    prefill_len: int = Field(0, ge=0, description="Guided calls: how many ids at the end of prompt_ids are the steering prefill, not in the prompt the model was offered; rows train them as guide tokens.")
 
     @model_validator(mode="after")
     def _aligned(self) -> LLMCall:
@@ -113,6 +115,10 @@ class LLMCall(BaseModel):
             raise ValueError(
                 f"{len(self.completion_ids)} completion ids but {len(self.logprobs)} logprobs"
             )
+        if self.prefill_len and not self.guided:
+            raise ValueError("prefill_len is set only on guided calls")
+        if self.prefill_len >= max(len(self.prompt_ids), 1):
+            raise ValueError(f"prefill_len {self.prefill_len} leaves no prompt of {len(self.prompt_ids)} ids")
         return self
 
 
@@ -209,6 +215,7 @@ class Row(BaseModel):
     group_id: str
     call_ids: list[str]
     policy_version: int = 0
+    guide_mask: list[int] = Field(default_factory=list, description="1 for guide tokens (steered, not sampled); empty: none.")
 
     @model_validator(mode="after")
     def _aligned(self) -> Row:
@@ -218,6 +225,10 @@ class Row(BaseModel):
                 f"row lengths differ: completion {n}, mask {len(self.loss_mask)}, "
                 f"logprobs {len(self.old_logprobs)}"
             )
+        if self.guide_mask and len(self.guide_mask) != n:
+            raise ValueError(f"row lengths differ: completion {n}, guide mask {len(self.guide_mask)}")
+        if any(g and not m for g, m in zip(self.guide_mask, self.loss_mask, strict=False)):
+            raise ValueError("a guide token must be trained (loss_mask 1)")
         return self
 
     @property

@@ -27,11 +27,11 @@ from typing import Any, Literal
 
 from seed_agents.aio import run_sync
 from seed_agents.capture import JsonlSink, capture
-from seed_agents.rows import trajectory_to_rows
+from seed_agents.rows import guided_prefill, trajectory_to_rows
 from seed_agents.runner import EpisodeRunner, check_fault_budget, fault_counts
 from seed_agents.skills import SkillInjector, SystemBlockInjector, teacher_prompt_ids
 from seed_agents.trainers.seed_trainer import RolloutBatch
-from seed_agents.types import Row, Task, Trajectory
+from seed_agents.types import LLMCall, Row, Task, Trajectory
 
 SkillSource = Literal["self", "external", "frozen", "rule_based", "none"]
 
@@ -81,14 +81,23 @@ class GraphRollout:
                 first = calls_by_id[row.call_ids[0]]
                 # Merged rows: the skill goes into the first prompt; every later token of the
                 # row (observations, later completions) is unchanged context after it.
-                teacher.append(teacher_prompt_ids(self.llm, first, skill.skill, self.injector))
+                teacher.append(self._teacher_prompt(first, skill.skill))
         self._write_skills(trajs, iteration)
         return RolloutBatch(trajectories=trajs, rows=rows, teacher_prompt_ids=teacher, metrics=self.metrics(trajs))
+
+    def _teacher_prompt(self, call: LLMCall, skill: str) -> list[int]:
+        """The call's prompt with the skill in it. A guided opening's row starts at the
+        prompt the model was offered (its prefill is trained), so its last, assistant
+        message, the prefill, is left out here too: the teacher scores the prefill as well."""
+        if guided_prefill(call):
+            call = call.model_copy(update={"messages": call.messages[:-1]})
+        return teacher_prompt_ids(self.llm, call, skill, self.injector)
 
     def metrics(self, trajs: list[Trajectory]) -> dict[str, float]:
         """Outcome metrics over the episodes that measured the policy (faults excluded),
         plus the fault counts by kind, how many episodes and groups were trained, and the
-        fraction of trained groups with zero reward variance (1.0 when none was trained)."""
+        fraction of trained groups with zero reward variance (1.0 when none was trained).
+        With guided openings, success is also split between guided and free episodes."""
         faults = fault_counts(trajs)
         trained = trainable_episodes(trajs)
         all_trajs, trajs = trajs, [t for t in trajs if t.fault is None]
@@ -112,6 +121,7 @@ class GraphRollout:
             "invalid_action_rate": sum(t.invalid_actions for t in trajs) / max(1, sum(t.steps for t in trajs)),
             "skill_parse_rate": (sum(s.valid for s in skills) / len(trajs)) if trajs and self.skills != "none" else 0.0,
             "policy_version": float(max((c.policy_version for t in trajs for c in t.policy_calls), default=0)),
+            **guided_metrics(trajs),
         }
 
     def _write_skills(self, trajs: list[Trajectory], iteration: int) -> None:
@@ -122,6 +132,21 @@ class GraphRollout:
             for t in trajs:
                 if t.skill is not None:
                     f.write(json.dumps({"iteration": iteration, "reward": t.reward, **t.skill.model_dump()}) + "\n")
+
+
+def guided_metrics(trajs: list[Trajectory]) -> dict[str, float]:
+    """Guided openings' share and the success of guided and of free episodes apart (the
+    free one is what an agent left to choose would score); empty when none was guided."""
+    guided = [t for t in trajs if any(c.guided for c in t.policy_calls)]
+    if not guided:
+        return {}
+    guided_ids = {t.trajectory_id for t in guided}
+    free = [t for t in trajs if t.trajectory_id not in guided_ids]
+    return {
+        "guided_episodes": float(len(guided)),
+        "guided_success_rate": sum(t.success for t in guided) / len(guided),
+        "free_success_rate": (sum(t.success for t in free) / len(free)) if free else 0.0,
+    }
 
 
 def trainable_episodes(trajs: list[Trajectory]) -> list[Trajectory]:

@@ -135,6 +135,8 @@ def rows_to_tensors(rows: list[Row], advantages_B: torch.Tensor, pad_id: int) ->
         "completion_mask": _pad([[1] * len(r.completion_ids) for r in rows], 0, left=False, dtype=torch.long),
         "loss_mask": _pad([r.loss_mask for r in rows], 0, left=False, dtype=torch.long),
         "old_per_token_logps": _pad([r.old_logprobs for r in rows], 0.0, left=False, dtype=torch.float32),
+        # guided openings' prefill: trained, not sampled (old log-probs filled in by the trainer)
+        "guide_mask": _pad([r.guide_mask or [0] * len(r.completion_ids) for r in rows], 0, left=False, dtype=torch.long),
         "advantages": advantages_B,
     }
 
@@ -274,6 +276,7 @@ class SEEDTrainer(GRPOTrainer):
         out = rows_to_tensors(batch.rows, adv, pad_id)
         device = self.accelerator.device
         out = {k: v.to(device) for k, v in out.items()}
+        out["old_per_token_logps"] = self._guide_old_logps(out)
         out["teacher_per_token_logps"], out["opd_mask"] = self._teacher_logps(batch, out, pad_id)
         if self.beta != 0.0:
             out["ref_per_token_logps"] = self._ref_logps(out)
@@ -286,6 +289,26 @@ class SEEDTrainer(GRPOTrainer):
         logps, _, _ = self._get_per_token_logps_and_entropies(
             model, input_ids, attention, out["completion_ids"].size(1), batch_size=self.args.score_batch_size)
         return logps
+
+    def _guide_old_logps(self, out: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Old log-probs with a guided opening's prefill scored by the pre-update policy.
+
+        The prefill was not sampled, so no server recorded a log-prob for it. Scoring it
+        with the policy about to be updated puts the PPO ratio of those tokens at 1 at the
+        first step, as for sampled ones: the update is the advantage times the gradient of
+        their log-prob (clipped like the rest), i.e. the outcome decides whether opening
+        with a call becomes more or less likely. An approximation, stated in
+        docs/training.md: the tokens came from the steering, not from this policy."""
+        guided = out["guide_mask"].bool()
+        rows = guided.any(-1)
+        if not rows.any():
+            return out["old_per_token_logps"]
+        idx = rows.nonzero().squeeze(-1)
+        sub = {"completion_ids": out["completion_ids"][idx], "completion_mask": out["completion_mask"][idx]}
+        own = self._score(self.model, out["prompt_ids"][idx], out["prompt_mask"][idx], sub).to(out["old_per_token_logps"].dtype)
+        old = out["old_per_token_logps"].clone()
+        old[idx] = torch.where(guided[idx], own, old[idx])
+        return old
 
     def _teacher_logps(self, batch: RolloutBatch, out: dict[str, torch.Tensor], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Pre-update policy log-probs of the sampled completions under the skill prompt."""

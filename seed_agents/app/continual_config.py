@@ -98,6 +98,9 @@ class ContinualConfig(BaseModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> ContinualConfig:
+        if self.trainer.guide_share:
+            raise ValueError("trainer.guide_share is for `seed-agents train`: the loop trains on served traffic, "
+                             "which must not be steered")
         if self.trainer.lora_r is None:
             raise ValueError("trainer.lora_r is required: the loop trains LoRA candidates (one adapter per version)")
         if self.replay.mode != "shadow":

@@ -305,7 +305,7 @@ def build_rollout(cfg: TrainConfig, src: TaskSource, policy: Policy, out: Path) 
         graph = with_hindsight(graph, analyzer, success_fn=success_fn, max_tokens=skills.max_tokens,
                                min_words=skills.min_words, max_words=skills.max_words)
     runner = EpisodeRunner(graph, cfg.runner, make_env=src.make_env, reward_fn=src.reward_fn, make_input=src.make_input,
-                           seed=rollout_seed(cfg.seed, cfg.backend))
+                           seed=rollout_seed(cfg.seed, cfg.backend), guide_share=cfg.trainer.guide_share)
     return GraphRollout(runner, policy.llm, skills=skills.source, injector=injector, merge_rows=cfg.trainer.merge_rows,
                         out_dir=out)
 

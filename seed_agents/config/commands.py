@@ -82,6 +82,7 @@ class TrainerConfig(BaseModel):
     gradient_checkpointing: bool = Field(True, description="Recompute activations in backward: less memory for a little more compute (SmolLM2 iteration on 2 cores, bench/update_memory.py: peak RSS 11.2 -> 7.3 GB at about the same update time, docs/results/update_memory.json; TRL's default is on too).")
     lora_r: int | None = Field(None, ge=1, le=512, description="Train a LoRA adapter of this rank instead of full weights.")
     lora_alpha: int = Field(32, ge=1, description="LoRA alpha.")
+    guide_share: float = Field(0.0, ge=0, le=1, description="Share of each group's training episodes whose first free tool choice is steered into a call, the prefill then trained as if chosen (docs/training.md, 'Guided openings'): teaches an agent that never calls a tool to open with one. 0: off (the paper has no such term).")
     report_to: list[ReportTo] = Field([], description="Where TRL also sends the training metrics (loss/ppo, loss/opd, opd/gate, success_rate, ...): tensorboard writes <out>/checkpoints/runs/; wandb, mlflow, trackio ... read their usual environment variables. metrics.jsonl is always written.")
 
     @model_validator(mode="before")
@@ -193,6 +194,8 @@ class TrainConfig(BaseModel):
             raise ValueError("runner.group_size must be >= 2: group-relative advantages need a group")
         if self.sync == "lora" and self.trainer.lora_r is None:
             raise ValueError("sync: lora needs trainer.lora_r")
+        if self.store is not None and self.trainer.guide_share:
+            raise ValueError("trainer.guide_share needs episodes played here; stored sessions were played already")
         if self.store is not None and self.skills.source not in ("self", "external", "frozen", "none"):
             raise ValueError(f"skills.source {self.skills.source!r} cannot run on stored sessions; use self, external, frozen or none")
         if self.skills.source == "rule_based" and self.graph is not None:  # the env's offline analyzer: checked when it loads

@@ -97,6 +97,8 @@ calls = sa.Table(
     sa.Column("sampling", JsonText, nullable=True),
     sa.Column("scope", JsonText, nullable=False),
     sa.Column("complete", sa.Boolean, nullable=False, server_default=sa.true()),
+    sa.Column("guided", sa.Boolean, nullable=False, server_default=sa.false()),
+    sa.Column("prefill_len", sa.Integer, nullable=False, server_default="0"),
     sa.UniqueConstraint("session_id", "seq", name="uq_calls_session_seq"),
 )
 
@@ -281,7 +283,19 @@ def _v5_canary_episodes(conn: Connection) -> None:
     canary_episodes.create(conn, checkfirst=True)
 
 
-MIGRATIONS: list[Migration] = [_v1_initial, _v2_decisions, _v3_call_complete, _v4_cycles, _v5_canary_episodes]
+def _v6_call_guided(conn: Connection) -> None:
+    """Version 6: ``calls.guided`` and ``calls.prefill_len`` (``LLMCall``'s guided openings,
+    steered training calls). Every call stored before was unguided. Idempotent, like 3."""
+    have = {c["name"] for c in sa.inspect(conn).get_columns("calls")}
+    if "guided" not in have:
+        false = "0" if conn.dialect.name == "sqlite" else "FALSE"
+        conn.execute(sa.text(f"ALTER TABLE calls ADD COLUMN guided BOOLEAN NOT NULL DEFAULT {false}"))
+    if "prefill_len" not in have:
+        conn.execute(sa.text("ALTER TABLE calls ADD COLUMN prefill_len INTEGER NOT NULL DEFAULT 0"))
+
+
+MIGRATIONS: list[Migration] = [_v1_initial, _v2_decisions, _v3_call_complete, _v4_cycles, _v5_canary_episodes,
+                               _v6_call_guided]
 
 
 def stored_version(conn: Connection) -> int:

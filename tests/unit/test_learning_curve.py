@@ -57,7 +57,7 @@ def test_grpo_and_seed_differ_only_in_the_skills_and_the_distillation(tmp_path):
 
     args = argparse.Namespace(tasks_per_update=4, updates=30, group=8, first_turn="forced", model="smollm2-135m",
                               max_tokens=64, temperature=0.7, skill_tokens=64, lr=1e-4, lora_r=8, kl_coef=0.001,
-                              eval_every=5)
+                              eval_every=5, guide_share=0.0)
     grpo, seed = (train_config(args, m, 1, tmp_path / "t.jsonl", tmp_path / "h.jsonl", 200, 80, tmp_path / m)
                   for m in ("grpo", "seed"))
     assert grpo["skills"]["source"] == "none" and grpo["trainer"]["opd_coef"] == 0.0
@@ -115,6 +115,13 @@ def test_a_run_kept_in_the_result_file_is_read_not_trained_again(tmp_path, monke
     lc.main([*argv, "--lr", "3e-4"])
     assert trained == ["grpo-s0", "grpo-s0"]
 
+    # a variant under its own name leaves the main curve's file alone
+    main_file = (tmp_path / "results" / "learning_curve.json").read_text()
+    lc.main([*argv, "--result-name", "learning_curve_variant"])
+    assert (tmp_path / "results" / "learning_curve_variant.json").exists()
+    assert (tmp_path / "results" / "learning_curve_variant.png").exists()
+    assert (tmp_path / "results" / "learning_curve.json").read_text() == main_file
+
 
 def test_the_run_digest_ignores_where_the_files_live_but_not_what_they_hold(tmp_path):
     import argparse
@@ -123,7 +130,7 @@ def test_the_run_digest_ignores_where_the_files_live_but_not_what_they_hold(tmp_
 
     args = argparse.Namespace(tasks_per_update=4, updates=30, group=8, first_turn="forced", model="smollm2-135m",
                               max_tokens=64, temperature=0.7, skill_tokens=64, lr=1e-4, lora_r=8, kl_coef=0.001,
-                              eval_every=5)
+                              eval_every=5, guide_share=0.0)
     for d in ("a", "b"):
         (tmp_path / d).mkdir()
         (tmp_path / d / "t.jsonl").write_text("t\n")
@@ -137,3 +144,32 @@ def test_the_run_digest_ignores_where_the_files_live_but_not_what_they_hold(tmp_
     assert digest("a") == digest("b") != digest("a", lr=3e-4)
     (tmp_path / "b" / "h.jsonl").write_text("other\n")
     assert digest("a") != digest("b")
+
+
+def test_a_guide_share_changes_the_run_only_when_on_and_needs_a_free_first_turn(tmp_path, capsys):
+    import argparse
+
+    import bench.learning_curve as lc
+
+    args = argparse.Namespace(tasks_per_update=4, updates=30, group=8, first_turn="auto", model="smollm2-135m",
+                              max_tokens=64, temperature=0.7, skill_tokens=64, lr=1e-4, lora_r=8, kl_coef=0.001,
+                              eval_every=5, guide_share=0.0)
+    (tmp_path / "t.jsonl").write_text("t\n")
+    (tmp_path / "h.jsonl").write_text("h\n")
+
+    def config(**change):
+        return train_config(argparse.Namespace(**{**vars(args), **change}), "grpo", 0, tmp_path / "t.jsonl",
+                            tmp_path / "h.jsonl", 1, 1, tmp_path / "out")
+
+    off, on = config(), config(guide_share=0.5)
+    # off, the trainer section is what it was before the option existed: stored runs keep their digests
+    assert "guide_share" not in off["trainer"] and on["trainer"]["guide_share"] == 0.5
+    assert off["graph"]["build"].endswith(":build_auto_agent")
+    assert lc.run_digest(off, tmp_path / "t.jsonl", tmp_path / "h.jsonl") != lc.run_digest(on, tmp_path / "t.jsonl",
+                                                                                            tmp_path / "h.jsonl")
+    for argv, message in ((["--guide-share", "0.5"], "needs --first-turn auto"),
+                          (["--first-turn", "auto", "--guide-share", "2"], "a share in"),
+                          (["--result-name", "../x"], "--result-name")):
+        with pytest.raises(SystemExit):
+            lc.main([*argv, "--work", str(tmp_path / "w")])
+        assert message in capsys.readouterr().err

@@ -116,4 +116,30 @@ def test_a_version_2_store_gains_calls_complete_and_keeps_its_calls(tmp_path):
     assert call.complete and call.completion_ids == [3]
     store.add_call("s1", LLMCall(messages=[], prompt_ids=[1], completion_ids=[4], logprobs=[-1.0], complete=False))
     assert [c.complete for c in store.calls("s1")] == [True, False]
-    assert migrate(sa.create_engine(url)) == len(MIGRATIONS) == 5  # 2 -> 3, then 4 (cycles, claims), 5 (canary_episodes)
+    assert migrate(sa.create_engine(url)) == len(MIGRATIONS) == 6  # 2 -> 3, 4 (cycles, claims), 5 (canary_episodes), 6
+
+
+def test_a_version_5_store_gains_guided_calls_and_keeps_its_calls(tmp_path):
+    """Migration 6 on a database written before guided openings existed."""
+    import sqlalchemy as sa
+
+    from seed_agents.store import TraceStore
+    from seed_agents.types import LLMCall
+
+    url = f"sqlite:///{tmp_path / 'old.db'}"
+    store = TraceStore.open(url)
+    store.add_call("s1", LLMCall(messages=[], prompt_ids=[1, 2], completion_ids=[3], logprobs=[-0.5]))
+    store.close()
+    engine = sa.create_engine(url)
+    with engine.begin() as conn:  # back to how version 5 wrote it
+        conn.execute(sa.text("ALTER TABLE calls DROP COLUMN guided"))
+        conn.execute(sa.text("ALTER TABLE calls DROP COLUMN prefill_len"))
+        conn.execute(sa.text("UPDATE schema_version SET version = 5"))
+    engine.dispose()
+
+    store = TraceStore.open(url)  # migrates 5 -> 6
+    (call,) = store.calls("s1")
+    assert not call.guided and call.prefill_len == 0 and call.completion_ids == [3]
+    store.add_call("s1", LLMCall(messages=[], prompt_ids=[1, 2, 3], completion_ids=[4], logprobs=[-1.0],
+                                 guided=True, prefill_len=2))
+    assert [(c.guided, c.prefill_len) for c in store.calls("s1")] == [(False, 0), (True, 2)]
