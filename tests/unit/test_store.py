@@ -93,12 +93,12 @@ def test_traces_export_command(tmp_path: Path, capsys: pytest.CaptureFixture[str
             assert args.func(args) == 0
 
 
-def test_a_version_2_store_gains_calls_complete_and_keeps_its_calls(tmp_path):
-    """Migration 3 on a database written before ``LLMCall.complete`` existed."""
+def _old_store_with_one_call(tmp_path, version: int, dropped: tuple[str, ...]):
+    """A store as version ``version`` wrote it (its calls table without ``dropped``), holding
+    one call, reopened by this code (which migrates it)."""
     import sqlalchemy as sa
 
     from seed_agents.store import TraceStore
-    from seed_agents.store.schema import MIGRATIONS, migrate
     from seed_agents.types import LLMCall
 
     url = f"sqlite:///{tmp_path / 'old.db'}"
@@ -106,12 +106,22 @@ def test_a_version_2_store_gains_calls_complete_and_keeps_its_calls(tmp_path):
     store.add_call("s1", LLMCall(messages=[], prompt_ids=[1, 2], completion_ids=[3], logprobs=[-0.5]))
     store.close()
     engine = sa.create_engine(url)
-    with engine.begin() as conn:  # back to how version 2 wrote it: no column, version 2
-        conn.execute(sa.text("ALTER TABLE calls DROP COLUMN complete"))
-        conn.execute(sa.text("UPDATE schema_version SET version = 2"))
+    with engine.begin() as conn:
+        for column in dropped:
+            conn.execute(sa.text(f"ALTER TABLE calls DROP COLUMN {column}"))
+        conn.execute(sa.text(f"UPDATE schema_version SET version = {version}"))
     engine.dispose()
+    return url, TraceStore.open(url)
 
-    store = TraceStore.open(url)  # migrates 2 -> 3
+
+def test_a_version_2_store_gains_calls_complete_and_keeps_its_calls(tmp_path):
+    """Migration 3 on a database written before ``LLMCall.complete`` existed."""
+    import sqlalchemy as sa
+
+    from seed_agents.store.schema import MIGRATIONS, migrate
+    from seed_agents.types import LLMCall
+
+    url, store = _old_store_with_one_call(tmp_path, 2, ("complete", "guided", "prefill_len"))
     (call,) = store.calls("s1")
     assert call.complete and call.completion_ids == [3]
     store.add_call("s1", LLMCall(messages=[], prompt_ids=[1], completion_ids=[4], logprobs=[-1.0], complete=False))
@@ -121,23 +131,9 @@ def test_a_version_2_store_gains_calls_complete_and_keeps_its_calls(tmp_path):
 
 def test_a_version_5_store_gains_guided_calls_and_keeps_its_calls(tmp_path):
     """Migration 6 on a database written before guided openings existed."""
-    import sqlalchemy as sa
-
-    from seed_agents.store import TraceStore
     from seed_agents.types import LLMCall
 
-    url = f"sqlite:///{tmp_path / 'old.db'}"
-    store = TraceStore.open(url)
-    store.add_call("s1", LLMCall(messages=[], prompt_ids=[1, 2], completion_ids=[3], logprobs=[-0.5]))
-    store.close()
-    engine = sa.create_engine(url)
-    with engine.begin() as conn:  # back to how version 5 wrote it
-        conn.execute(sa.text("ALTER TABLE calls DROP COLUMN guided"))
-        conn.execute(sa.text("ALTER TABLE calls DROP COLUMN prefill_len"))
-        conn.execute(sa.text("UPDATE schema_version SET version = 5"))
-    engine.dispose()
-
-    store = TraceStore.open(url)  # migrates 5 -> 6
+    _, store = _old_store_with_one_call(tmp_path, 5, ("guided", "prefill_len"))
     (call,) = store.calls("s1")
     assert not call.guided and call.prefill_len == 0 and call.completion_ids == [3]
     store.add_call("s1", LLMCall(messages=[], prompt_ids=[1, 2, 3], completion_ids=[4], logprobs=[-1.0],
