@@ -468,6 +468,12 @@ def learning_curve(results: dict[str, Result]) -> list[str]:
            *table(["method", "updates per seed", "held-out right answer", "gain, 95% CI (seeds x tasks)",
                    "right tool + arguments", "a call parses", "training success", "groups with zero reward variance"],
                   rows)]
+    for method, m in x["methods"].items():
+        per_seed = m.get("gain_per_seed") or {}
+        if len(per_seed) > 1:  # the spread over seeds is what the pooled CI hides
+            out += ["", f"{method} held-out gain per seed: "
+                        + ", ".join(f"seed {s} {g:+.3f}" for s, g in sorted(per_seed.items(), key=lambda kv: int(kv[0])))
+                        + f"; a test of the mean gain over seeds would need {m.get('seeds_needed_for_gain') or '-'} seeds."]
     d = x.get("seed_minus_grpo")
     if d:
         out += ["", f"SEED - GRPO, final held-out answer success paired by seed (n={d['n']}): {f(d['mean'], '+.3f')}, "
