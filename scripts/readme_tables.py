@@ -22,6 +22,7 @@ import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from statistics import fmean as mean
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -443,12 +444,15 @@ def update_throughput(results: dict[str, Result]) -> list[str]:
                 f"({goal_words(best, 0.4, at_most=False)})."]
 
 
-def learning_curve(results: dict[str, Result]) -> list[str]:
-    """Held-out success from the start to the end of training, each method, with its CI."""
-    r = one(results, "learning_curve")
+def learning_curve(results: dict[str, Result], name: str = "learning_curve") -> list[str]:
+    """Held-out success from the start to the end of training, each method, with its CI
+    (``name``: the main curve or a variant written with ``--result-name``)."""
+    r = one(results, name)
     c, x = r.config, r.results
     seeds = c["seeds"]
-    what = (f"atlas level {c['level']} ({c['first_turn']} first turn), {c['train_tasks']} training / {c['heldout']} "
+    what = (f"atlas level {c['level']} ({c['first_turn']} first turn"
+            + (f", guided openings in a share {c['guide_share']:g} of training episodes" if c.get("guide_share") else "")
+            + f"), {c['train_tasks']} training / {c['heldout']} "
             f"held-out tasks (disjoint places), {len(seeds)} seed(s), LoRA r{c['lora_r']} lr {c['lr']:g}, "
             f"T {c['temperature']:g}, held-out greedy every {c['eval_every']} updates"
             + (f"; {c['note']}" if c.get("note") else ""))
@@ -474,6 +478,16 @@ def learning_curve(results: dict[str, Result]) -> list[str]:
             out += ["", f"{method} held-out gain per seed: "
                         + ", ".join(f"seed {s} {g:+.3f}" for s, g in sorted(per_seed.items(), key=lambda kv: int(kv[0])))
                         + f"; a test of the mean gain over seeds would need {m.get('seeds_needed_for_gain') or '-'} seeds."]
+    steps = [m for run in x.get("runs", {}).values() for m in run["metrics"] if "guided_success_rate" in m]
+    if steps:  # guided openings: what the steered and the free training episodes scored
+        first, last = min(m["update"] for m in steps), max(m["update"] for m in steps)
+
+        def free_at(u: int) -> str:
+            return f(mean(m["free_success_rate"] for m in steps if m["update"] == u))
+
+        out += ["", f"Training episodes, mean over every update of every seed: guided "
+                    f"{f(mean(m['guided_success_rate'] for m in steps))}, free {f(mean(m['free_success_rate'] for m in steps))}"
+                    f" (free at update {first}: {free_at(first)}, at update {last}: {free_at(last)})."]
     d = x.get("seed_minus_grpo")
     if d:
         out += ["", f"SEED - GRPO, final held-out answer success paired by seed (n={d['n']}): {f(d['mean'], '+.3f')}, "
