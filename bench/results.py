@@ -70,8 +70,10 @@ def departures(config: dict[str, Any], paper: dict[str, Any], labels: dict[str, 
 # -- provenance -----------------------------------------------------------------------------
 
 def code_version(root: Path = ROOT) -> dict[str, Any]:
-    """The git commit and whether the work tree differs from it; ``None`` fields outside a
-    git checkout (an sdist, a copied folder) or without git installed."""
+    """The git commit and whether the code differs from it; ``None`` fields outside a git
+    checkout (an sdist, a copied folder) or without git installed. ``docs/results/`` is not
+    code: a benchmark that writes its figure before its JSON, or a re-run over a committed
+    result, would otherwise call every tree dirty."""
     def git(*args: str) -> str | None:
         try:
             proc = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=30)
@@ -80,7 +82,7 @@ def code_version(root: Path = ROOT) -> dict[str, Any]:
         return proc.stdout.strip() if proc.returncode == 0 else None
 
     rev = git("rev-parse", "HEAD")
-    status = git("status", "--porcelain", "--untracked-files=no") if rev else None
+    status = git("status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)docs/results") if rev else None
     return {"git_rev": rev, "dirty": None if status is None else bool(status)}
 
 

@@ -218,3 +218,24 @@ def test_a_benchmark_refuses_a_roofline_from_another_cpu_or_none(tmp_path):
     write_result("roofline", {}, {"cpu_flags": results.ceiling_flags()}, results_dir=tmp_path)
     assert results.load_roofline(tmp_path / "roofline.json").results["cpu_flags"] == results.ceiling_flags()
     assert json.loads((tmp_path / "roofline.json").read_text())["machine"]["cpu_flags"] == results.ceiling_flags()
+
+
+def test_a_tree_is_dirty_for_code_changes_not_for_results(tmp_path):
+    import subprocess
+
+    from bench import results
+
+    def git(*args):
+        subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True)
+
+    (tmp_path / "docs" / "results").mkdir(parents=True)
+    (tmp_path / "docs" / "results" / "x.json").write_text("{}")
+    (tmp_path / "code.py").write_text("a = 1\n")
+    git("init", "-q")
+    git("add", ".")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "start")
+    assert results.code_version(tmp_path)["dirty"] is False
+    (tmp_path / "docs" / "results" / "x.json").write_text('{"new": 1}')  # a benchmark's own output
+    assert results.code_version(tmp_path)["dirty"] is False
+    (tmp_path / "code.py").write_text("a = 2\n")
+    assert results.code_version(tmp_path)["dirty"] is True
