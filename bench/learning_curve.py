@@ -168,7 +168,7 @@ def per_update(out: Path) -> list[dict[str, Any]]:
     """One row per update from metrics.jsonl: what the curve's diagnostics need."""
     keep = ("success_rate", "zero_variance_groups", "skill_parse_rate", "kl", "loss/opd", "opd/gate", "rows",
             "time/rollout_s", "time/score_s", "step_time", "faults", "guided_episodes", "guided_success_rate",
-            "free_success_rate")
+            "free_success_rate", "guide/first_logp", "guide/logp")
     return [{"update": int(m["iteration"]) + 1, **{k: m[k] for k in keep if k in m}} for m in read_jsonl(out / "metrics.jsonl")]
 
 

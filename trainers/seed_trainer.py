@@ -308,6 +308,12 @@ class SEEDTrainer(GRPOTrainer):
         own = self._score(self.model, out["prompt_ids"][idx], out["prompt_mask"][idx], sub).to(out["old_per_token_logps"].dtype)
         old = out["old_per_token_logps"].clone()
         old[idx] = torch.where(guided[idx], own, old[idx])
+        # whether the opening transfers shows first here, before a greedy choice flips: the
+        # policy's log-prob of the prefill's first token (the call's opening) where it was free
+        first = guided[idx].float().argmax(-1)
+        metrics = self._metrics["train"]
+        metrics["guide/first_logp"].append(own.gather(-1, first[:, None]).mean().item())
+        metrics["guide/logp"].append(own[guided[idx]].mean().item())
         return old
 
     def _teacher_logps(self, batch: RolloutBatch, out: dict[str, torch.Tensor], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -305,5 +305,6 @@ def test_a_training_step_with_guided_episodes_runs_through_trl(tiny_model_dir, t
     logs = {k: v for entry in trainer.state.log_history for k, v in entry.items()}
     assert logs["guided_episodes"] == 2.0 and logs["guided_success_rate"] == 1.0 and logs["free_success_rate"] == 0.0
     assert logs["zero_variance_groups"] == 0.0  # the guided episodes gave the group its variance
+    assert logs["guide/logp"] < 0 and logs["guide/first_logp"] < 0  # the opening's pre-update log-probs
     assert sum(sum(r.guide_mask) > 0 for r in trainer.last_batch.rows) == 2
     assert any(not torch.equal(before[n], p.detach()) for n, p in trainer.model.named_parameters())
