@@ -504,7 +504,8 @@ RENDERERS: dict[str, Callable[[dict[str, Result]], list[str]]] = {
     "update_memory": update_memory, "webshop_index": webshop_index, "sample_efficiency": sample_efficiency,
     "skill_usefulness": skill_usefulness, "roofline": roofline, "logprob_gap": logprob_gap,
     "rollout_throughput": rollout_throughput, "atlas_band": atlas_band, "continual_atlas": continual_atlas,
-    "update_throughput": update_throughput, "learning_curve": learning_curve}
+    "update_throughput": update_throughput, "learning_curve": learning_curve,
+    "learning_curve_guided": lambda results: learning_curve(results, "learning_curve_guided")}
 
 
 # -- the pages ----------------------------------------------------------------------------
