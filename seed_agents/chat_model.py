@@ -154,6 +154,11 @@ def forced_tool_prefix(tool_choice: str | None, tools: list[dict[str, Any]] | No
     return '<tool_call>\n{"name": ' + json.dumps(tool_choice, ensure_ascii=False) + ', "arguments":'
 
 
+def _continues_assistant(messages: Sequence[BaseMessage]) -> bool:
+    """A trailing, non-empty assistant message: the call continues it (a prefill)."""
+    return bool(messages) and messages[-1].type == "ai" and bool(messages[-1].content)
+
+
 def _normalize_tool_choice(tool_choice: Any) -> str | None:
     """LangChain/OpenAI spellings -> None ("auto"), "none", "any" or a tool name."""
     if tool_choice is None or tool_choice == "auto" or tool_choice is False:
@@ -279,8 +284,7 @@ class SeedChatModel(BaseChatModel):
     def render(self, messages: Sequence[BaseMessage], tools: list[dict[str, Any]] | None = None) -> tuple[list[int], list[dict[str, Any]]]:
         """Return (prompt token ids, rendered message dicts) for ``messages``; a trailing
         assistant message is continued (a prefill), not closed."""
-        continue_final = bool(messages) and messages[-1].type == "ai" and bool(messages[-1].content)
-        return render_chat(self.tokenizer, messages, tools, self.tool_format, continue_final=continue_final)
+        return render_chat(self.tokenizer, messages, tools, self.tool_format, continue_final=_continues_assistant(messages))
 
     def _params(self, kwargs: dict[str, Any]) -> SamplingParams:
         overrides = {k: kwargs[k] for k in _SAMPLING_KEYS if kwargs.get(k) is not None}
@@ -302,9 +306,9 @@ class SeedChatModel(BaseChatModel):
             tools = None  # nothing offered, nothing parsed
         scope = current_scope()
         free_ids: list[int] | None = None
-        continues = bool(messages) and messages[-1].type == "ai" and bool(messages[-1].content)  # its own prefill
-        if (choice is None and tools and not continues and self._purpose(scope) == "policy" and scope is not None
-                and scope.take_guide()):
+        # an agent continuing its own assistant turn has made its choice: never steered
+        if (choice is None and tools and not _continues_assistant(messages) and self._purpose(scope) == "policy"
+                and scope is not None and scope.take_guide()):
             free_ids, _ = self.render(messages, tools)  # what the model was offered, to measure the prefill
             choice = "any"
         prefix = forced_tool_prefix(choice, tools)
