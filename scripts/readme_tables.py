@@ -397,21 +397,27 @@ def rollout_throughput(results: dict[str, Result]) -> list[str]:
                    rows)]
 
 
-def atlas_band(results: dict[str, Result]) -> list[str]:
-    r = one(results, "atlas_band")
+def atlas_band(results: dict[str, Result], name: str = "atlas_band") -> list[str]:
+    """The level probe or a temperature sweep (``--result-name``). Files before the sweep
+    existed hold one temperature's ``cells`` and ``temperature`` in their config."""
+    r = one(results, name)
     c, x = r.config, r.results
     lo, hi = x["band"]
-    what = (f"{c['model']}, {c['tasks']} training tasks x group {c['group']} per cell, T {c['temperature']:g}, "
+    by_t = x.get("cells_by_temperature") or {f"{c['temperature']:g}": x["cells"]}
+    temps = ", ".join(f"T {t}" for t in by_t)
+    what = (f"{c['model']}, {c['tasks']} training tasks x group {c['group']} per cell, {temps}, "
             f"{c['max_turns']} turns, {c['max_tokens']} tokens a turn" + (f"; {c['note']}" if c.get("note") else ""))
     rows = []
-    for mode, levels in x["cells"].items():
-        for level, cell in sorted(levels.items()):
-            band = "in" if lo <= cell["success"] <= hi else "out"
-            rows.append([mode, level, f"{cell['success']:.2f} ({band})", f"{cell['parsed']:.2f}", f"{cell['right_calls']:.2f}",
-                         f"{cell['right_answer']:.2f}", f"{cell['zero_variance_groups']:.2f}", str(cell["episodes"])])
+    for temperature, cells in by_t.items():
+        for mode, levels in cells.items():
+            for level, cell in sorted(levels.items()):
+                band = "in" if lo <= cell["success"] <= hi else "out"
+                rows.append([temperature, mode, level, f"{cell['success']:.2f} ({band})", f"{cell['parsed']:.2f}",
+                             f"{cell['right_calls']:.2f}", f"{cell['right_answer']:.2f}",
+                             f"{cell['zero_variance_groups']:.2f}", str(cell["episodes"])])
     return [source_line(r, what), "",
-            *table(["first turn", "level", f"success (band {lo:g}-{hi:g})", "call parses", "right tool and arguments",
-                    "right answer", "groups with zero reward variance", "episodes"], rows)]
+            *table(["T", "first turn", "level", f"success (band {lo:g}-{hi:g})", "call parses",
+                    "right tool and arguments", "right answer", "groups with zero reward variance", "episodes"], rows)]
 
 
 def update_throughput(results: dict[str, Result]) -> list[str]:
@@ -505,7 +511,8 @@ RENDERERS: dict[str, Callable[[dict[str, Result]], list[str]]] = {
     "skill_usefulness": skill_usefulness, "roofline": roofline, "logprob_gap": logprob_gap,
     "rollout_throughput": rollout_throughput, "atlas_band": atlas_band, "continual_atlas": continual_atlas,
     "update_throughput": update_throughput, "learning_curve": learning_curve,
-    "learning_curve_guided": lambda results: learning_curve(results, "learning_curve_guided")}
+    "learning_curve_guided": lambda results: learning_curve(results, "learning_curve_guided"),
+    "atlas_temperature": lambda results: atlas_band(results, "atlas_temperature")}
 
 
 # -- the pages ----------------------------------------------------------------------------

@@ -148,3 +148,28 @@ def test_band_cell_counts_groups_without_reward_variance() -> None:
     cell = cell_figures([ep("a", 1.0), ep("a", 0.0), ep("b", 0.0), ep("b", 0.0), ep("b", 1.0, fault="timeout")])
     assert cell["success"] == pytest.approx(0.25) and cell["right_calls"] == pytest.approx(0.25)
     assert cell["zero_variance_groups"] == 0.5 and cell["faults"] == 1 and cell["answer_disagrees_with_reward"] == 0
+
+
+def test_a_temperature_sweep_keeps_each_temperatures_cells_apart() -> None:
+    from bench.atlas_band import _per_task, figures_by_temperature
+
+    def ep(t: float, task: str, reward: float) -> dict:
+        return {"temperature": t, "mode": "forced", "level": 0, "task_id": task, "reward": reward, "fault": None,
+                "parsed": True, "right_calls": reward > 0, "right_answer": reward > 0, "tokens": 10, "steps": 2}
+
+    episodes = [ep(0.3, "a", 1.0), ep(0.3, "a", 0.0), ep(0.7, "a", 0.0), ep(0.7, "a", 0.0)]
+    by_t = figures_by_temperature(episodes)
+    assert list(by_t) == ["0.3", "0.7"]
+    assert by_t["0.3"]["forced"]["0"]["success"] == 0.5 and by_t["0.3"]["forced"]["0"]["zero_variance_groups"] == 0.0
+    assert by_t["0.7"]["forced"]["0"]["success"] == 0.0 and by_t["0.7"]["forced"]["0"]["zero_variance_groups"] == 1.0
+    assert _per_task(episodes) == {"0.3/forced": {"a": [1, 2]}, "0.7/forced": {"a": [0, 2]}}
+
+
+@pytest.mark.parametrize("argv", [["--temperatures", "0"], ["--temperatures", "0.5", "0.5"],
+                                  ["--result-name", "../x"]])
+def test_the_band_probe_refuses_a_greedy_or_repeated_temperature_and_a_path_as_name(argv, capsys) -> None:
+    from bench.atlas_band import main
+
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2 and "error:" in capsys.readouterr().err
