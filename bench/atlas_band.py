@@ -22,7 +22,7 @@ level probe instead of replacing it:
 
     .venv/bin/python bench/atlas_band.py --note "nothing else ran"
     .venv/bin/python bench/atlas_band.py --levels 0 --modes forced --temperatures 0.3 0.5 0.7 1.0 \
-        --tasks 16 --group 8 --result-name atlas_temperature   # where level 0 meets the band
+        --tasks 16 --group 8 --result-name atlas_band_temperature   # where level 0 meets the band
     .venv/bin/python bench/atlas_band.py --tasks 2 --group 2 --levels 0 --results-dir runs/smoke   # smoke
 """
 

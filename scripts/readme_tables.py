@@ -510,9 +510,20 @@ RENDERERS: dict[str, Callable[[dict[str, Result]], list[str]]] = {
     "update_memory": update_memory, "webshop_index": webshop_index, "sample_efficiency": sample_efficiency,
     "skill_usefulness": skill_usefulness, "roofline": roofline, "logprob_gap": logprob_gap,
     "rollout_throughput": rollout_throughput, "atlas_band": atlas_band, "continual_atlas": continual_atlas,
-    "update_throughput": update_throughput, "learning_curve": learning_curve,
-    "learning_curve_guided": lambda results: learning_curve(results, "learning_curve_guided"),
-    "atlas_temperature": lambda results: atlas_band(results, "atlas_temperature")}
+    "update_throughput": update_throughput, "learning_curve": learning_curve}
+
+#: Benchmarks that write variants under another name (``--result-name NAME_variant``): a
+#: marker ``results:NAME_variant`` renders that file with its family's table.
+FAMILIES: dict[str, Callable[[dict[str, Result], str], list[str]]] = {
+    "learning_curve": learning_curve, "atlas_band": atlas_band}
+
+
+def renderer(name: str) -> Callable[[dict[str, Result]], list[str]] | None:
+    """The table for a marker: its own, or its family's for a variant; None when neither."""
+    if name in RENDERERS:
+        return RENDERERS[name]
+    family = next((f for f in FAMILIES if name.startswith(f + "_")), None)
+    return None if family is None else (lambda results: FAMILIES[family](results, name))
 
 
 # -- the pages ----------------------------------------------------------------------------
@@ -521,10 +532,11 @@ def render(text: str, results: dict[str, Result]) -> str:
     """``text`` (one page) with every marked section replaced by its rendered table."""
     def sub(m: re.Match[str]) -> str:
         name = m.group("name")
-        if name not in RENDERERS:
+        draw = renderer(name)
+        if draw is None:
             raise TablesError(f"marker results:{name} has no renderer in scripts/readme_tables.py")
         try:
-            body = RENDERERS[name](results)
+            body = draw(results)
         except (KeyError, TypeError, IndexError) as e:
             raise TablesError(f"docs/results for {name} lack a figure the table needs ({type(e).__name__}: {e})") from e
         return m.group(1) + "\n".join(body) + "\n" + m.group(4)

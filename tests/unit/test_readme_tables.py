@@ -24,6 +24,15 @@ def test_the_real_pages_match_the_committed_results(capsys):
     assert "tables:" in out
     for name in tables.RENDERERS:  # every table is on some page: a move between pages lost none
         assert f"{name} (" in out, f"no page holds the {name} table"
+    for path in (ROOT / "docs" / "results").glob("*.json"):  # and every variant a benchmark wrote
+        if any(path.stem.startswith(f + "_") for f in tables.FAMILIES):
+            assert f"{path.stem} (" in out, f"no page holds the {path.stem} table"
+
+
+def test_a_variant_renders_with_its_familys_table_and_only_a_variant_does():
+    assert tables.renderer("learning_curve") is tables.RENDERERS["learning_curve"]
+    assert tables.renderer("learning_curve_t05") is not None and tables.renderer("atlas_band_x") is not None
+    assert tables.renderer("learning_curvex") is None and tables.renderer("atlas") is None
 
 
 @pytest.fixture
