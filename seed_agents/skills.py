@@ -311,6 +311,16 @@ def teacher_prompt_ids(llm: Any, call: LLMCall, skill: str, injector: SkillInjec
     injector that changes nothing, the result equals ``call.prompt_ids`` exactly.
     """
     messages = (injector or SystemBlockInjector()).inject(messages_from_dicts(call.messages), skill)
+    return _render_like(llm, call, messages)
+
+
+def rendered_prompt_ids(llm: Any, call: LLMCall) -> list[int]:
+    """``call``'s own messages rendered again the way ``teacher_prompt_ids`` renders them,
+    without a skill: what a teacher prompt is measured against."""
+    return _render_like(llm, call, messages_from_dicts(call.messages))
+
+
+def _render_like(llm: Any, call: LLMCall, messages: list[Any]) -> list[int]:
     # Templates without tool support record messages *after* the Hermes rewrite (tool
     # schemas already in the system message, calls and results as text): render those
     # without tools again, or the schemas would appear twice.

@@ -29,7 +29,7 @@ from seed_agents.aio import run_sync
 from seed_agents.capture import JsonlSink, capture
 from seed_agents.rows import guided_prefill, trajectory_to_rows
 from seed_agents.runner import EpisodeRunner, check_fault_budget, fault_counts
-from seed_agents.skills import SkillInjector, SystemBlockInjector, teacher_prompt_ids
+from seed_agents.skills import SkillInjector, SystemBlockInjector, rendered_prompt_ids, teacher_prompt_ids
 from seed_agents.trainers.seed_trainer import RolloutBatch
 from seed_agents.types import LLMCall, Row, Task, Trajectory
 
@@ -88,10 +88,19 @@ class GraphRollout:
     def _teacher_prompt(self, call: LLMCall, skill: str) -> list[int]:
         """The call's prompt with the skill in it. A guided opening's row starts at the
         prompt the model was offered (its prefill is trained), so its last, assistant
-        message, the prefill, is left out here too: the teacher scores the prefill as well."""
-        if guided_prefill(call):
-            call = call.model_copy(update={"messages": call.messages[:-1]})
-        return teacher_prompt_ids(self.llm, call, skill, self.injector)
+        message, the prefill, is left out here too: the teacher scores the prefill as well.
+
+        Where the tokenizer merged ids across the seam between the offered prompt and the
+        prefill, the row's prompt stops short of the offered render by the merged ids (its
+        completion starts with them, ``guided_prefill``); the teacher prompt loses the same
+        tail, so that after the skill the teacher sees exactly the row's ids."""
+        n = guided_prefill(call)
+        if not n:
+            return teacher_prompt_ids(self.llm, call, skill, self.injector)
+        free = call.model_copy(update={"messages": call.messages[:-1]})
+        teacher = teacher_prompt_ids(self.llm, free, skill, self.injector)
+        merged = len(rendered_prompt_ids(self.llm, free)) - (len(call.prompt_ids) - n)
+        return teacher[:len(teacher) - merged] if merged > 0 else teacher
 
     def metrics(self, trajs: list[Trajectory]) -> dict[str, float]:
         """Outcome metrics over the episodes that measured the policy (faults excluded),

@@ -236,6 +236,46 @@ def test_the_trainer_scores_guide_tokens_with_the_pre_update_policy(tiny_model_d
     assert out["guide_mask"][1, :n].tolist() == guided_row.guide_mask
 
 
+class _MergingTemplate:
+    """A renderer whose ids are characters, standing in for a tokenizer that merges the
+    offered prompt's last id with the prefill's first (SmolLM2's does not)."""
+
+    def native_tools(self) -> bool:
+        return True
+
+    def render(self, messages, tools):
+        text = "".join(f"{m.type}:{m.content}|" for m in messages) + "assistant:"
+        return [ord(c) for c in text], None
+
+
+def test_a_teacher_prompt_loses_the_ids_a_tokenizer_merged_into_the_prefill():
+    """The row's prompt is the offered render minus the merged id; the teacher prompt,
+    skill and all, must end at the same id, or every teacher position after the skill is
+    shifted by the merge."""
+    from seed_agents.trainers.rollout import GraphRollout
+    from seed_agents.types import Skill
+
+    llm = _MergingTemplate()
+    messages = [{"role": "user", "content": "Look up x."}]
+    offered, _ = llm.render([HumanMessage("Look up x.")], None)
+    prompt = offered[:-1] + [999, 5, 6]  # ":" of "assistant:" merged with the prefill's start
+    call = LLMCall(messages=[*messages, {"role": "assistant", "content": "<tool_call>"}], prompt_ids=prompt,
+                   completion_ids=[7, 8], logprobs=[-0.1, -0.2], guided=True, prefill_len=3)
+    traj = Trajectory(task_id="t", group_id="g", calls=[call], reward=1.0, success=True,
+                      skill=Skill(success=True, skill="Call lookup first.", valid=True))
+    pair = [traj, traj.model_copy(update={"sample_index": 1, "reward": 0.0})]  # a lone episode is not trained
+    batch = GraphRollout(runner=None, llm=llm, skills="self", merge_rows=False).build(pair)  # type: ignore[arg-type]
+    row, teacher = batch.rows[0], batch.teacher_prompt_ids[0]
+    assert row.prompt_ids == offered[:-1] and row.completion_ids[:3] == [999, 5, 6]
+    assert "Call lookup first." in "".join(map(chr, teacher))
+    assert "".join(map(chr, teacher)).endswith("human:Look up x.|assistant")  # the merged ":" is the row's
+    # unmerged, the teacher prompt keeps the whole offered render
+    plain = call.model_copy(update={"prompt_ids": offered + [5, 6], "prefill_len": 2})
+    batch = GraphRollout(runner=None, llm=llm, skills="self", merge_rows=False).build(  # type: ignore[arg-type]
+        [t.model_copy(update={"calls": [plain]}) for t in pair])
+    assert "".join(map(chr, batch.teacher_prompt_ids[0])).endswith("human:Look up x.|assistant:")
+
+
 # -- configs -----------------------------------------------------------------------------
 
 def test_configs_refuse_a_guide_share_where_no_episode_is_played_here(tmp_path):
