@@ -387,7 +387,8 @@ def main(argv: list[str] | None = None) -> None:
     results_dir = Path(args.results_dir)
     results_dir.mkdir(parents=True, exist_ok=True)
     title = (f"{args.model}, atlas level {args.level} ({args.first_turn} first turn), {len(seeds)} seed(s), "
-             f"{args.updates} updates x {args.tasks_per_update} tasks x G{args.group}, LoRA r{args.lora_r} lr {args.lr:g}")
+             f"{args.updates} updates x {args.tasks_per_update} tasks x G{args.group} at T {args.temperature:g}, "
+             f"LoRA r{args.lora_r} lr {args.lr:g}")
     if args.guide_share:
         title += f", guide share {args.guide_share:g}"
     plot(analysis, results_dir / f"{args.result_name}.png", title)
