@@ -21,7 +21,7 @@ tasks and seeds side by side in one run; ``--result-name`` keeps such a sweep be
 level probe instead of replacing it:
 
     .venv/bin/python bench/atlas_band.py --note "nothing else ran"
-    .venv/bin/python bench/atlas_band.py --levels 0 --modes forced --temperatures 0.3 0.5 0.7 1.0 \
+    .venv/bin/python bench/atlas_band.py --levels 0 --modes forced --temperatures 0.2 0.35 0.5 0.7 \
         --tasks 16 --group 8 --result-name atlas_band_temperature   # where level 0 meets the band
     .venv/bin/python bench/atlas_band.py --tasks 2 --group 2 --levels 0 --results-dir runs/smoke   # smoke
 """
@@ -58,7 +58,8 @@ def play(mode: str, tasks: list[Any], llm: Any, args: argparse.Namespace) -> lis
     with capture():
         trajs = asyncio.run(runner.run(tasks, group_prefix=mode))
     by_id = {t.task_id: t for t in tasks}
-    return [{"temperature": llm.sampling.temperature, "mode": mode, "task_id": tr.task_id, "level": by_id[tr.task_id].data["level"], "reward": tr.reward,
+    return [{"temperature": llm.sampling.temperature, "mode": mode, "task_id": tr.task_id,
+             "level": by_id[tr.task_id].data["level"], "reward": tr.reward,
              "fault": tr.fault.value if tr.fault else None, "steps": tr.steps, "stop_reason": tr.stop_reason.value,
              "tokens": sum(len(c.completion_ids) for c in tr.policy_calls),
              **score_levels(by_id[tr.task_id], tr)} for tr in trajs]
