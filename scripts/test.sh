@@ -19,4 +19,6 @@ if ! command -v chromium >/dev/null && command -v apt-get >/dev/null && [ "$(id 
 fi
 export SEED_AGENTS_REQUIRE_VLLM=1 SEED_AGENTS_REQUIRE_POSTGRES=1 SEED_AGENTS_REQUIRE_BROWSER=1
 export SEED_AGENTS_VLLM_PYTHON="$PWD/.venv-vllm/bin/python"
-exec .venv/bin/python -m pytest -q -rs "$@"
+# --durations: every run (CI's included) ends with its 25 slowest tests, so the suite's
+# 20-minute budget is watched from the logs rather than rediscovered when it is over.
+exec .venv/bin/python -m pytest -q -rs --durations=25 "$@"
