@@ -29,6 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run as a script: scripts/ is on the path, the repo root is not
 
 from bench.results import Result, load_results  # noqa: E402
+from bench.stats import compare  # noqa: E402
 
 MARKER = re.compile(r"(<!-- results:(?P<name>[a-z0-9_]+) -->\n)(?P<body>.*?)(<!-- /results:(?P=name) -->)", re.S)
 OPENING = re.compile(r"<!-- results:(?P<name>[a-z0-9_]+) -->")
@@ -494,6 +495,7 @@ def learning_curve(results: dict[str, Result], name: str = "learning_curve") -> 
         out += ["", f"Training episodes, mean over every update of every seed: guided "
                     f"{f(mean(m['guided_success_rate'] for m in steps))}, free {f(mean(m['free_success_rate'] for m in steps))}"
                     f" (free at update {first}: {free_at(first)}, at update {last}: {free_at(last)})."]
+    out += against_main_curve(results, name)
     d = x.get("seed_minus_grpo")
     if d:
         out += ["", f"SEED - GRPO, final held-out answer success paired by seed (n={d['n']}): {f(d['mean'], '+.3f')}, "
@@ -501,6 +503,36 @@ def learning_curve(results: dict[str, Result], name: str = "learning_curve") -> 
     if "grpo" in x["methods"]:
         out += ["", f"Goal (GRPO held-out gain >= +{x['goal']['gain_at_least']:.2f}, 95% CI over seeds and tasks "
                     f"excluding 0): **{x['goal']['verdict']}**."]
+    return out
+
+
+#: Settings that name a run's bookkeeping, not what it trained.
+_BOOKKEEPING = {"note", "result_name", "seeds", "methods", "work"}
+
+
+def against_main_curve(results: dict[str, Result], name: str) -> list[str]:
+    """A variant's held-out gain minus the main curve's, paired by seed, for each method both
+    ran on two or more common seeds: the variant keeps the main curve's seeds (hence its tasks
+    per update, start and held-out set), so the pairing removes what a seed decides. Says
+    which settings differ, so the difference is read as theirs."""
+    if name == "learning_curve" or "learning_curve" not in results:
+        return []
+    main, var = results["learning_curve"], results[name]
+    changed = sorted(k for k in set(main.config) | set(var.config)
+                     if k not in _BOOKKEEPING and main.config.get(k) != var.config.get(k)
+                     and (main.config.get(k) or var.config.get(k)))  # a switch added later: None is its off
+    out = []
+    for method, m in var.results["methods"].items():
+        mine = m.get("gain_per_seed") or {}
+        theirs = (main.results["methods"].get(method) or {}).get("gain_per_seed") or {}
+        p = compare(mine, theirs)
+        if p.n < 2:
+            continue
+        per_seed = ", ".join(f"seed {s} {mine[s] - theirs[s]:+.3f}" for s in sorted(set(mine) & set(theirs), key=int))
+        settings = "; ".join(f"{k} {main.config.get(k)} -> {var.config.get(k)}" for k in changed) or "no setting"
+        out += ["", f"{method} held-out gain minus the main curve's (learning_curve.json), paired by seed (n={p.n}; "
+                    f"differs in: {settings}): {f(p.mean, '+.3f')} ({per_seed}), 95% CI "
+                    f"[{p.ci[0]:+.3f}, {p.ci[1]:+.3f}]; a paired test would need {p.seeds_needed or '-'} seeds."]
     return out
 
 

@@ -37,7 +37,11 @@ def launch(tmp_path: Path, *script_args: str, timeout: float = TIMEOUT_S) -> tup
     process without mpirun); the script's ``use_cpu=True`` makes the group gloo on CPU.
     """
     hf_home = tmp_path / "hf-home"  # no user accelerate config, no hub cache, no network
-    env = {**os.environ, "HF_HOME": str(hf_home), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+    # torchrun's elastic agent keeps a torchelastic_* folder in the temp directory and never
+    # deletes it; under the test's own folder it goes with the test's other leftovers
+    tmp = tmp_path / "tmp"
+    tmp.mkdir(exist_ok=True)
+    env = {**os.environ, "TMPDIR": str(tmp), "HF_HOME": str(hf_home), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
            "HF_DATASETS_OFFLINE": "1", "HF_DATASETS_CACHE": str(hf_home / "datasets"), "CUDA_VISIBLE_DEVICES": "",
            "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
