@@ -495,7 +495,7 @@ def learning_curve(results: dict[str, Result], name: str = "learning_curve") -> 
         out += ["", f"Training episodes, mean over every update of every seed: guided "
                     f"{f(mean(m['guided_success_rate'] for m in steps))}, free {f(mean(m['free_success_rate'] for m in steps))}"
                     f" (free at update {first}: {free_at(first)}, at update {last}: {free_at(last)})."]
-    out += against_main_curve(results, name)
+    out += against_nearest_curve(results, name)
     d = x.get("seed_minus_grpo")
     if d:
         out += ["", f"SEED - GRPO, final held-out answer success paired by seed (n={d['n']}): {f(d['mean'], '+.3f')}, "
@@ -508,31 +508,63 @@ def learning_curve(results: dict[str, Result], name: str = "learning_curve") -> 
 
 #: Settings that name a run's bookkeeping, not what it trained.
 _BOOKKEEPING = {"note", "result_name", "seeds", "methods", "work"}
+#: Settings that change what the held-out score measures: curves that differ in one are not paired.
+_MEASURE = {"level", "first_turn", "heldout", "model"}
 
 
-def against_main_curve(results: dict[str, Result], name: str) -> list[str]:
-    """A variant's held-out gain minus the main curve's, paired by seed, for each method both
-    ran on two or more common seeds: the variant keeps the main curve's seeds (hence its tasks
-    per update, start and held-out set), so the pairing removes what a seed decides. Says
-    which settings differ, so the difference is read as theirs."""
-    if name == "learning_curve" or "learning_curve" not in results:
-        return []
-    main, var = results["learning_curve"], results[name]
-    changed = sorted(k for k in set(main.config) | set(var.config)
-                     if k not in _BOOKKEEPING and main.config.get(k) != var.config.get(k)
-                     and (main.config.get(k) or var.config.get(k)))  # a switch added later: None is its off
-    out = []
-    for method, m in var.results["methods"].items():
-        mine = m.get("gain_per_seed") or {}
-        theirs = (main.results["methods"].get(method) or {}).get("gain_per_seed") or {}
-        p = compare(mine, theirs)
-        if p.n < 2:
+def _changed(a: Result, b: Result) -> list[str]:
+    return sorted(k for k in set(a.config) | set(b.config)
+                  if k not in _BOOKKEEPING and a.config.get(k) != b.config.get(k)
+                  and (a.config.get(k) or b.config.get(k)))  # a switch added later: None is its off
+
+
+def _gains(r: Result, method: str) -> dict[str, float]:
+    return (r.results.get("methods", {}).get(method) or {}).get("gain_per_seed") or {}
+
+
+def nearest_curve(results: dict[str, Result], name: str, method: str) -> str | None:
+    """The other learning curve to pair ``name`` with: one that measures the same thing
+    (no ``_MEASURE`` setting differs) and shares a seed, differing in the fewest settings;
+    ties go to more common seeds, then to the main curve."""
+    me = results[name]
+    best = None
+    for other, r in results.items():
+        if other == name or not (other == "learning_curve" or other.startswith("learning_curve_")):
             continue
+        changed = _changed(me, r)
+        common = set(_gains(me, method)) & set(_gains(r, method))
+        if not common or _MEASURE & set(changed):
+            continue
+        key = (len(changed), -len(common), other != "learning_curve", other)
+        best = min(best, (key, other)) if best else (key, other)
+    return best[1] if best else None
+
+
+def against_nearest_curve(results: dict[str, Result], name: str) -> list[str]:
+    """A curve's held-out gain minus its nearest curve's (``nearest_curve``), paired by seed:
+    variants keep the same seeds, hence the same tasks per update, start and held-out set, so
+    the pairing removes what a seed decides. Names the settings that differ, so the
+    difference is read as theirs; one common seed gets its difference and no interval. The
+    main curve is what variants pair with, so its own table gets no such line."""
+    if name == "learning_curve":
+        return []
+    out = []
+    for method in results[name].results.get("methods", {}):
+        other = nearest_curve(results, name, method)
+        if other is None:
+            continue
+        mine, theirs = _gains(results[name], method), _gains(results[other], method)
+        p = compare(mine, theirs)
         per_seed = ", ".join(f"seed {s} {mine[s] - theirs[s]:+.3f}" for s in sorted(set(mine) & set(theirs), key=int))
-        settings = "; ".join(f"{k} {main.config.get(k)} -> {var.config.get(k)}" for k in changed) or "no setting"
-        out += ["", f"{method} held-out gain minus the main curve's (learning_curve.json), paired by seed (n={p.n}; "
-                    f"differs in: {settings}): {f(p.mean, '+.3f')} ({per_seed}), 95% CI "
-                    f"[{p.ci[0]:+.3f}, {p.ci[1]:+.3f}]; a paired test would need {p.seeds_needed or '-'} seeds."]
+        settings = "; ".join(f"{k} {results[other].config.get(k)} -> {results[name].config.get(k)}"
+                             for k in _changed(results[other], results[name])) or "no setting"
+        head = (f"{method} held-out gain minus {other}.json's, paired by seed (n={p.n}; differs in: {settings}): "
+                f"{f(p.mean, '+.3f')}")
+        if p.n < 2:
+            out += ["", f"{head} (one seed: no interval)."]
+        else:
+            out += ["", f"{head} ({per_seed}), 95% CI [{p.ci[0]:+.3f}, {p.ci[1]:+.3f}]; "
+                        f"a paired test would need {p.seeds_needed or '-'} seeds."]
     return out
 
 

@@ -250,22 +250,28 @@ def test_a_tree_is_dirty_for_code_changes_not_for_results(tmp_path):
     assert results.code_version(tmp_path)["dirty"] is True
 
 
-def test_a_variant_is_paired_by_seed_with_the_main_curve_and_names_what_differs():
+def test_a_variant_is_paired_by_seed_with_its_nearest_curve_and_names_what_differs():
     def curve(name: str, gains: dict[str, float], **config) -> "tables.Result":
-        base = {"seeds": [int(s) for s in gains], "temperature": 0.7, "lr": 3e-4, "guide_share": None, "note": "x"}
+        base = {"seeds": [int(s) for s in gains], "temperature": 0.7, "lr": 3e-4, "guide_share": None,
+                "first_turn": "forced", "note": "x"}
         return tables.Result(name=name, config={**base, **config},
                              results={"methods": {"grpo": {"gain_per_seed": gains}}})
 
     main = curve("learning_curve", {"0": 0.10, "1": -0.05, "2": 0.10})
-    variant = curve("learning_curve_t05", {"0": 0.05, "1": 0.05, "2": 0.10, "3": 0.2},
-                    temperature=0.5, guide_share=0.0, note="other")
-    lines = tables.against_main_curve({"learning_curve": main, "learning_curve_t05": variant}, "learning_curve_t05")
-    text = " ".join(lines)
+    t05 = curve("learning_curve_t05", {"0": 0.05, "1": 0.05, "2": 0.10, "3": 0.2},
+                temperature=0.5, guide_share=0.0, note="other")
+    lr = curve("learning_curve_lr", {"0": 0.15}, temperature=0.5, lr=1e-3)
+    guided = curve("learning_curve_guided", {"0": 0.0}, first_turn="auto", guide_share=0.5)
+    results = {c.name: c for c in (main, t05, lr, guided)}
+    text = " ".join(tables.against_nearest_curve(results, "learning_curve_t05"))
     # seed 3 has no partner; a note or a switch added later (None -> 0.0) is not a difference
-    assert "n=3" in text and "temperature 0.7 -> 0.5" in text and "guide_share" not in text and "note" not in text
-    assert "+0.017 (seed 0 -0.050, seed 1 +0.100, seed 2 +0.000)" in text
-    # the main curve against itself, a variant sharing one seed, or no main curve: no line
-    assert tables.against_main_curve({"learning_curve": main}, "learning_curve") == []
-    one = curve("learning_curve_g", {"0": 0.0})
-    assert tables.against_main_curve({"learning_curve": main, "learning_curve_g": one}, "learning_curve_g") == []
-    assert tables.against_main_curve({"learning_curve_t05": variant}, "learning_curve_t05") == []
+    assert "learning_curve.json's" in text and "n=3" in text and "temperature 0.7 -> 0.5" in text
+    assert "guide_share" not in text and "note" not in text
+    assert "+0.017 (seed 0 -0.050, seed 1 +0.100, seed 2 +0.000)" in text and "95% CI" in text
+    # the lr probe pairs with the curve it differs from in one setting, on its one seed
+    text = " ".join(tables.against_nearest_curve(results, "learning_curve_lr"))
+    assert "learning_curve_t05.json's" in text and "lr 0.0003 -> 0.001" in text and "temperature" not in text
+    assert "+0.100 (one seed: no interval)" in text
+    # the main curve is the reference; a curve that scores another thing (free first turn) pairs with none
+    assert tables.against_nearest_curve(results, "learning_curve") == []
+    assert tables.against_nearest_curve(results, "learning_curve_guided") == []
