@@ -103,7 +103,8 @@ def train_config(args: argparse.Namespace, method: str, seed: int, tasks: Path, 
         "trainer": {"learning_rate": args.lr, "lora_r": args.lora_r, "lora_alpha": 2 * args.lora_r,
                     "opd_coef": COEF.lam if method == "seed" else 0.0, "kl_coef": args.kl_coef,
                     # only when on: runs without it keep the digests (and stored runs) they had
-                    **({"guide_share": args.guide_share} if args.guide_share else {})},
+                    **({"guide_share": args.guide_share} if args.guide_share else {}),
+                    **({"lr_schedule": args.lr_schedule} if args.lr_schedule != "linear" else {})},
         "stage1": {"run": "off"},
         "eval": {"tasks": str(heldout), "num_tasks": n_heldout, "every": args.eval_every, "at_start": True,
                  "temperature": 0.0},
@@ -331,6 +332,9 @@ def main(argv: list[str] | None = None) -> None:
                         "the main curve (learning_curve.json) trained at 0.7, so pass --temperature 0.7 to resume it.")
     p.add_argument("--lora-r", type=int, default=8)
     p.add_argument("--lr", type=float, default=1e-4)
+    p.add_argument("--lr-schedule", choices=["linear", "constant"], default="linear",
+                   help="linear (TRL's default, every stored curve): decays to 0 over --updates; constant: every "
+                        "update at --lr.")
     p.add_argument("--kl-coef", type=float, default=0.001, help="KL to the start (the LoRA's base); also logged.")
     p.add_argument("--work", type=Path, default=ROOT / "runs" / "learning_curve", help="Run folders (resumable).")
     p.add_argument("--guide-share", type=float, default=0.0,

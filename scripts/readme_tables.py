@@ -512,10 +512,18 @@ _BOOKKEEPING = {"note", "result_name", "seeds", "methods", "work"}
 _MEASURE = {"level", "first_turn", "heldout", "model"}
 
 
+#: Flags added to bench/learning_curve.py after curves were stored: what an older file without them ran.
+_ADDED_LATER = {"guide_share": 0.0, "lr_schedule": "linear"}
+
+
+def _setting(r: Result, key: str) -> Any:
+    value = r.config.get(key)
+    return _ADDED_LATER.get(key) if value is None else value
+
+
 def _changed(a: Result, b: Result) -> list[str]:
     return sorted(k for k in set(a.config) | set(b.config)
-                  if k not in _BOOKKEEPING and a.config.get(k) != b.config.get(k)
-                  and (a.config.get(k) or b.config.get(k)))  # a switch added later: None is its off
+                  if k not in _BOOKKEEPING and _setting(a, k) != _setting(b, k))
 
 
 def _gains(r: Result, method: str) -> dict[str, float]:
@@ -556,7 +564,7 @@ def against_nearest_curve(results: dict[str, Result], name: str) -> list[str]:
         mine, theirs = _gains(results[name], method), _gains(results[other], method)
         p = compare(mine, theirs)
         per_seed = ", ".join(f"seed {s} {mine[s] - theirs[s]:+.3f}" for s in sorted(set(mine) & set(theirs), key=int))
-        settings = "; ".join(f"{k} {results[other].config.get(k)} -> {results[name].config.get(k)}"
+        settings = "; ".join(f"{k} {_setting(results[other], k)} -> {_setting(results[name], k)}"
                              for k in _changed(results[other], results[name])) or "no setting"
         head = (f"{method} held-out gain minus {other}.json's, paired by seed (n={p.n}; differs in: {settings}): "
                 f"{f(p.mean, '+.3f')}")

@@ -108,7 +108,8 @@ def seed_config(cfg: TrainConfig, out: Path) -> Any:
     group, trainer = cfg.runner.group_size, cfg.trainer
     return SEEDConfig(
         output_dir=str(out / "checkpoints"), per_device_train_batch_size=cfg.tasks_per_iteration * group,
-        num_generations=group, max_steps=cfg.iterations, learning_rate=trainer.learning_rate, beta=trainer.kl_coef,
+        num_generations=group, max_steps=cfg.iterations, learning_rate=trainer.learning_rate,
+        lr_scheduler_type=trainer.lr_schedule, beta=trainer.kl_coef,
         entropy_coef=trainer.entropy_coef, epsilon=trainer.clip_eps, max_grad_norm=trainer.max_grad_norm,
         opd_coef=trainer.opd_coef, gate_sharpness=trainer.gate_sharpness, advantage_norm=trainer.advantage_norm,
         use_cpu=not torch.cuda.is_available(), bf16=resolve_precision(cfg.backend.precision)[0] == torch.bfloat16,

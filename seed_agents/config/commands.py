@@ -71,6 +71,7 @@ class TrainerConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     learning_rate: float = Field(PAPER_LEARNING_RATE, gt=0, le=1.0, description="Paper: 1e-6 (use larger for tiny CPU demos).")
+    lr_schedule: Literal["linear", "constant"] = Field("linear", description="linear: the learning rate decays to 0 over the run's iterations (TRL's default; a short run then takes its last steps at a fraction of learning_rate); constant: every step at learning_rate.")
     opd_coef: float = Field(PAPER.lam, ge=0, description="lambda, the weight of the gated OPD term; 0 turns SEED into GRPO.")
     gate_sharpness: float = Field(PAPER.gate_sharpness, gt=0, description="Sharpness of the OPD gate sigmoid(s * (teacher - student logprob)); the paper's beta (formerly opd_beta).")
     kl_coef: float = Field(PAPER.kl, ge=0, description="KL(pi || pi_ref) coefficient (TRL's beta).")

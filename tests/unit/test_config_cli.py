@@ -185,6 +185,29 @@ def test_seed_config_takes_every_coefficient_from_its_own_field(tmp_path):
     assert args.report_to == ["tensorboard"]
 
 
+@pytest.mark.parametrize(("schedule", "last_lr"), [("linear", 0.25e-3), ("constant", 1e-3)])
+def test_the_learning_rate_schedule_reaches_the_trainer(tmp_path, schedule, last_lr):
+    """TRL decays the learning rate to 0 over max_steps unless told otherwise: in an 8-update
+    run the last steps train at a fraction of the rate the config names."""
+    pytest.importorskip("trl")
+    import torch
+    from transformers import get_scheduler
+
+    from seed_agents.app.policy import seed_config
+
+    cfg = TrainConfig.model_validate({"iterations": 4, "trainer": {"learning_rate": 1e-3, "lr_schedule": schedule}})
+    args = seed_config(cfg, tmp_path / "run")
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=args.learning_rate)
+    sched = get_scheduler(args.lr_scheduler_type, opt, num_warmup_steps=args.get_warmup_steps(args.max_steps),
+                          num_training_steps=args.max_steps)
+    rates = []
+    for _ in range(args.max_steps):
+        rates.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    assert rates[0] == pytest.approx(1e-3) and rates[-1] == pytest.approx(last_lr)
+
+
 @pytest.mark.parametrize("on", [True, False])
 def test_seed_config_switches_checkpointing_without_a_deprecation_warning(tmp_path, on):
     """transformers 5 warns on every run given the old ``gradient_checkpointing`` name."""

@@ -57,7 +57,7 @@ def test_grpo_and_seed_differ_only_in_the_skills_and_the_distillation(tmp_path):
 
     args = argparse.Namespace(tasks_per_update=4, updates=30, group=8, first_turn="forced", model="smollm2-135m",
                               max_tokens=64, temperature=0.7, skill_tokens=64, lr=1e-4, lora_r=8, kl_coef=0.001,
-                              eval_every=5, guide_share=0.0)
+                              eval_every=5, guide_share=0.0, lr_schedule="linear")
     grpo, seed = (train_config(args, m, 1, tmp_path / "t.jsonl", tmp_path / "h.jsonl", 200, 80, tmp_path / m)
                   for m in ("grpo", "seed"))
     assert grpo["skills"]["source"] == "none" and grpo["trainer"]["opd_coef"] == 0.0
@@ -130,7 +130,7 @@ def test_the_run_digest_ignores_where_the_files_live_but_not_what_they_hold(tmp_
 
     args = argparse.Namespace(tasks_per_update=4, updates=30, group=8, first_turn="forced", model="smollm2-135m",
                               max_tokens=64, temperature=0.7, skill_tokens=64, lr=1e-4, lora_r=8, kl_coef=0.001,
-                              eval_every=5, guide_share=0.0)
+                              eval_every=5, guide_share=0.0, lr_schedule="linear")
     for d in ("a", "b"):
         (tmp_path / d).mkdir()
         (tmp_path / d / "t.jsonl").write_text("t\n")
@@ -153,7 +153,7 @@ def test_a_guide_share_changes_the_run_only_when_on_and_needs_a_free_first_turn(
 
     args = argparse.Namespace(tasks_per_update=4, updates=30, group=8, first_turn="auto", model="smollm2-135m",
                               max_tokens=64, temperature=0.7, skill_tokens=64, lr=1e-4, lora_r=8, kl_coef=0.001,
-                              eval_every=5, guide_share=0.0)
+                              eval_every=5, guide_share=0.0, lr_schedule="linear")
     (tmp_path / "t.jsonl").write_text("t\n")
     (tmp_path / "h.jsonl").write_text("h\n")
 
@@ -164,6 +164,8 @@ def test_a_guide_share_changes_the_run_only_when_on_and_needs_a_free_first_turn(
     off, on = config(), config(guide_share=0.5)
     # off, the trainer section is what it was before the option existed: stored runs keep their digests
     assert "guide_share" not in off["trainer"] and on["trainer"]["guide_share"] == 0.5
+    # so with the learning-rate schedule: TRL's linear decay leaves the section as it was
+    assert "lr_schedule" not in off["trainer"] and config(lr_schedule="constant")["trainer"]["lr_schedule"] == "constant"
     assert off["graph"]["build"].endswith(":build_auto_agent")
     assert lc.run_digest(off, tmp_path / "t.jsonl", tmp_path / "h.jsonl") != lc.run_digest(on, tmp_path / "t.jsonl",
                                                                                             tmp_path / "h.jsonl")

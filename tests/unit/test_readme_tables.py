@@ -260,7 +260,7 @@ def test_a_variant_is_paired_by_seed_with_its_nearest_curve_and_names_what_diffe
     main = curve("learning_curve", {"0": 0.10, "1": -0.05, "2": 0.10})
     t05 = curve("learning_curve_t05", {"0": 0.05, "1": 0.05, "2": 0.10, "3": 0.2},
                 temperature=0.5, guide_share=0.0, note="other")
-    lr = curve("learning_curve_lr", {"0": 0.15}, temperature=0.5, lr=1e-3)
+    lr = curve("learning_curve_lr", {"0": 0.15}, temperature=0.5, lr=1e-3, lr_schedule="linear")  # older files lack it
     guided = curve("learning_curve_guided", {"0": 0.0}, first_turn="auto", guide_share=0.5)
     results = {c.name: c for c in (main, t05, lr, guided)}
     text = " ".join(tables.against_nearest_curve(results, "learning_curve_t05"))
@@ -270,7 +270,8 @@ def test_a_variant_is_paired_by_seed_with_its_nearest_curve_and_names_what_diffe
     assert "+0.017 (seed 0 -0.050, seed 1 +0.100, seed 2 +0.000)" in text and "95% CI" in text
     # the lr probe pairs with the curve it differs from in one setting, on its one seed
     text = " ".join(tables.against_nearest_curve(results, "learning_curve_lr"))
-    assert "learning_curve_t05.json's" in text and "lr 0.0003 -> 0.001" in text and "temperature" not in text
+    assert "learning_curve_t05.json's" in text and "lr 0.0003 -> 0.001" in text
+    assert "temperature" not in text and "lr_schedule" not in text
     assert "+0.100 (one seed: no interval)" in text
     # the main curve is the reference; a curve that scores another thing (free first turn) pairs with none
     assert tables.against_nearest_curve(results, "learning_curve") == []
