@@ -460,7 +460,8 @@ def learning_curve(results: dict[str, Result], name: str = "learning_curve") -> 
     what = (f"atlas level {c['level']} ({c['first_turn']} first turn"
             + (f", guided openings in a share {c['guide_share']:g} of training episodes" if c.get("guide_share") else "")
             + f"), {c['train_tasks']} training / {c['heldout']} "
-            f"held-out tasks (disjoint places), {len(seeds)} seed(s), LoRA r{c['lora_r']} lr {c['lr']:g}, "
+            f"held-out tasks (disjoint places), {len(seeds)} seed(s), LoRA r{c['lora_r']} lr {c['lr']:g}"
+            f"{' constant' if c.get('lr_schedule') == 'constant' else ''}, "
             f"T {c['temperature']:g}, held-out greedy every {c['eval_every']} updates"
             + (f"; {c['note']}" if c.get("note") else ""))
 
