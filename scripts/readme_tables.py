@@ -510,7 +510,7 @@ def learning_curve(results: dict[str, Result], name: str = "learning_curve") -> 
 #: Settings that name a run's bookkeeping, not what it trained.
 _BOOKKEEPING = {"note", "result_name", "seeds", "methods", "work"}
 #: Settings that change what the held-out score measures: curves that differ in one are not paired.
-_MEASURE = {"level", "first_turn", "heldout", "model"}
+_MEASURE = {"level", "first_turn", "heldout", "model", "max_tokens"}
 
 
 #: Flags added to bench/learning_curve.py after curves were stored: what an older file without them ran.
