@@ -536,17 +536,15 @@ def nearest_curve(results: dict[str, Result], name: str, method: str) -> str | N
     (no ``_MEASURE`` setting differs) and shares a seed, differing in the fewest settings;
     ties go to more common seeds, then to the main curve."""
     me = results[name]
-    best = None
+    candidates = []
     for other, r in results.items():
         if other == name or not (other == "learning_curve" or other.startswith("learning_curve_")):
             continue
         changed = _changed(me, r)
         common = set(_gains(me, method)) & set(_gains(r, method))
-        if not common or _MEASURE & set(changed):
-            continue
-        key = (len(changed), -len(common), other != "learning_curve", other)
-        best = min(best, (key, other)) if best else (key, other)
-    return best[1] if best else None
+        if common and not _MEASURE & set(changed):
+            candidates.append((len(changed), -len(common), other != "learning_curve", other))
+    return min(candidates)[-1] if candidates else None
 
 
 def against_nearest_curve(results: dict[str, Result], name: str) -> list[str]:
