@@ -1,0 +1,274 @@
+"""Can a hindsight skill move SmolLM2 on the atlas? `skills eval` margins for three analyzers.
+
+SEED's distillation signal is the shift in the policy's log-probability of its own sampled
+actions when the episode's skill is put into its prompt (``skills eval``'s docstring). On
+TextWorld every analyzer's margin was below zero (docs/results/skill_usefulness.json). This
+script asks the same question on the task family the learning curve trains on (atlas level
+0, first turn forced, ``bench/learning_curve.py``'s rollout settings), with three analyzers
+writing a skill about each of the *same* episodes:
+
+- ``policy``: the base policy itself, greedy under the skill grammar, with the learning
+  curve's skill budget: what SEED's hindsight node writes at its first update;
+- ``oracle-specific``: a skill that names the call the task needed, with its arguments
+  ("Call lookup with place "Malam" and field "area", ..."), read from the task manifest: an
+  upper bound of what a skill can say about one episode, and the kind of sentence a 135M
+  model can copy;
+- ``oracle-generic``: the same workflow without the arguments ("Call lookup with the place
+  and the field the question names, ..."): does naming the arguments matter?
+
+The policy (base SmolLM2, fp32) plays ``--tasks`` training tasks x ``--group`` episodes;
+each analyzer writes its skills with ``seed-agents skills collect --from-trajectories``;
+``seed-agents skills eval`` re-scores every episode's recorded tokens with and without its
+skill (own), and each skill on its whole GRPO group (paired). Printed per analyzer: the
+coverage, the mean Delta on successes and on failures, the margin (successes minus
+failures: above 0 is the direction SEED needs) with a 95% bootstrap CI over tasks, and
+the paired win rate. The result, with every scored episode, goes to
+``docs/results/atlas_skills.json``.
+
+    .venv/bin/python bench/atlas_skills.py --note "nothing else ran"     # ~25 min on 2 cores
+    .venv/bin/python bench/atlas_skills.py --tasks 2 --group 2 --work runs/as-smoke \
+        --results-dir runs/as-smoke/results                                # smoke
+
+Resumable: a re-run reuses the episodes and the skills already written (``skills collect``
+resumes by construction); only ``skills eval`` runs again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run as a script: bench/ and examples/ are on the path
+from bench.results import add_results_args, config_of, now, write_result  # noqa: E402
+
+from langchain_core.language_models.chat_models import BaseChatModel  # noqa: E402
+from langchain_core.messages import AIMessage, BaseMessage  # noqa: E402
+from langchain_core.outputs import ChatGeneration, ChatResult  # noqa: E402
+
+ANALYZERS = ("policy", "oracle-specific", "oracle-generic")
+NOUN = {"population": "population", "area": "area", "founded": "founding year"}
+
+
+# -- the oracle: a skill from the task manifest ---------------------------------------------
+
+
+def _questions() -> dict[str, dict[str, Any]]:
+    """Every atlas question (both splits, every level) -> its task's data."""
+    from examples.atlas_tasks import make_tasks
+
+    return {t.data["question"]: t.data for split in ("train", "heldout") for t in make_tasks(split)}
+
+
+def oracle_skill(data: dict[str, Any], style: Literal["specific", "generic"]) -> str:
+    """The workflow that solves the task: its calls, with their arguments or without."""
+    steps = []
+    for call in data["calls"]:
+        args = call["args"]
+        if call["name"] == "lookup":
+            steps.append(f'call lookup with place "{args["place"]}" and field "{args["field"]}"' if style == "specific"
+                         else "call lookup with the place and the field the question names")
+        else:
+            steps.append(f'call {call["name"]} with a={args["a"]} and b={args["b"]}' if style == "specific"
+                         else f"call {call['name']} with the numbers to combine")
+    text = ", then ".join(steps) + ", then give the number it returns as the final answer."
+    return text[0].upper() + text[1:]
+
+
+class OracleSkills(BaseChatModel):
+    """A LangChain chat model that answers the analyzer prompt with the task's own solution.
+
+    It finds the atlas question inside the analyzer's prompt (the episode's task is quoted
+    there) and replies with the JSON the analyzer contract asks for. It reads no outcome and
+    no trajectory: the same skill for every episode of a task, written from the manifest.
+    """
+
+    style: Literal["specific", "generic"] = "specific"
+
+    @property
+    def _llm_type(self) -> str:
+        return f"atlas-oracle-{self.style}"
+
+    def _generate(self, messages: list[BaseMessage], stop: Any = None, run_manager: Any = None,
+                  **kwargs: Any) -> ChatResult:
+        text = "\n".join(str(m.content) for m in messages)
+        found = [(q, d) for q, d in _QUESTIONS.items() if q in text]
+        if len(found) != 1:
+            raise ValueError(f"the analyzer prompt quotes {len(found)} atlas questions, expected 1")
+        question, data = found[0]
+        reply = {"episode_summary": f"The task asked: {question}", "episode_skill": oracle_skill(data, self.style)}
+        return ChatResult(generations=[ChatGeneration(message=AIMessage(content=json.dumps(reply)))])
+
+
+_QUESTIONS = _questions()
+
+
+# -- the three steps -------------------------------------------------------------------------
+
+
+def play(args: argparse.Namespace, path: Path) -> None:
+    """The base policy plays the training tasks (the learning curve's rollout settings);
+    the episodes go to ``path`` as they finish. Skipped when ``path`` holds them all."""
+    import torch
+
+    from examples.atlas_tasks import answer_reward, build_agent, make_tasks
+    from seed_agents.app.builders import open_chat_model
+    from seed_agents.capture import JsonlSink, capture, read_jsonl
+    from seed_agents.config.core import BackendConfig, RunnerConfig
+    from seed_agents.runner import EpisodeRunner
+    from seed_agents.types import SamplingParams, Trajectory
+
+    if path.exists() and len(read_jsonl(path, Trajectory)) == args.tasks * args.group:
+        print(f"episodes: reusing {path}", flush=True)
+        return
+    path.unlink(missing_ok=True)  # a partial file from a killed run: play them all again, seeded
+    torch.set_num_threads(args.threads)
+    tasks = make_tasks("train", per_level=args.tasks, levels=[0])
+    llm = open_chat_model(BackendConfig(kind="local", model=args.model, max_batch_size=args.tasks * args.group),
+                          SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature))
+    t0 = time.perf_counter()
+    try:
+        with JsonlSink(path) as sink:
+            runner = EpisodeRunner(build_agent(llm), RunnerConfig(group_size=args.group,
+                                                                  concurrency=args.tasks * args.group, progress=False),
+                                   reward_fn=answer_reward, sink=sink, seed=args.seed)
+            with capture(run="atlas-skills", split="train"):
+                asyncio.run(runner.run(tasks))
+    finally:
+        close = getattr(llm.backend, "close", None)
+        if close is not None:
+            close()
+    print(f"episodes: {args.tasks * args.group} in {time.perf_counter() - t0:.0f}s", flush=True)
+
+
+def analyzer_config(name: str, args: argparse.Namespace) -> dict[str, Any]:
+    if name == "policy":  # as the hindsight node: greedy, under the skill grammar, the curve's budget
+        return {"kind": "policy", "name": "policy", "model": args.model, "max_tokens": args.skill_tokens,
+                "max_concurrency": args.tasks * args.group}
+    return {"kind": "langchain", "name": name, "spec": "bench.atlas_skills:OracleSkills",
+            "kwargs": {"style": name.removeprefix("oracle-")}}
+
+
+def seed_agents(argv: Sequence[str], ok: Sequence[int] = (0,)) -> None:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH"))))}
+    code = subprocess.run([sys.executable, "-m", "seed_agents", *argv], cwd=ROOT, env=env).returncode
+    if code not in ok:
+        raise SystemExit(f"error: seed-agents {argv[0]} {argv[1]} exited with {code}")
+
+
+def bootstrap_margin(episodes: list[dict[str, Any]], *, n: int = 2000, seed: int = 0) -> tuple[float, float] | None:
+    """95% percentile CI of the margin (mean Delta on successes minus on failures),
+    resampling *tasks* with their episodes: the episodes of one task share a question and
+    a skill, so they are not independent draws."""
+    by_task: dict[str, list[dict[str, Any]]] = {}
+    for e in episodes:
+        if e["delta"] is not None:
+            by_task.setdefault(e["task_id"], []).append(e)
+    tasks = sorted(by_task)
+    if not tasks:
+        return None
+    rng = random.Random(seed)
+
+    def draws() -> Iterator[float]:
+        for _ in range(n):
+            picked = [e for _ in tasks for e in by_task[rng.choice(tasks)]]
+            won = [e["delta"] for e in picked if e["success"]]
+            lost = [e["delta"] for e in picked if not e["success"]]
+            if won and lost:
+                yield sum(won) / len(won) - sum(lost) / len(lost)
+
+    values = sorted(draws())
+    if len(values) < n // 2:  # most resamples lack one outcome: no interval worth printing
+        return None
+    return values[int(0.025 * len(values))], values[int(0.975 * len(values)) - 1]
+
+
+def summarise(usefulness: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Per analyzer: coverage, Delta by outcome, the margin with its CI over tasks, the paired win rate."""
+    out = {}
+    for row in usefulness["rows"]:
+        name = row["analyzer"]
+        out[name] = {**row, "margin_ci95": bootstrap_margin(usefulness["episodes"].get(name, []))}
+    return out
+
+
+def report(summary: dict[str, dict[str, Any]]) -> str:
+    def f(x: Any, spec: str = "+.3f") -> str:
+        return "-" if x is None else format(x, spec)
+
+    lines = [f"{'analyzer':<17} {'coverage':>8} {'Delta succ':>10} {'Delta fail':>10} {'margin':>7} "
+             f"{'95% CI':>17} {'paired win':>10}"]
+    for name, s in summary.items():
+        ci = s["margin_ci95"]
+        lines.append(f"{name:<17} {f(s.get('coverage'), '.2f'):>8} {f(s.get('delta_success')):>10} "
+                     f"{f(s.get('delta_failure')):>10} {f(s.get('margin')):>7} "
+                     f"{('[' + f(ci[0]) + ', ' + f(ci[1]) + ']') if ci else '-':>17} "
+                     f"{f(s.get('paired_win_rate'), '.2f'):>10}")
+    return "\n".join(lines)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    p.add_argument("--model", default="smollm2-135m")
+    p.add_argument("--tasks", type=int, default=16, help="Atlas level-0 training tasks (the curve's first ones).")
+    p.add_argument("--group", type=int, default=8)
+    p.add_argument("--temperature", type=float, default=0.5, help="The learning curve's training temperature.")
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--skill-tokens", type=int, default=64, help="The policy analyzer's budget (the curve's).")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--work", type=Path, default=ROOT / "runs" / "atlas_skills")
+    p.add_argument("--note", default="", help="What else ran on the machine.")
+    p.add_argument("--result-name", default="atlas_skills")
+    add_results_args(p)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    started_at, t0 = now(), time.perf_counter()
+    work = args.work.resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    episodes = work / "episodes.jsonl"
+    play(args, episodes)
+    walls = {"play_s": time.perf_counter() - t0}
+    for name in ANALYZERS:
+        t = time.perf_counter()
+        cfg = work / f"{name}.json"
+        cfg.write_text(json.dumps({"analyzer": analyzer_config(name, args)}))
+        # exit 1: some requests failed (a re-run retries them); the table counts what parsed
+        seed_agents(["skills", "collect", "--config", str(cfg), "--from-trajectories", str(episodes),
+                     "--out", str(work / name)], ok=(0, 1))
+        walls[f"{name}_s"] = time.perf_counter() - t
+    t = time.perf_counter()
+    seed_agents(["skills", "eval", "--model", args.model, "--trajectories", str(episodes),
+                 "--examples", *(str(work / n / "examples.jsonl") for n in ANALYZERS), "--out", str(work / "eval")])
+    walls["eval_s"] = time.perf_counter() - t
+    usefulness = json.loads((work / "eval" / "usefulness.json").read_text())
+    summary = summarise(usefulness)
+    print(report(summary))
+    examples = {n: [json.loads(line) for line in (work / n / "examples.jsonl").read_text().splitlines() if line]
+                for n in ANALYZERS}
+    skills = {n: [{"task_id": e["task_id"], "success": e["success"], "valid": e["valid"], "skill": e["skill"]}
+                  for e in sorted(ex, key=lambda e: (e["task_id"], e["trajectory_id"]))] for n, ex in examples.items()}
+    write_result(args.result_name, {**config_of(args), "level": 0, "first_turn": "forced"},
+                 {"summary": summary, "episodes": usefulness.get("episodes"), "pairs": usefulness.get("pairs"),
+                  "counts": usefulness.get("counts"), "skills": skills, "wall_s": walls,
+                  "total_wall_s": time.perf_counter() - t0},
+                 paper={"model": "Qwen2.5-3B-Instruct"}, labels={"model": "base model"},
+                 started_at=started_at, results_dir=args.results_dir)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,50 @@
+"""bench/atlas_skills.py's own parts: the oracle analyzer answers the real analyzer prompt
+with a skill that parses and names the task's calls, and the margin's interval resamples
+tasks, not episodes."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.atlas_skills import OracleSkills, bootstrap_margin, oracle_skill
+from examples.atlas_tasks import make_tasks
+from seed_agents.skills import build_analyzer_messages, parse_skill
+
+
+@pytest.mark.parametrize("style", ["specific", "generic"])
+def test_the_oracle_answers_the_analyzer_prompt_with_a_valid_skill(style):
+    task = make_tasks("train", per_level=1, levels=[1])[0]
+    messages = build_analyzer_messages(task.data["question"], False, [("prompt", "reply")])
+    reply = OracleSkills(style=style).invoke(messages)
+    _, skill, reason = parse_skill(reply.content)
+    assert reason is None
+    (lookup, add) = task.data["calls"]
+    named = f'"{lookup["args"]["place"]}"' in skill and f'a={add["args"]["a"]}' in skill
+    assert named is (style == "specific") and skill.startswith("Call lookup")
+
+
+def test_the_oracle_refuses_a_prompt_without_an_atlas_question():
+    with pytest.raises(ValueError, match="0 atlas questions"):
+        OracleSkills().invoke(build_analyzer_messages("Go north.", True, []))
+
+
+def test_oracle_skills_read_the_manifest_not_the_outcome():
+    data = {"calls": [{"name": "lookup", "args": {"place": "Malam", "field": "area"}}]}
+    assert oracle_skill(data, "specific") == 'Call lookup with place "Malam" and field "area", then give the number it returns as the final answer.'
+
+
+def _episode(task, success, delta):
+    return {"task_id": task, "success": success, "delta": delta}
+
+
+def test_the_margin_interval_resamples_tasks():
+    # every task: successes +0.1, failures -0.1, so every resample of tasks gives a margin of 0.2
+    episodes = [_episode(f"t{i}", s, 0.1 if s else -0.1) for i in range(5) for s in (True, False, False)]
+    lo, hi = bootstrap_margin(episodes)
+    assert lo == pytest.approx(0.2) and hi == pytest.approx(0.2)
+    # one outcome only: no margin, no interval
+    assert bootstrap_margin([_episode("t", True, 0.1)]) is None
+    # tasks that disagree widen it
+    wide = episodes + [_episode("t9", True, -0.5), _episode("t9", False, 0.5)]
+    lo, hi = bootstrap_margin(wide)
+    assert lo < 0.2 - 1e-9 and hi == pytest.approx(0.2)
