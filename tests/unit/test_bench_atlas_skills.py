@@ -30,7 +30,8 @@ def test_the_oracle_refuses_a_prompt_without_an_atlas_question():
 
 def test_oracle_skills_read_the_manifest_not_the_outcome():
     data = {"calls": [{"name": "lookup", "args": {"place": "Malam", "field": "area"}}]}
-    assert oracle_skill(data, "specific") == 'Call lookup with place "Malam" and field "area", then give the number it returns as the final answer.'
+    assert oracle_skill(data, "specific") == ('Call lookup with place "Malam" and field "area", '
+                                              "then give the number it returns as the final answer.")
 
 
 def _episode(task, success, delta):
