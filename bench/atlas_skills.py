@@ -228,6 +228,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--work", type=Path, default=ROOT / "runs" / "atlas_skills")
+    p.add_argument("--analyzers", default=",".join(ANALYZERS), help=f"Comma list of {', '.join(ANALYZERS)}.")
+    p.add_argument("--paired", action=argparse.BooleanOptionalAction, default=True,
+                   help="Also score each skill on its whole group (costs most of the scoring time).")
     p.add_argument("--note", default="", help="What else ran on the machine.")
     p.add_argument("--result-name", default="atlas_skills")
     add_results_args(p)
@@ -235,14 +238,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    p = build_parser()
+    args = p.parse_args(argv)
+    names = [n for n in args.analyzers.split(",") if n]
+    if not names or set(names) - set(ANALYZERS):
+        p.error(f"--analyzers: a comma list of {', '.join(ANALYZERS)}")
     started_at, t0 = now(), time.perf_counter()
     work = args.work.resolve()
     work.mkdir(parents=True, exist_ok=True)
     episodes = work / "episodes.jsonl"
     play(args, episodes)
     walls = {"play_s": time.perf_counter() - t0}
-    for name in ANALYZERS:
+    for name in names:
         t = time.perf_counter()
         cfg = work / f"{name}.json"
         cfg.write_text(json.dumps({"analyzer": analyzer_config(name, args)}))
@@ -252,13 +259,14 @@ def main(argv: list[str] | None = None) -> int:
         walls[f"{name}_s"] = time.perf_counter() - t
     t = time.perf_counter()
     seed_agents(["skills", "eval", "--model", args.model, "--trajectories", str(episodes),
-                 "--examples", *(str(work / n / "examples.jsonl") for n in ANALYZERS), "--out", str(work / "eval")])
+                 "--examples", *(str(work / n / "examples.jsonl") for n in names), "--out", str(work / "eval"),
+                 "--paired" if args.paired else "--no-paired"])
     walls["eval_s"] = time.perf_counter() - t
     usefulness = json.loads((work / "eval" / "usefulness.json").read_text())
     summary = summarise(usefulness)
     print(report(summary))
     examples = {n: [json.loads(line) for line in (work / n / "examples.jsonl").read_text().splitlines() if line]
-                for n in ANALYZERS}
+                for n in names}
     skills = {n: [{"task_id": e["task_id"], "success": e["success"], "valid": e["valid"], "skill": e["skill"]}
                   for e in sorted(ex, key=lambda e: (e["task_id"], e["trajectory_id"]))] for n, ex in examples.items()}
     write_result(args.result_name, {**config_of(args), "level": 0, "first_turn": "forced"},
