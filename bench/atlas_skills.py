@@ -25,12 +25,18 @@ failures: above 0 is the direction SEED needs) with a 95% bootstrap CI over task
 the paired win rate. The result, with every scored episode, goes to
 ``docs/results/atlas_skills.json``.
 
-    .venv/bin/python bench/atlas_skills.py --note "nothing else ran"     # ~25 min on 2 cores
+    .venv/bin/python bench/atlas_skills.py --note "nothing else ran"     # hours on 2 cores: see below
     .venv/bin/python bench/atlas_skills.py --tasks 2 --group 2 --work runs/as-smoke \
         --results-dir runs/as-smoke/results                                # smoke
 
 Resumable: a re-run reuses the episodes and the skills already written (``skills collect``
 resumes by construction); only ``skills eval`` runs again.
+
+Its cost is the scoring: every policy call is a full fp32 forward of ~700 tokens, twice per
+episode and analyzer (with and without the skill), and the paired check adds one per member
+of each mixed group. At the default size (128 episodes) one analyzer's own-skill scoring took
+over 20 minutes on 2 cores (2026-12-03; the first attempt was stopped there): ``--tasks 8
+--no-paired`` is the short run.
 """
 
 from __future__ import annotations
