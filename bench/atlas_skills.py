@@ -164,7 +164,7 @@ def analyzer_config(name: str, args: argparse.Namespace) -> dict[str, Any]:
             "kwargs": {"style": name.removeprefix("oracle-")}}
 
 
-def seed_agents(argv: Sequence[str], ok: Sequence[int] = (0,)) -> None:
+def run_cli(argv: Sequence[str], ok: Sequence[int] = (0,)) -> None:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH"))))}
     code = subprocess.run([sys.executable, "-m", "seed_agents", *argv], cwd=ROOT, env=env).returncode
     if code not in ok:
@@ -260,11 +260,11 @@ def main(argv: list[str] | None = None) -> int:
         cfg = work / f"{name}.json"
         cfg.write_text(json.dumps({"analyzer": analyzer_config(name, args)}))
         # exit 1: some requests failed (a re-run retries them); the table counts what parsed
-        seed_agents(["skills", "collect", "--config", str(cfg), "--from-trajectories", str(episodes),
+        run_cli(["skills", "collect", "--config", str(cfg), "--from-trajectories", str(episodes),
                      "--out", str(work / name)], ok=(0, 1))
         walls[f"{name}_s"] = time.perf_counter() - t
     t = time.perf_counter()
-    seed_agents(["skills", "eval", "--model", args.model, "--trajectories", str(episodes),
+    run_cli(["skills", "eval", "--model", args.model, "--trajectories", str(episodes),
                  "--examples", *(str(work / n / "examples.jsonl") for n in names), "--out", str(work / "eval"),
                  "--paired" if args.paired else "--no-paired"])
     walls["eval_s"] = time.perf_counter() - t

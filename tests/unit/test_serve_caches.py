@@ -1,6 +1,6 @@
 """Where a vLLM server keeps its compile caches: inside its work folder by default (a run
 leaves nothing behind), in the folders the environment names when it names them (restarts
-then reuse compiled graphs; the test suite shares one for all its servers, tests/conftest.py)."""
+then reuse the kernels torch.compile built; the test suite shares one for all its servers, tests/conftest.py)."""
 
 from __future__ import annotations
 
