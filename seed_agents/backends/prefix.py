@@ -40,6 +40,20 @@ def worth_sharing(seqs: list[list[int]]) -> int:
     return shared if shared >= MIN_PREFIX else 0
 
 
+def prefix_batches(seqs: list[list[int]], max_rows: int) -> list[list[int]]:
+    """Batches (lists of indices) of at most ``max_rows`` sequences, for sequences already in
+    token order: a batch ends where the next sequence shares fewer than ``MIN_PREFIX``
+    tokens with the one before it, so a sequence that shares nothing never costs a batch
+    its shared prefix (the rows that do share still run it once)."""
+    batches: list[list[int]] = []
+    for i, seq in enumerate(seqs):
+        if batches and len(batches[-1]) < max_rows and common_prefix_len([seqs[i - 1], seq]) >= MIN_PREFIX:
+            batches[-1].append(i)
+        else:
+            batches.append([i])
+    return batches
+
+
 def cache_kwarg(model: Any) -> str:
     """transformers 5 renamed the forward's ``past_key_values`` to ``cache``."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model

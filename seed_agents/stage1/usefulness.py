@@ -73,7 +73,8 @@ class UsefulnessConfig(BaseModel):
     out: Path = Field(Path("runs/skills_eval"), description="Output directory (usefulness.json).")
     paired: bool = Field(True, description="Run the paired within-group comparison (scores each skill on its whole group).")
     max_episodes: int | None = Field(None, ge=1, description="Score at most this many episodes per analyzer (the first in file order).")
-    batch_size: int = Field(4, ge=1, le=1024, description="Sequences per scoring forward pass.")
+    batch_size: int = Field(8, ge=1, le=1024, description="Sequences per scoring forward pass (a batch's shared prompt tokens run once).")
+    share_prefix: bool = Field(True, description="Run the prompt tokens a batch shares once (exact up to float rounding; off: every sequence whole).")
     seed: int = Field(0, description="Base sampling seed of the re-run check.")
     rerun: RerunConfig = Field(default_factory=RerunConfig, description="The optional re-run check (--rerun turns it on).")
 
@@ -124,34 +125,49 @@ class Scorer:
 
     Identical token sequences always get the identical number, so a skill that leaves a
     prompt unchanged gives a Delta of exactly 0, whatever batch it was scored in.
+
+    Pairs are batched in token order, so a batch holds prompts that begin alike (one
+    episode's turns, one skill's episodes, the skill-free prompts with their shared system
+    prompt and tool schemas); the tokens a batch shares run once (``share_prefix``) and the
+    vocabulary projection runs only on completions (``scoring.completion_logprobs``). Both
+    are exact up to float rounding, which is far below the margins this scores.
     """
 
-    def __init__(self, model: Any, *, pad_token_id: int = 0, batch_size: int = 4) -> None:
-        self.model, self.pad_token_id, self.batch_size = model, pad_token_id, batch_size
+    def __init__(self, model: Any, *, pad_token_id: int = 0, batch_size: int = 8, share_prefix: bool = True) -> None:
+        self.model, self.pad_token_id, self.batch_size, self.share_prefix = model, pad_token_id, batch_size, share_prefix
         self.cache: dict[bytes, float] = {}
         self.forward_sequences = 0
+        self.forward_tokens = 0  # tokens the forwards ran (a shared prefix counts once per batch)
 
     def prefetch(self, pairs: Sequence[tuple[Sequence[int], Sequence[int]]]) -> None:
-        """Score every pair not yet cached, in batches of similar length."""
+        """Score every pair not yet cached, in batches of prompts that begin alike."""
         import torch
 
-        from seed_agents.scoring import batch_sequence_logprobs
+        from seed_agents.backends.prefix import prefix_batches, worth_sharing
+        from seed_agents.scoring import completion_logprobs
 
         todo: dict[bytes, tuple[Sequence[int], Sequence[int]]] = {}
         for p, c in pairs:
             k = _key(p, c)
             if k not in self.cache:
                 todo[k] = (p, c)
-        order = sorted(todo, key=lambda k: len(todo[k][0]) + len(todo[k][1]))  # less padding
+        order = sorted(todo, key=lambda k: (tuple(todo[k][0]), len(todo[k][1])))
         self.model.eval()
-        for i in range(0, len(order), self.batch_size):
-            keys = order[i : i + self.batch_size]
+        if self.share_prefix:
+            batches = prefix_batches([list(todo[k][0]) for k in order], self.batch_size)
+        else:
+            batches = [list(range(i, min(i + self.batch_size, len(order)))) for i in range(0, len(order), self.batch_size)]
+        for batch in batches:
+            keys = [order[i] for i in batch]
+            prompts, completions = [todo[k][0] for k in keys], [todo[k][1] for k in keys]
+            shared = worth_sharing([list(p) for p in prompts]) if self.share_prefix else 0
             with torch.no_grad():
-                logps_B_T, mask_B_T = batch_sequence_logprobs(
-                    self.model, [todo[k][0] for k in keys], [todo[k][1] for k in keys], pad_token_id=self.pad_token_id)
+                logps_B_T, mask_B_T = completion_logprobs(self.model, prompts, completions, prefix_len=shared,
+                                                          pad_token_id=self.pad_token_id)
             sums_B = (logps_B_T.double() * mask_B_T).sum(-1).tolist()
             self.cache.update(zip(keys, sums_B))
             self.forward_sequences += len(keys)
+            self.forward_tokens += shared + sum(len(p) - shared + len(c) for p, c in zip(prompts, completions))
 
     def __call__(self, prompt_ids: Sequence[int], completion_ids: Sequence[int]) -> float:
         k = _key(prompt_ids, completion_ids)
@@ -441,7 +457,7 @@ def run_usefulness(cfg: UsefulnessConfig) -> dict[str, Any]:
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     injector = TaskLineInjector() if cfg.injector == "task_line" else SystemBlockInjector()
     result = evaluate_skills(model, tokenizer, trajs, by_analyzer, injector=injector, paired=cfg.paired,
-                             max_episodes=cfg.max_episodes, batch_size=cfg.batch_size)
+                             max_episodes=cfg.max_episodes, batch_size=cfg.batch_size, share_prefix=cfg.share_prefix)
     result["counts"] = {**counts, **result["counts"]}
 
     if cfg.rerun.enabled:
@@ -488,13 +504,13 @@ def _skills_by_task(examples: Sequence[SkillExample], trajs: dict[str, Trajector
 
 def evaluate_skills(model: Any, tokenizer: Any, trajs: dict[str, Trajectory], by_analyzer: dict[str, list[SkillExample]], *,
                     injector: Any = None, paired: bool = True, max_episodes: int | None = None,
-                    batch_size: int = 4) -> dict[str, Any]:
+                    batch_size: int = 8, share_prefix: bool = True) -> dict[str, Any]:
     """The log-probability check for every analyzer: ``{"rows": [...], "episodes": {...}, ...}``."""
     from seed_agents.chat_model import SeedChatModel
     from seed_agents.skills import SystemBlockInjector
 
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    scorer = Scorer(model, pad_token_id=int(pad or 0), batch_size=batch_size)
+    scorer = Scorer(model, pad_token_id=int(pad or 0), batch_size=batch_size, share_prefix=share_prefix)
     scoring = SkillScoring(scorer, SeedChatModel(backend=None, tokenizer=tokenizer), injector or SystemBlockInjector())
     bad, n_calls = scoring.render_mismatches(list(trajs.values()))
     if bad:
@@ -507,7 +523,8 @@ def evaluate_skills(model: Any, tokenizer: Any, trajs: dict[str, Trajectory], by
         rows.append({"analyzer": analyzer, **r["row"]})
         episodes[analyzer], pairs[analyzer] = r["episodes"], r["pairs"]
     return {"rows": rows, "episodes": episodes, "pairs": pairs,
-            "counts": {"policy_calls": n_calls, "render_mismatches": bad, "sequences_scored": scorer.forward_sequences}}
+            "counts": {"policy_calls": n_calls, "render_mismatches": bad, "sequences_scored": scorer.forward_sequences,
+                       "tokens_run": scorer.forward_tokens}}
 
 
 def format_table(rows: Sequence[dict[str, Any]]) -> str:

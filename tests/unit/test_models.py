@@ -130,3 +130,38 @@ def test_batched_scoring_matches_single(tiny_model_dir: str) -> None:
     logps_B_T, mask_B_T = batch_sequence_logprobs(model, prompts, completions)
     (logps_B_T * mask_B_T).sum().backward()
     assert model.model.embed_tokens.weight.grad is not None
+
+
+@pytest.mark.parametrize("prefix_len", [0, 40])
+def test_completion_scoring_matches_single_with_and_without_a_shared_prefix(tiny_model_dir: str, prefix_len: int) -> None:
+    """The eval scorer (left-padded prompts, logits on completions only, a shared prefix run
+    once) agrees with scoring each sequence alone, whatever the prompt and completion widths."""
+    from transformers import AutoModelForCausalLM
+
+    from seed_agents.scoring import completion_logprobs
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    g = torch.Generator().manual_seed(1)
+    shared = torch.randint(5, 1000, (40,), generator=g).tolist()
+    prompts = [shared + torch.randint(5, 1000, (n,), generator=g).tolist() for n in (1, 23, 7)]
+    completions = [torch.randint(5, 1000, (n,), generator=g).tolist() for n in (6, 1, 11)]
+    with torch.no_grad():
+        logps_B_T, mask_B_T = completion_logprobs(model, prompts, completions, prefix_len=prefix_len, pad_token_id=2)
+        assert logps_B_T.shape == mask_B_T.shape == (3, 11)
+        for b, (p, c) in enumerate(zip(prompts, completions, strict=True)):
+            assert mask_B_T[b].sum() == len(c) and logps_B_T[b, len(c):].eq(0).all()
+            torch.testing.assert_close(logps_B_T[b, : len(c)], sequence_logprobs(model, p, c), atol=1e-5, rtol=0)
+
+
+def test_completion_scoring_refuses_a_prefix_the_prompts_do_not_share(tiny_model_dir: str) -> None:
+    from transformers import AutoModelForCausalLM
+
+    from seed_agents.scoring import completion_logprobs
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    with pytest.raises(ValueError, match="do not share"):
+        completion_logprobs(model, [[5, 6, 7], [5, 9, 7]], [[1], [1]], prefix_len=2)
+    with pytest.raises(ValueError, match="one token of its own"):
+        completion_logprobs(model, [[5, 6, 7], [5, 6]], [[1], [1]], prefix_len=2)
+    logps_B_T, mask_B_T = completion_logprobs(model, [[5]], [[]])
+    assert logps_B_T.shape == mask_B_T.shape == (1, 0)

@@ -5,7 +5,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from seed_agents.trainers.seed_trainer import rows_to_tensors
-from seed_agents.backends.prefix import common_prefix_len, worth_sharing
+from seed_agents.backends.prefix import common_prefix_len, prefix_batches, worth_sharing
 from seed_agents.trainers.shared_prefix import shared_prefix_logps, supported
 from seed_agents.types import Row
 
@@ -20,6 +20,14 @@ def test_common_prefix_len():
     assert worth_sharing([long, long + [2]]) == 99, "every sequence keeps a token of its own"
     assert worth_sharing([long[:20] + [1], long[:20] + [2]]) == 0, "too short to pay"
     assert worth_sharing([long + [1]]) == 0, "one sequence shares with nobody"
+
+
+def test_prefix_batches_break_where_sharing_ends():
+    a, b = list(range(40)), [999] * 40
+    seqs = [a + [1], a + [2], a + [3], b + [1], [7, 8], b + [2], b + [3]]
+    assert prefix_batches(seqs, 8) == [[0, 1, 2], [3], [4], [5, 6]]
+    assert prefix_batches(seqs, 2) == [[0, 1], [2], [3], [4], [5, 6]]
+    assert prefix_batches([], 4) == []
 
 
 def _rows(shared: int, shapes: list[tuple[int, int]], seed: int = 3) -> list[Row]:

@@ -126,6 +126,30 @@ def test_scorer_matches_the_plain_forward_pass_and_caches(model, episodes):
     assert scorer.forward_sequences == len(scorer.cache)  # a cached pair is never scored again
 
 
+def test_sharing_the_prompts_prefix_changes_the_work_not_the_numbers(model):
+    """Prompts that share a system prompt (40 tokens here) run it once per batch: the scores
+    agree with whole sequences to float rounding, and fewer tokens run."""
+    g = torch.Generator().manual_seed(2)
+    system = torch.randint(5, 1000, (40,), generator=g).tolist()
+    pairs = [(system + torch.randint(5, 1000, (n,), generator=g).tolist(), torch.randint(5, 1000, (m,), generator=g).tolist())
+             for n, m in [(3, 4), (12, 1), (5, 9), (30, 2), (1, 6)]]
+    pairs.append(([7, 8, 9], [10, 11]))  # a prompt that shares nothing, batched with the rest
+    shared, whole = Scorer(model, batch_size=8), Scorer(model, batch_size=8, share_prefix=False)
+    shared.prefetch(pairs)
+    whole.prefetch(pairs)
+    assert shared.cache.keys() == whole.cache.keys() and len(whole.cache) == len(pairs)
+    for k in whole.cache:
+        assert shared.cache[k] == pytest.approx(whole.cache[k], abs=1e-4)
+    assert whole.forward_tokens == sum(len(p) + len(c) for p, c in pairs)
+    # the prompt that shares nothing gets a batch of its own, so the five that share run the 40 tokens once
+    assert shared.forward_tokens == whole.forward_tokens - 4 * 40
+    by_twos = Scorer(model, batch_size=2)  # three batches of sharing rows (2, 2, 1): the prefix runs three times
+    by_twos.prefetch(pairs)
+    assert by_twos.forward_tokens == whole.forward_tokens - 2 * 40
+    for k in whole.cache:
+        assert by_twos.cache[k] == pytest.approx(whole.cache[k], abs=1e-4)
+
+
 def test_one_row_per_analyzer_with_coverage_and_hand_checked_delta(model, tokenizer, render_llm, episodes):
     trajs, by_analyzer = episodes
     result = evaluate_skills(model, tokenizer, trajs, by_analyzer, batch_size=4)
