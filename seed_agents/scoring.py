@@ -112,7 +112,8 @@ def completion_logprobs(
     n = len(prompt_ids)
     width_c = max((len(c) for c in completion_ids), default=0)
     if n == 0 or width_c == 0:
-        return torch.zeros(n, width_c, dtype=torch.float32, device=device), torch.zeros(n, width_c, dtype=torch.long, device=device)
+        empty_B_T = torch.zeros(n, width_c, dtype=torch.long, device=device)
+        return empty_B_T.float(), empty_B_T
     own = [list(p[prefix_len:]) for p in prompt_ids]
     if prefix_len < 0 or any(not o for o in own):
         raise ValueError(f"prefix_len {prefix_len} must leave every prompt at least one token of its own")
