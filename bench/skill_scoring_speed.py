@@ -45,21 +45,26 @@ Pair = tuple[list[int], list[int]]
 
 
 def whole_sums(model: Any, pairs: Sequence[Pair], *, pad_token_id: int, batch_size: int = 4) -> list[float]:
-    """The former scorer: length-sorted batches of whole sequences, logits everywhere."""
+    """The former scorer: length-sorted batches of whole sequences, logits everywhere; like
+    it, each distinct pair is scored once (its cache)."""
     import torch
 
     from seed_agents.scoring import batch_sequence_logprobs
 
-    order = sorted(range(len(pairs)), key=lambda i: len(pairs[i][0]) + len(pairs[i][1]))
-    out = [0.0] * len(pairs)
+    distinct = list(dict.fromkeys((tuple(p), tuple(c)) for p, c in pairs))
+    order = sorted(distinct, key=lambda pc: len(pc[0]) + len(pc[1]))
+    sums: dict[tuple[tuple[int, ...], tuple[int, ...]], float] = {}
     for i in range(0, len(order), batch_size):
-        idx = order[i : i + batch_size]
+        batch = order[i : i + batch_size]
         with torch.no_grad():
-            logps, mask = batch_sequence_logprobs(model, [pairs[j][0] for j in idx], [pairs[j][1] for j in idx],
-                                                  pad_token_id=pad_token_id)
-        for j, s in zip(idx, (logps.double() * mask).sum(-1).tolist()):
-            out[j] = s
-    return out
+            logps, mask = batch_sequence_logprobs(model, [p for p, _ in batch], [c for _, c in batch], pad_token_id=pad_token_id)
+        sums.update(zip(batch, (logps.double() * mask).sum(-1).tolist()))
+    return [sums[(tuple(p), tuple(c))] for p, c in pairs]
+
+
+def distinct_tokens(pairs: Sequence[Pair]) -> int:
+    """The tokens of the distinct pairs: what the former scorer ran."""
+    return sum(len(p) + len(c) for p, c in dict.fromkeys((tuple(p), tuple(c)) for p, c in pairs))
 
 
 def scorer_sums(model: Any, pairs: Sequence[Pair], *, pad_token_id: int, batch_size: int,
@@ -145,8 +150,8 @@ def main(argv: list[str] | None = None) -> int:
     pairs, per_episode = build_pairs(episodes, tokenizer)
     if not pairs:
         raise SystemExit(f"error: no atlas policy calls with tokens in {episodes}")
-    whole_tokens = sum(len(a) + len(b) for a, b in pairs)
-    print(f"{len(per_episode)} episodes, {len(pairs)} sequences ({whole_tokens} tokens, "
+    whole_tokens = distinct_tokens(pairs)
+    print(f"{len(per_episode)} episodes, {len(pairs)} sequences ({whole_tokens} tokens in the distinct ones, "
           f"{sum(len(b) for _, b in pairs)} of them completions)", flush=True)
 
     run: dict[str, Callable[[], tuple[list[float], int]]] = {
@@ -185,6 +190,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"(the Deltas themselves spread by {spread:.3f} nats/token across episodes)")
     write_result("skill_scoring_speed", {**config_of(args), "episodes": Path(episodes).name, "level": 0},
                  {"arms": arms, "episodes": len(per_episode), "sequences": len(pairs), "whole_tokens": whole_tokens,
+                  "distinct_sequences": len(dict.fromkeys((tuple(a), tuple(b)) for a, b in pairs)),
                   "completion_tokens": sum(len(b) for _, b in pairs), "delta_spread": spread, "note": args.note},
                  started_at=started, results_dir=args.results_dir)
     return 0

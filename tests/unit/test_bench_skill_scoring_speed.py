@@ -7,7 +7,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from bench.skill_scoring_speed import deltas, main, scorer_sums, whole_sums
+from bench.skill_scoring_speed import deltas, distinct_tokens, main, scorer_sums, whole_sums
 
 
 def test_the_baseline_and_both_new_arms_agree_on_the_numbers(tiny_model_dir):
@@ -16,11 +16,12 @@ def test_the_baseline_and_both_new_arms_agree_on_the_numbers(tiny_model_dir):
     system = torch.randint(5, 1000, (48,), generator=g).tolist()
     pairs = [(system + torch.randint(5, 1000, (n,), generator=g).tolist(), torch.randint(5, 1000, (m,), generator=g).tolist())
              for n, m in [(4, 3), (20, 7), (9, 1), (2, 12), (33, 5)]]
+    pairs.append(pairs[1])  # a repeated pair is scored once, by every arm
     base = whole_sums(model, pairs, pad_token_id=0)
     plain, plain_tokens = scorer_sums(model, pairs, pad_token_id=0, batch_size=8, share_prefix=False)
     shared, shared_tokens = scorer_sums(model, pairs, pad_token_id=0, batch_size=8, share_prefix=True)
     assert plain == pytest.approx(base, abs=1e-4) and shared == pytest.approx(base, abs=1e-4)
-    assert plain_tokens == sum(len(p) + len(c) for p, c in pairs) == shared_tokens + 4 * 48
+    assert plain_tokens == distinct_tokens(pairs) == sum(len(p) + len(c) for p, c in pairs[:-1]) == shared_tokens + 4 * 48
 
 
 def test_deltas_are_per_token_with_minus_without():
