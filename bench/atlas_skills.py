@@ -32,11 +32,12 @@ the paired win rate. The result, with every scored episode, goes to
 Resumable: a re-run reuses the episodes and the skills already written (``skills collect``
 resumes by construction); only ``skills eval`` runs again.
 
-Its cost is the scoring: every policy call is a full fp32 forward of ~700 tokens, twice per
+Its cost is the scoring: every policy call is an fp32 forward of ~500 tokens, twice per
 episode and analyzer (with and without the skill), and the paired check adds one per member
-of each mixed group. At the default size (128 episodes) one analyzer's own-skill scoring took
-over 20 minutes on 2 cores (2026-12-03; the first attempt was stopped there): ``--tasks 8
---no-paired`` is the short run.
+of each mixed group. With the former scorer one analyzer's own-skill scoring of 128 episodes
+ran over 20 minutes on 2 cores; since the scorer runs a batch's shared prompt tokens once
+(``bench/skill_scoring_speed.py``), all three analyzers took 6 minutes (2026-12-03, with
+``--no-paired``; playing the episodes 5 minutes, the policy's skills 3).
 """
 
 from __future__ import annotations

@@ -232,6 +232,25 @@ def skill_usefulness(results: dict[str, Result]) -> list[str]:
                     "paired wins (pairs)", "re-run success with / without"], rows)]
 
 
+def atlas_skills(results: dict[str, Result]) -> list[str]:
+    r = one(results, "atlas_skills")
+    c, x = r.config, r.results
+    rows = []
+    for name, s in x["summary"].items():
+        ci = s.get("margin_ci95")
+        rows.append([name, f"{s['valid']}/{s['examples']}", f(s.get("delta_success"), "+.3f"), f(s.get("delta_failure"), "+.3f"),
+                     f(s.get("margin"), "+.3f"), "-" if not ci else f"[{ci[0]:+.3f}, {ci[1]:+.3f}]",
+                     f"{f(s.get('paired_win_rate'), '.2f')} ({s.get('n_pairs', 0)})"])
+    counts = x.get("counts") or {}
+    what = (f"the base policy {c['model']} on {c['tasks']} atlas level-0 training tasks x {c['group']} episodes at "
+            f"T {c['temperature']:g} (first turn forced), {counts.get('policy_calls', '?')} policy calls scored, "
+            f"{counts.get('render_mismatches', '?')} re-rendered differently; "
+            f"{'paired check on' if c.get('paired') else 'no paired check'}" + (f"; {c['note']}" if c.get("note") else ""))
+    return [source_line(r, what), "",
+            *table(["analyzer", "valid skills", "shift on successes", "shift on failures", "margin (want > 0)",
+                    "95% CI over tasks", "paired wins (pairs)"], rows)]
+
+
 def determinism(results: dict[str, Result]) -> list[str]:
     r = one(results, "determinism")
     c, x = r.config, r.results
@@ -396,6 +415,29 @@ def rollout_throughput(results: dict[str, Result]) -> list[str]:
             *table(["workload", "path", "episodes/s", "generated tok/s", "prompt tok/s",
                     "generated, of the fp32 decode ceiling (batch 8)", "prompt + generated, of the fp32 prefill ceiling"],
                    rows)]
+
+
+def skill_scoring_speed(results: dict[str, Result]) -> list[str]:
+    r = one(results, "skill_scoring_speed")
+    c, x = r.config, r.results
+    what = (f"{x['episodes']} atlas level-0 episodes of the base policy at T {c['temperature']:g}, each call scored without "
+            f"and with its oracle skill: {x['sequences']} sequences ({x['completion_tokens']} completion tokens), "
+            f"{x['distinct_sequences']} distinct ({x['whole_tokens']} tokens); median of {c['repeats']} repeats, "
+            f"arms rotated, {c['threads']} threads"
+            + (f"; {x['note']}" if x.get("note") else ""))
+    why = {"whole": "the former scorer: whole sequences, logits everywhere, batches of 4",
+           "completion_logits": f"logits on completions only, batches of {c['batch_size']}",
+           "shared_prefix": "as completion_logits, a batch's shared prompt tokens run once: skills eval now"}
+    order = [arm for arm in why if arm in x["arms"]] + [arm for arm in x["arms"] if arm not in why]
+    rows = [[f"{arm} ({why.get(arm, '')})", f"{a['median_s']:.1f}", str(a["tokens_run"]), f"{a['speedup_vs_whole']:.2f}x",
+             f"{a['max_abs_diff_sum']:.1e}", f"{a['max_abs_diff_delta']:.1e}"]
+            for arm, a in ((k, x["arms"][k]) for k in order)]
+    out = [source_line(r, what), "",
+           *table(["scorer", "seconds", "tokens run", "speed-up", "max abs diff of a sequence's log-prob",
+                   "max abs diff of an episode's Delta (nats/token)"], rows)]
+    if x.get("delta_spread") is not None:
+        out += ["", f"For scale: the episodes' Deltas themselves spread by {x['delta_spread']:.3f} nats/token."]
+    return out
 
 
 def atlas_band(results: dict[str, Result], name: str = "atlas_band") -> list[str]:
@@ -581,7 +623,8 @@ RENDERERS: dict[str, Callable[[dict[str, Result]], list[str]]] = {
     "update_memory": update_memory, "webshop_index": webshop_index, "sample_efficiency": sample_efficiency,
     "skill_usefulness": skill_usefulness, "roofline": roofline, "logprob_gap": logprob_gap,
     "rollout_throughput": rollout_throughput, "atlas_band": atlas_band, "continual_atlas": continual_atlas,
-    "update_throughput": update_throughput, "learning_curve": learning_curve}
+    "update_throughput": update_throughput, "learning_curve": learning_curve, "skill_scoring_speed": skill_scoring_speed,
+    "atlas_skills": atlas_skills}
 
 #: Benchmarks that write variants under another name (``--result-name NAME_variant``): a
 #: marker ``results:NAME_variant`` renders that file with its family's table.
