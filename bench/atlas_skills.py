@@ -25,7 +25,7 @@ failures: above 0 is the direction SEED needs) with a 95% bootstrap CI over task
 the paired win rate. The result, with every scored episode, goes to
 ``docs/results/atlas_skills.json``.
 
-    .venv/bin/python bench/atlas_skills.py --note "nothing else ran"     # hours on 2 cores: see below
+    .venv/bin/python bench/atlas_skills.py --no-paired --note "nothing else ran"   # ~15 min on 2 cores
     .venv/bin/python bench/atlas_skills.py --tasks 2 --group 2 --work runs/as-smoke \
         --results-dir runs/as-smoke/results                                # smoke
 
@@ -262,12 +262,12 @@ def main(argv: list[str] | None = None) -> int:
         cfg.write_text(json.dumps({"analyzer": analyzer_config(name, args)}))
         # exit 1: some requests failed (a re-run retries them); the table counts what parsed
         run_cli(["skills", "collect", "--config", str(cfg), "--from-trajectories", str(episodes),
-                     "--out", str(work / name)], ok=(0, 1))
+                 "--out", str(work / name)], ok=(0, 1))
         walls[f"{name}_s"] = time.perf_counter() - t
     t = time.perf_counter()
     run_cli(["skills", "eval", "--model", args.model, "--trajectories", str(episodes),
-                 "--examples", *(str(work / n / "examples.jsonl") for n in names), "--out", str(work / "eval"),
-                 "--paired" if args.paired else "--no-paired"])
+             "--examples", *(str(work / n / "examples.jsonl") for n in names), "--out", str(work / "eval"),
+             "--paired" if args.paired else "--no-paired"])
     walls["eval_s"] = time.perf_counter() - t
     usefulness = json.loads((work / "eval" / "usefulness.json").read_text())
     summary = summarise(usefulness)

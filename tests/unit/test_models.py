@@ -145,9 +145,14 @@ def test_completion_scoring_matches_single_with_and_without_a_shared_prefix(tiny
     shared = torch.randint(5, 1000, (40,), generator=g).tolist()
     prompts = [shared + torch.randint(5, 1000, (n,), generator=g).tolist() for n in (1, 23, 7)]
     completions = [torch.randint(5, 1000, (n,), generator=g).tolist() for n in (6, 1, 11)]
+    widths: list[int] = []  # the width of every forward: the shared prefix must run once, not in every row
+    hook = model.register_forward_pre_hook(lambda _m, _a, kw: widths.append(kw["input_ids"].shape[1]), with_kwargs=True)
     with torch.no_grad():
         logps_B_T, mask_B_T = completion_logprobs(model, prompts, completions, prefix_len=prefix_len, pad_token_id=2)
+        hook.remove()
         assert logps_B_T.shape == mask_B_T.shape == (3, 11)
+        own_width = max(len(p) for p in prompts) - prefix_len + 11
+        assert widths == ([prefix_len, own_width] if prefix_len else [own_width])
         for b, (p, c) in enumerate(zip(prompts, completions, strict=True)):
             assert mask_B_T[b].sum() == len(c) and logps_B_T[b, len(c):].eq(0).all()
             torch.testing.assert_close(logps_B_T[b, : len(c)], sequence_logprobs(model, p, c), atol=1e-5, rtol=0)
