@@ -35,9 +35,24 @@ SmolLM2-135M, which solved 0 of 12 canary episodes when measured here: on it the
 runs, but every version scores 0 and the forced regression is promoted as "not worse"
 (``--model taught-tiny`` keeps the full sizes with the taught tiny model).
 
+**The atlas** (``--family atlas``, issue 22's continual demo): the same loop on the atlas tool
+family (``configs/continual_atlas.yaml``: level 0, the first turn forced to call a tool),
+SmolLM2-135M itself, the learning curve's settings (4 sessions x G=8 per cycle, LoRA r8,
+lr 3e-4 without decay, T 0.5). Production is the atlas service (reads only, so "0 mutating
+requests" holds by construction there; the library shows it with writes); users' sessions
+are atlas training tasks, 4 at once; the canary is the 80 level-0 held-out tasks, greedy,
+so v0's canary score is the curve's start. Nine cycles: eight trained (the curve's eight
+updates) and the forced regression (cycle 2). At the end the last promoted version plays
+the canary again beside v0: the paired difference with its 95% bootstrap interval over
+tasks, the three levels per side (a call parsed, the right calls, the right answer), and
+the gate's power at that size (``gate.gate_power``). Written to
+``docs/results/continual_demo_atlas.json``.
+
     .venv/bin/python bench/continual_demo.py                 # SmolLM2-135M, vLLM + LoRA
     .venv/bin/python bench/continual_demo.py --model taught-tiny
     .venv/bin/python bench/continual_demo.py --smoke --results-dir runs/demo-results
+    .venv/bin/python bench/continual_demo.py --family atlas --note "nothing else ran"
+    .venv/bin/python bench/continual_demo.py --family atlas --smoke --serving local --results-dir runs/demo-results
 
 Everything is written in a temporary folder that is removed at the end, except the results
 JSON (and, with ``--report FILE``, the store's HTML report).
@@ -55,6 +70,8 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Self
 
@@ -66,11 +83,82 @@ from seed_agents.app.continual_config import ContinualConfig
 from seed_agents.store import RewardPolicy, TraceStore
 
 ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_CONFIG = ROOT / "configs" / "continual_demo.yaml"
 UNMARKED = "unmarked"
 # issue 12 asks for SmolLM2 on CPU; the paper trains Qwen2.5 models on GPUs with G=8
 PAPER = {"model": "Qwen2.5-3B-Instruct", "group_size": 8}
 LABELS = {"model": "model", "group_size": "G"}
+GOAL_GAIN = 0.10  # issue 22: the last promoted version's canary success >= v0's + 10 points, CI excluding 0
+
+
+# ----------------------------------------------------------------------------- families
+
+
+@dataclass(frozen=True)
+class Family:
+    """What the demo needs of a task family: its loop config, its production service (an
+    app whose ``state.log`` counts requests by origin), the users' tasks and their verifier."""
+
+    config: Path
+    production: Callable[[], Any]  # a FastAPI app with ``app.state.log``
+    traffic_tasks: Callable[[], list[dict[str, Any]]]
+    reward: Callable[[], Callable[[Any, dict[str, Any]], float]]
+    writes: bool  # the service has mutating operations (so "0 mutating requests" is evidence)
+    return_loans: bool  # the library's members bring borrowed books back between sessions
+    traffic_concurrency: int
+    cycles: int
+    traffic: int | None  # None: the config's sessions_per_cycle
+    smoke_traffic: int
+    smoke_model: str
+
+
+def _library_app() -> Any:
+    from examples.library_service import create_app
+
+    return create_app()
+
+
+def _library_tasks() -> list[dict[str, Any]]:
+    from examples.library_service import LIBRARY_TASKS
+
+    return list(LIBRARY_TASKS)
+
+
+def _library_reward() -> Callable[[Any, dict[str, Any]], float]:
+    from examples.library_service import library_reward
+
+    return library_reward
+
+
+def _atlas_app() -> Any:
+    from examples.atlas_service import create_app
+    from examples.library_service import log_requests
+
+    return log_requests(create_app())
+
+
+def _atlas_tasks() -> list[dict[str, Any]]:
+    """The level-0 training tasks (places disjoint from the canary's), in the generator's order."""
+    from examples.atlas_tasks import make_tasks
+
+    return [t.model_dump(mode="json") for t in make_tasks("train", levels=[0])]
+
+
+def _atlas_reward() -> Callable[[Any, dict[str, Any]], float]:
+    from examples.atlas_service import atlas_reward
+
+    return atlas_reward
+
+
+FAMILIES = {
+    "library": Family(config=ROOT / "configs" / "continual_demo.yaml", production=_library_app,
+                      traffic_tasks=_library_tasks, reward=_library_reward, writes=True, return_loans=True,
+                      traffic_concurrency=1, cycles=3, traffic=6, smoke_traffic=4, smoke_model="taught-tiny"),
+    # 8 trained cycles of 4 tasks x 8 replays: the learning curve's 8 updates, plus the forced regression;
+    # its users never write (every atlas operation is a read), so traffic plays 4 sessions at once
+    "atlas": Family(config=ROOT / "configs" / "continual_atlas.yaml", production=_atlas_app,
+                    traffic_tasks=_atlas_tasks, reward=_atlas_reward, writes=False, return_loans=False,
+                    traffic_concurrency=4, cycles=9, traffic=None, smoke_traffic=2, smoke_model="tiny"),
+}
 
 
 # ----------------------------------------------------------------------------- settings
@@ -78,27 +166,45 @@ LABELS = {"model": "model", "group_size": "G"}
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--smoke", action="store_true", help="A taught tiny random model and small sizes (~2-4 min).")
-    p.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help="ContinualConfig YAML the run starts from.")
+    p.add_argument("--family", choices=tuple(FAMILIES), default="library",
+                   help="library: the demo library (reads and writes; SmolLM2 solves none of it); atlas: the atlas tool "
+                        "family (reads only), SmolLM2-135M itself, the learning curve's settings (configs/continual_atlas.yaml).")
+    p.add_argument("--smoke", action="store_true", help="A tiny model and small sizes (~2-4 min).")
+    p.add_argument("--config", type=Path, help="ContinualConfig YAML the run starts from (default: the family's).")
     p.add_argument("--serving", choices=("vllm", "local"), default="vllm",
                    help="vllm: the CPU vLLM server with runtime LoRA behind the capture gateway; local: in process.")
-    p.add_argument("--model", choices=("smollm2", "taught-tiny"),
-                   help="smollm2: SmolLM2-135M-Instruct (default); taught-tiny: the smoke's tiny model taught the "
-                        "tasks (default with --smoke). SmolLM2-135M solves ~none of these tasks, and a gate cannot "
-                        "tell a destroyed model from one that scores 0.")
-    p.add_argument("--cycles", type=int, help="Loop cycles, the forced regression included (default 3).")
+    p.add_argument("--model", choices=("smollm2", "taught-tiny", "tiny"),
+                   help="smollm2: SmolLM2-135M-Instruct (default); taught-tiny (library only): the smoke's tiny model "
+                        "taught the tasks (default with --smoke). SmolLM2-135M solves ~none of the library's tasks, and a "
+                        "gate cannot tell a destroyed model from one that scores 0; tiny: an untaught tiny random model "
+                        "(the atlas smoke's: it scores 0, so the forced regression is inconclusive, not rejected).")
+    p.add_argument("--cycles", type=int, help="Loop cycles, the forced regression included (default: library 3, atlas 9; "
+                                              "atlas smoke 3).")
     p.add_argument("--regression-cycle", type=int, default=2, help="Which cycle (1-based) is the forced regression.")
     p.add_argument("--regression-std", type=float, default=0.5, help="Std of the forced regression's random LoRA weights.")
-    p.add_argument("--traffic", type=int, help="Traffic sessions per round, one round before each cycle (default 6; smoke 4).")
+    p.add_argument("--traffic", type=int, help="Traffic sessions per round, one round before each cycle (default: library "
+                                               "6, smoke 4; atlas the config's sessions_per_cycle, smoke 2).")
+    p.add_argument("--canary", type=int, help="Only the first N canary tasks of the config's set (default: all; atlas "
+                                              "smoke 8).")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--report", type=Path, help="Also write the store's HTML report (seed-agents report) here.")
+    p.add_argument("--note", default="", help="What else ran on the machine (it shapes the wall times).")
     bench_results.add_results_args(p)
     args = p.parse_args(argv)
-    args.model = args.model or ("taught-tiny" if args.smoke else "smollm2")
-    args.cycles = args.cycles or 3
-    args.traffic = args.traffic or (4 if args.smoke else 6)
+    family = FAMILIES[args.family]
+    args.config = args.config or family.config
+    args.model = args.model or (family.smoke_model if args.smoke else "smollm2")
+    if args.model == "taught-tiny" and args.family != "library":
+        p.error("--model taught-tiny teaches the library's tasks; use --model tiny with --family atlas")
+    args.cycles = args.cycles or (3 if args.smoke else family.cycles)
+    args.traffic = args.traffic or (family.smoke_traffic if args.smoke else family.traffic)
+    args.canary = args.canary or (8 if args.smoke and args.family == "atlas" else None)
     if not 1 <= args.regression_cycle <= args.cycles:
         p.error(f"--regression-cycle must be within 1..{args.cycles}")
+    if args.canary is not None and args.canary < 1:
+        p.error("--canary must be >= 1")
+    if not args.config.is_file():
+        p.error(f"--config {args.config}: no such file")
     return args
 
 
@@ -115,7 +221,12 @@ def demo_config(args: argparse.Namespace, work: Path, model_dir: str, prod_url: 
     raw["agent"]["tools"]["base_url"] = prod_url
     raw["agent"]["spec"] = None
     canary = Path(raw["canary"]["tasks"])
-    raw["canary"]["tasks"] = str(canary if canary.is_absolute() else ROOT / canary)
+    canary = canary if canary.is_absolute() else ROOT / canary
+    if args.canary is not None:  # the first N tasks of the set
+        lines = [line for line in canary.read_text(encoding="utf-8").splitlines() if line.strip()][:args.canary]
+        canary = work / "canary.jsonl"
+        canary.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    raw["canary"]["tasks"] = str(canary)
     if args.smoke:  # same loop, smaller: tiny completions, G=2, one seed per canary task
         raw.update(sessions_per_cycle=2, group_size=2)
         raw["sampling"] = {**raw.get("sampling", {}), "max_tokens": 64}
@@ -317,6 +428,83 @@ def reward_to_promotion(store: TraceStore, name: str, policy: RewardPolicy) -> l
     return out
 
 
+def canary_by_version(decisions: list[dict[str, Any]]) -> dict[str, list[float]]:
+    """Each version's canary means, in decision order: as the candidate of its own decision
+    and as the baseline of later ones (a greedy canary should give one number per version;
+    a spread is the serving's batch-dependent numerics)."""
+    out: dict[str, list[float]] = {}
+    for d in decisions:
+        for version, mean in ((d["baseline"], d["promoted_mean"]), (d["version"], d["candidate_mean"])):
+            if version is not None and mean is not None:
+                out.setdefault(f"v{version}", []).append(mean)
+    return dict(sorted(out.items(), key=lambda kv: int(kv[0][1:])))
+
+
+def power_of(decisions: list[dict[str, Any]], n_tasks: int, gate: Any) -> dict[str, Any] | None:
+    """The gate's resolution at this canary's size (``gate_power``), with the per-task paired
+    differences' sd pooled over the trained candidates' decisions (the forced regression's
+    would inflate it); None while no such difference was ever non-zero."""
+    from seed_agents.continual.gate import gate_power
+
+    diffs = [x for d in decisions if not d["forced_regression"] for x in (d["per_task"] or {}).values()]
+    if len(diffs) < 2 or statistics.stdev(diffs) == 0:  # no discordant pair: nothing to size the noise by
+        return None
+    sd = statistics.stdev(diffs)
+    return {**gate_power(sd, n_tasks, gate).model_dump(), "pooled_differences": len(diffs)}
+
+
+def final_check(loop: Any, store: TraceStore, cfg: ContinualConfig, version: int) -> dict[str, Any]:
+    """The last promoted version against v0 on the whole canary (both played again, nothing
+    stored): the mean paired difference over tasks with its two-sided 95% percentile
+    bootstrap interval (``decide`` at confidence 0.975 gives its 2.5% and 97.5% quantiles),
+    and for the atlas the three levels per side, so a format gain reads apart from a
+    competence gain."""
+    from seed_agents.continual.canary import split_sides
+    from seed_agents.continual.gate import GateConfig, decide
+
+    versions = {v.version: v for v in store.model_versions(cfg.name)}
+    decision, episodes = loop.evaluate(versions[0], versions[version])
+    ci = decide(*split_sides(episodes), GateConfig(confidence=0.975, margin=0.0, min_tasks=2, floor=None,
+                                                    metric=cfg.gate.metric, seed=cfg.gate.seed))
+    out: dict[str, Any] = {"version": version, "baseline": 0, "n_tasks": ci.n_tasks, "v0_mean": ci.promoted_mean,
+                           "final_mean": ci.candidate_mean, "mean_diff": ci.mean_diff, "ci95": [ci.ci_low, ci.ci_high],
+                           "faults": ci.faults, "gate_verdict": decision.verdict}
+    tasks = {t.task_id: t for t in loop.canary_tasks}
+    if all(t.data.get("calls") is not None for t in tasks.values()):  # the atlas: score the three levels
+        out["levels"] = {side: atlas_levels([e for e in episodes if e.side == side and e.fault is None], tasks)
+                         for side in ("promoted", "candidate")}
+    return out
+
+
+def atlas_levels(episodes: list[Any], tasks: dict[str, Any]) -> dict[str, float | int]:
+    """``score_levels``' three rates over canary episodes, from what their traces kept: a
+    call parsed (format), the calls the task needs made (tools), the right answer."""
+    from examples.atlas_tasks import same_call
+
+    parsed = right_calls = right_answer = 0
+    for e in episodes:
+        made = []
+        for call in e.trace.tool_calls:
+            try:
+                args = json.loads(call.args)
+            except ValueError:  # cut by the trace's length limit: not comparable
+                args = {}
+            made.append({"name": call.name, "args": args if isinstance(args, dict) else {}})
+        unused, ok = list(made), True
+        for expected in tasks[e.task_id].data["calls"]:
+            match = next((c for c in unused if same_call(expected, c)), None)
+            if match is None:
+                ok = False
+                break
+            unused.remove(match)
+        parsed += bool(made)
+        right_calls += ok and bool(tasks[e.task_id].data["calls"])
+        right_answer += e.reward >= 1.0
+    n = len(episodes)
+    return {"episodes": n, "parsed": parsed / n if n else 0.0, "right_calls": right_calls / n if n else 0.0,
+            "right_answer": right_answer / n if n else 0.0}
+
+
 def summarize(values: list[float]) -> dict[str, float] | None:
     return {"min": min(values), "median": statistics.median(values), "max": max(values)} if values else None
 
@@ -335,10 +523,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     results["wall_s"]["total"] = time.perf_counter() - t_start
-    config = {**bench_results.config_of(args), "config": str(args.config),
-              "model": "tiny random Llama, taught the tasks" if args.model == "taught-tiny" else "SmolLM2-135M-Instruct",
-              "group_size": results["loop_config"]["group_size"]}
-    bench_results.write_result("continual_demo", config, results, paper=PAPER, labels=LABELS, started_at=started,
+    config_file = args.config.resolve()
+    models = {"taught-tiny": "tiny random Llama, taught the tasks", "tiny": "tiny random Llama, untaught",
+              "smollm2": "SmolLM2-135M-Instruct"}
+    config = {**bench_results.config_of(args),
+              "config": str(config_file.relative_to(ROOT)) if config_file.is_relative_to(ROOT) else config_file.name,
+              "model": models[args.model], "group_size": results["loop_config"]["group_size"]}
+    # the library demo keeps its file; the atlas's is issue 22's continual demo
+    name = "continual_demo" if args.family == "library" else f"continual_demo_{args.family}"
+    bench_results.write_result(name, config, results, paper=PAPER, labels=LABELS, started_at=started,
                                results_dir=args.results_dir)
     return results
 
@@ -358,8 +551,9 @@ def run(args: argparse.Namespace, work: Path, say: Any) -> dict[str, Any]:
 
     wall: dict[str, float] = {}
     tick = time.perf_counter()
-    prod = DemoServer().start()
-    say(f"production library service on {prod.url}")
+    family = FAMILIES[args.family]
+    prod = DemoServer(family.production()).start()
+    say(f"production {args.family} service on {prod.url}")
     server = gateway = gateway_store = None
     try:
         raw = yaml.safe_load(args.config.read_text())
@@ -372,6 +566,9 @@ def run(args: argparse.Namespace, work: Path, say: Any) -> dict[str, Any]:
             teach = teach_tiny_model(model_dir, openapi_tools(spec, tools_cfg), system_prompt, list(LIBRARY_TASKS),
                                      seed=args.seed)
             say(f"tiny model taught the tasks' first turn ({teach['steps']} steps, loss {teach['final_loss']:.3f})")
+        elif args.model == "tiny":
+            model_dir = build_tiny_model(work / "tiny-model", seed=args.seed)
+            say("tiny random model, untaught: it solves nothing, so no version can be told from another")
         else:
             model_dir = resolve_model("smollm2-135m")
         wall["model"] = time.perf_counter() - tick
@@ -427,6 +624,8 @@ def run(args: argparse.Namespace, work: Path, say: Any) -> dict[str, Any]:
                                  model_name=name)
 
         traffic_sids: list[str] = []
+        traffic_tasks, reward = family.traffic_tasks(), family.reward()
+        per_round = args.traffic or cfg.sessions_per_cycle
         rounds: list[dict[str, Any]] = []
         forced_versions: set[int] = set()
         outcomes: list[dict[str, Any]] = []
@@ -434,16 +633,18 @@ def run(args: argparse.Namespace, work: Path, say: Any) -> dict[str, Any]:
         for k in range(1, args.cycles + 1):
             tick = time.perf_counter()
             serving_version = store.promoted_version(name).version  # type: ignore[union-attr]
-            sids = asyncio.run(play_traffic(store, users(), prod.url, work / "recordings", sessions=args.traffic,
+            sids = asyncio.run(play_traffic(store, users(), prod.url, work / "recordings", sessions=per_round,
                                             max_turns=cfg.agent.max_turns, system_prompt=cfg.agent.system_prompt,
-                                            start=(k - 1) * args.traffic))
+                                            start=(k - 1) * per_round, tasks=traffic_tasks, reward=reward,
+                                            tool_choices=cfg.agent.tool_choices(), return_loans=family.return_loans,
+                                            concurrency=family.traffic_concurrency))
             traffic_sids += sids
             wins = sum((store.session_reward(s) or 0.0) >= 1.0 for s in sids)
-            rounds.append({"round": k, "promoted": serving_version, "played": args.traffic, "sessions": len(sids),
+            rounds.append({"round": k, "promoted": serving_version, "played": per_round, "sessions": len(sids),
                            "successes": wins,
                            "wall_s": time.perf_counter() - tick})
             wall["traffic"] += time.perf_counter() - tick
-            faulted = f" ({args.traffic - len(sids)} faulted: not rewarded)" if len(sids) < args.traffic else ""
+            faulted = f" ({per_round - len(sids)} faulted: not rewarded)" if len(sids) < per_round else ""
             say(f"traffic round {k}: {len(sids)} sessions{faulted} served by v{serving_version}, {wins} succeeded")
 
             tick = time.perf_counter()
@@ -468,7 +669,13 @@ def run(args: argparse.Namespace, work: Path, say: Any) -> dict[str, Any]:
         users_and_setup = ("traffic", "members", "bench")
         mutating_from_training = prod.log.mutating(exclude=users_and_setup)
         forced = [d for d in decisions if d["forced_regression"]]
+        final_version = store.promoted_version(name).version  # type: ignore[union-attr]
+        tick = time.perf_counter()
+        final = final_check(loop, store, cfg, final_version) if final_version != 0 else None
+        wall["final_check"] = time.perf_counter() - tick
         results: dict[str, Any] = {
+            "family": args.family,
+            "service_writes": family.writes,
             "serving": "vllm+gateway" if server else "local",
             "serving_note": serving_note,
             "teach": teach,
@@ -488,7 +695,10 @@ def run(args: argparse.Namespace, work: Path, say: Any) -> dict[str, Any]:
                                     "mutating_from_traffic": prod.log.mutating(origin="traffic")},
             "reward_to_promotion_s": {"sessions": latency, "summary": summarize([x["seconds"] for x in latency])},
             "queue": store.queue_lengths(loop.policy).model_dump(),
-            "final_promoted": store.promoted_version(name).version,  # type: ignore[union-attr]
+            "final_promoted": final_version,
+            "canary_by_version": canary_by_version(decisions),
+            "gate_power": power_of(decisions, len(loop.canary_tasks), cfg.gate),
+            "final_check": final,
             "loop_lines": lines,
             "wall_s": wall,
         }
@@ -534,6 +744,10 @@ def forced_regression(loop: Any, store: TraceStore, cfg: ContinualConfig, model_
     return loop.step()
 
 
+def _num(x: float | None) -> str:
+    return "-" if x is None else f"{x:.3f}"
+
+
 def print_figures(r: dict[str, Any], say: Any) -> None:
     say("")
     say(f"== continual demo: {r['serving']}" + (f" ({r['serving_note']})" if r["serving_note"] else ""))
@@ -543,17 +757,45 @@ def print_figures(r: dict[str, Any], say: Any) -> None:
     say("gate decisions:")
     for d in r["decisions"]:
         tag = " [forced regression]" if d["forced_regression"] else ""
-        say(f"  v{d['version']} vs v{d['baseline']}: {d['action'].upper()}{tag}: canary {d['candidate_mean']} vs "
-            f"{d['promoted_mean']}; {d['summary'].split(': ', 2)[-1]}")
-    fr = r["forced_regression"]
-    say(f"forced regression: {'v' + str(fr['version']) + ' ' + fr['action'] + 'ed' if fr else 'not run'}")
+        say(f"  v{d['version']} vs v{d['baseline']}: {d['action'].upper()}{tag}: canary {_num(d['candidate_mean'])} vs "
+            f"{_num(d['promoted_mean'])}; {d['summary'].split(': ', 2)[-1]}")
+    say("canary mean per version (each time it was played): " + ", ".join(
+        f"{v} {'/'.join(f'{m:.3f}' for m in ms)}" for v, ms in r["canary_by_version"].items()))
+    gp = r["gate_power"]
+    if not gp:
+        say("gate power: not estimable (no trained candidate's canary differed from its baseline on any task)")
+    else:
+        say(f"gate power at {gp['n_tasks']} canary tasks (per-task difference sd {gp['sd']:.3f}, pooled over "
+            f"{gp['pooled_differences']}): promotes with {gp['power']:.0%} probability a candidate better than "
+            f"{gp['promotes_above']:+.3f}, rejects one worse than {gp['rejects_below']:+.3f}; a gain of "
+            f"{gp['detectable_gain']:.3f} or more would show as an improvement")
     pr = r["production_requests"]
     say(f"production requests by origin: {json.dumps(pr['by_origin'])}")
-    say(f"mutating requests from training replays and canaries at production: {pr['mutating_from_training']}")
     lat = r["reward_to_promotion_s"].get("summary")
     say("reward -> promoted version trained on it: " + (
         f"median {lat['median']:.0f} s (min {lat['min']:.0f}, max {lat['max']:.0f}) over "
         f"{len(r['reward_to_promotion_s']['sessions'])} sessions" if lat else "no promotion"))
+    fc = r["final_check"]
+    if fc and fc.get("levels"):
+        for side, label in (("promoted", "v0"), ("candidate", f"v{fc['version']}")):
+            lv = fc["levels"][side]
+            say(f"canary levels {label}: call parsed {lv['parsed']:.0%}, right calls {lv['right_calls']:.0%}, "
+                f"right answer {lv['right_answer']:.0%} ({lv['episodes']} episodes)")
+    # the targets, last
+    say("")
+    if fc:
+        lo, hi = fc["ci95"]
+        met = fc["mean_diff"] is not None and fc["mean_diff"] >= GOAL_GAIN and lo is not None and lo > 0
+        say(f"last promoted v{fc['version']} vs v0 on the canary ({fc['n_tasks']} tasks): {fc['v0_mean']:.3f} -> "
+            f"{fc['final_mean']:.3f}, {fc['mean_diff']:+.3f}, 95% CI [{lo:+.3f}, {hi:+.3f}]; goal (>= +{GOAL_GAIN:.2f}, "
+            f"CI excluding 0): {'met' if met else 'MISSED'}")
+    else:
+        say(f"last promoted vs v0: no version was promoted; goal (>= +{GOAL_GAIN:.2f}, CI excluding 0): MISSED")
+    fr = r["forced_regression"]
+    say(f"forced regression: {'v' + str(fr['version']) + ' ' + fr['action'] + 'ed' if fr else 'not run'}"
+        + ("" if fr and fr["action"] == "reject" else " (MISSED: it must be rejected)"))
+    writes = "" if r["service_writes"] else " (this service has no mutating operation: 0 by construction)"
+    say(f"mutating requests from training replays and canaries at production: {pr['mutating_from_training']}{writes}")
 
 
 if __name__ == "__main__":

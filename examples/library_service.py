@@ -24,7 +24,7 @@ import secrets
 import threading
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal, Self
 
@@ -34,6 +34,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
 from seed_agents.serve import free_port
+from seed_agents.types import Task
 
 Genre = Literal["fiction", "science", "history", "fantasy"]
 READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
@@ -187,22 +188,34 @@ class Library:
         return book
 
 
+def log_requests(app: FastAPI) -> FastAPI:
+    """Count every request ``app`` receives in ``app.state.log`` (method, path, origin), so
+    any service can be the demo's production and prove what reached it; returns ``app``."""
+    app.state.log = RequestLog()
+
+    @app.middleware("http")
+    async def log(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+        app.state.log.record(request.method, request.url.path, request.headers.get(ORIGIN_HEADER, UNMARKED))
+        return await call_next(request)
+
+    return app
+
+
 def create_app(*, api_key: str | None = None, title: str = "Library") -> FastAPI:
     """The library service. With ``api_key`` every API request must send it as ``X-Api-Key``
     (401 otherwise): the tests' stand-in for a credentialed production API."""
     app = FastAPI(title=title, version="1.0.0",
                   description="A small library: search books, borrow and return them.")
-    app.state.log = RequestLog()
     app.state.library = Library()
 
     @app.middleware("http")
-    async def log_and_authorize(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
-        app.state.log.record(request.method, request.url.path, request.headers.get(ORIGIN_HEADER, UNMARKED))
+    async def authorize(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
         public = request.url.path in ("/openapi.json", "/admin/requests")
         if api_key and not public and not secrets.compare_digest(request.headers.get("x-api-key", ""), api_key):
             return JSONResponse({"detail": "missing or wrong X-Api-Key"}, status_code=401)
         return await call_next(request)
 
+    log_requests(app)  # added last, so it runs first: a request refused for its key is logged too
     lib: Library = app.state.library
 
     @app.get("/books", operation_id="search_books", summary="Search the catalog",
@@ -361,10 +374,11 @@ class ViaGateway:
                           max_tokens=self.max_tokens, max_retries=2, timeout=600, http_async_client=client,
                           default_headers={"X-Session-Id": session_id, "X-Task-Key": task_key})
 
-    def reward_and_end(self, session_id: str, reward: float) -> None:
+    def reward_and_end(self, session_id: str, reward: float, comment: str = "examples.library_service:library_reward") -> None:
+        """Post the verifier's ``reward`` (``comment``: which verifier) and end the session."""
         with httpx.Client(base_url=self.url, timeout=60, headers=self._auth(self.verifier_key)) as client:
-            client.post(f"/v1/sessions/{session_id}/reward", json={"value": reward, "source": "verifier",
-                                                                  "comment": "examples.library_service:library_reward"}).raise_for_status()
+            client.post(f"/v1/sessions/{session_id}/reward",
+                        json={"value": reward, "source": "verifier", "comment": comment}).raise_for_status()
         self.end(session_id)
 
     def end(self, session_id: str) -> None:
@@ -373,80 +387,118 @@ class ViaGateway:
 
 
 async def play_traffic(store: Any, llm: Any, base_url: str, recordings: Any, *, sessions: int, max_turns: int = 4,
-                       system_prompt: str | None = None, start: int = 0, return_loans: bool = True) -> list[str]:
-    """Users of the deployed agent: ``sessions`` library tasks (cycling ``LIBRARY_TASKS``)
-    played against the live service at ``base_url``, their requests marked with origin
-    ``traffic``. ``llm`` is a chat model (its calls go into the store in process, through
-    ``StoreSink``) or a ``ViaGateway`` (the gateway stores them). Each session leaves in
-    the store: its calls, its HTTP exchanges in ``recordings/traffic-<i>.jsonl`` (record
-    mode), its verifier reward (``library_reward``, source ``verifier``) and, in its
+                       system_prompt: str | None = None, start: int = 0, return_loans: bool = True,
+                       tasks: Sequence[Any] | None = None, reward: Callable[[Any, dict[str, Any]], float] | None = None,
+                       tool_choices: Mapping[str, str | None] | None = None, concurrency: int = 1) -> list[str]:
+    """Users of the deployed agent: ``sessions`` tasks (cycling ``tasks``, default
+    ``LIBRARY_TASKS``; session ``i`` plays ``tasks[i % len(tasks)]``) played against the live
+    service at ``base_url``, their requests marked with origin ``traffic``. ``llm`` is a chat
+    model (its calls go into the store in process, through ``StoreSink``) or a
+    ``ViaGateway`` (the gateway stores them). Each session leaves in the store: its calls,
+    its HTTP exchanges in ``recordings/traffic-<i>.jsonl`` (record mode), its verifier
+    reward (``reward``, default ``library_reward``; source ``verifier``) and, in its
     metadata, the task and the recording: what the continual loop's shadow replays need.
+    ``tool_choices``: ``build_tool_agent``'s ``first_tool_choice`` / ``tool_choice``, what the
+    deployed agent sends (the loop's ``agent.tool_choices()``), so traffic is forced where
+    replays are.
 
     With ``return_loans`` the member brings every book a session borrowed back right after
     it (origin ``members``), so production's state is the same for every session and
-    success rates of different versions compare."""
+    success rates of different versions compare; such sessions run one at a time.
+    ``concurrency`` > 1 plays that many sessions at once: for a service whose traffic
+    changes nothing (the atlas), where the order of sessions cannot matter. Session ids
+    come back in session order."""
     from pathlib import Path
 
     from seed_agents.store import StoreSink
     from seed_agents.tools.openapi import load_spec
 
+    if concurrency < 1:
+        raise ValueError(f"concurrency must be >= 1, got {concurrency}")
+    if concurrency > 1 and return_loans:
+        raise ValueError("return_loans needs one session at a time (concurrent sessions would borrow the same books)")
+    pool = list(tasks) if tasks is not None else list(LIBRARY_TASKS)
+    if not pool:
+        raise ValueError("no tasks to play")
     spec = load_spec(f"{base_url}/openapi.json", allow_hosts=["127.0.0.1"], transport=OriginTransport("traffic"))
     out = Path(recordings)
     gateway = llm if isinstance(llm, ViaGateway) else None
     sink = None if gateway else StoreSink(store)
-    sids: list[str] = []
     http = httpx.AsyncClient(timeout=600) if gateway else None
+    sem = asyncio.Semaphore(concurrency)
+    session = _Session(store=store, llm=llm, gateway=gateway, http=http, sink=sink, spec=spec, base_url=base_url, out=out,
+                       max_turns=max_turns, system_prompt=system_prompt, return_loans=return_loans,
+                       reward=reward or library_reward, tool_choices=dict(tool_choices or {}))
+
+    async def one(i: int) -> str | None:
+        async with sem:
+            return await session.play(i, Task.model_validate(pool[i % len(pool)]))
+
     try:
-        for i in range(start, start + sessions):
-            sid = await _one_session(store, llm, gateway, http, sink, spec, base_url, out, i, max_turns=max_turns,
-                                     system_prompt=system_prompt, return_loans=return_loans)
-            if sid is not None:
-                sids.append(sid)
+        sids = await asyncio.gather(*(one(i) for i in range(start, start + sessions)))
     finally:
         if http is not None:
             await http.aclose()
-    return sids
+    return [sid for sid in sids if sid is not None]
 
 
-async def _one_session(store: Any, llm: Any, gateway: ViaGateway | None, http: httpx.AsyncClient | None, sink: Any,
-                       spec: dict[str, Any], base_url: str, out: Any, i: int, *, max_turns: int,
-                       system_prompt: str | None, return_loans: bool) -> str | None:
-    """Traffic session ``i``; its session id once rewarded, None when it faulted or made no call."""
-    from seed_agents.graphs.tool_agent import build_tool_agent
-    from seed_agents.runner import EpisodeRunner, RunnerConfig
-    from seed_agents.tools.openapi import openapi_tools
-    from seed_agents.tools.replay import Recording, ReplayConfig, ReplayTransport
-    from seed_agents.types import Task, new_id
+@dataclass(frozen=True)
+class _Session:
+    """What every traffic session of one ``play_traffic`` call shares."""
 
-    task = Task.model_validate(LIBRARY_TASKS[i % len(LIBRARY_TASKS)])
-    path = out / f"traffic-{i:05d}.jsonl"
-    live = OriginTransport("traffic")
-    transport = ReplayTransport(ReplayConfig(mode="record"), Recording(path=path), live=live)
-    tools = openapi_tools(spec, base_url=base_url, allow_hosts=["127.0.0.1"], transport=transport)
-    sid = f"traffic-{i:05d}-{new_id()[:8]}"
-    model = gateway.chat_model(sid, task.task_id, http) if gateway is not None and http is not None else llm
-    graph = build_tool_agent(model, tools, system_prompt=system_prompt, max_turns=max_turns)
-    runner = EpisodeRunner(graph, RunnerConfig(progress=False), reward_fn=library_reward, sink=sink)
-    traj = await runner.run_episode(task, f"traffic-{task.task_id}", 0)
-    await live.aclose()
-    if return_loans:
-        await _return_loans(base_url, path)
-    if gateway is None:
-        sid = traj.trajectory_id
-    if traj.fault is not None:  # an infrastructure fault says nothing about the policy: never rewarded
-        print(f"traffic session {sid} ({task.task_id}): {traj.fault.value} fault, not rewarded: "
-              f"{' '.join(str(traj.error).split())[:300]}", flush=True)
-        if gateway is not None and store.get_session(sid) is not None:
-            await asyncio.to_thread(gateway.end, sid)
-        return None
-    if store.get_session(sid) is None:  # an episode that made no call left no session
-        return None
-    if gateway is not None:
-        await asyncio.to_thread(gateway.reward_and_end, sid, traj.reward)
-    else:
-        store.add_reward(sid, traj.reward, source="verifier")
-    store.merge_session_metadata(sid, {"task": task.model_dump(mode="json"), "recording": str(path.resolve())})
-    return sid
+    store: Any
+    llm: Any
+    gateway: ViaGateway | None
+    http: httpx.AsyncClient | None
+    sink: Any
+    spec: dict[str, Any]
+    base_url: str
+    out: Any
+    max_turns: int
+    system_prompt: str | None
+    return_loans: bool
+    reward: Callable[[Any, dict[str, Any]], float]
+    tool_choices: dict[str, str | None]
+
+    async def play(self, i: int, task: Task) -> str | None:
+        """Traffic session ``i``; its session id once rewarded, None when it faulted or made no call."""
+        from seed_agents.graphs.tool_agent import build_tool_agent
+        from seed_agents.runner import EpisodeRunner, RunnerConfig
+        from seed_agents.tools.openapi import openapi_tools
+        from seed_agents.tools.replay import Recording, ReplayConfig, ReplayTransport
+        from seed_agents.types import new_id
+
+        store, gateway = self.store, self.gateway
+        path = self.out / f"traffic-{i:05d}.jsonl"
+        live = OriginTransport("traffic")
+        transport = ReplayTransport(ReplayConfig(mode="record"), Recording(path=path), live=live)
+        tools = openapi_tools(self.spec, base_url=self.base_url, allow_hosts=["127.0.0.1"], transport=transport)
+        sid = f"traffic-{i:05d}-{new_id()[:8]}"
+        model = gateway.chat_model(sid, task.task_id, self.http) if gateway is not None and self.http is not None else self.llm
+        graph = build_tool_agent(model, tools, system_prompt=self.system_prompt, max_turns=self.max_turns,
+                                 **self.tool_choices)
+        runner = EpisodeRunner(graph, RunnerConfig(progress=False), reward_fn=self.reward, sink=self.sink)
+        traj = await runner.run_episode(task, f"traffic-{task.task_id}", 0)
+        await live.aclose()
+        if self.return_loans:
+            await _return_loans(self.base_url, path)
+        if gateway is None:
+            sid = traj.trajectory_id
+        if traj.fault is not None:  # an infrastructure fault says nothing about the policy: never rewarded
+            print(f"traffic session {sid} ({task.task_id}): {traj.fault.value} fault, not rewarded: "
+                  f"{' '.join(str(traj.error).split())[:300]}", flush=True)
+            if gateway is not None and store.get_session(sid) is not None:
+                await asyncio.to_thread(gateway.end, sid)
+            return None
+        if store.get_session(sid) is None:  # an episode that made no call left no session
+            return None
+        if gateway is not None:
+            await asyncio.to_thread(gateway.reward_and_end, sid, traj.reward,
+                                    f"{self.reward.__module__}:{self.reward.__qualname__}")
+        else:
+            store.add_reward(sid, traj.reward, source="verifier")
+        store.merge_session_metadata(sid, {"task": task.model_dump(mode="json"), "recording": str(path.resolve())})
+        return sid
 
 
 async def _return_loans(base_url: str, recording: Any) -> None:

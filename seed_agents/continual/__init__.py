@@ -1,7 +1,8 @@
 """Learning from a deployed agent, the control plane: which version serves, and why.
 
 ``gate.decide`` compares a candidate with the promoted version on paired canary results
-(a one-sided paired bootstrap over tasks) and returns a ``GateDecision``;
+(a one-sided paired bootstrap over tasks) and returns a ``GateDecision``
+(``gate.gate_power``: what a canary of a given size can tell apart);
 ``VersionRegistry`` applies it to the trace store atomically (promote, reject, rollback,
 resolve), and ``seed-agents versions`` (``seed_agents.app.commands.continual``) is the
 operators' view of it. The continual loop (``seed_agents.app.continual``) composes these;
@@ -10,7 +11,7 @@ each canary episode behind a decision (its tool calls, results, answer).
 """
 
 from seed_agents.continual.canary import CanaryEpisode, EpisodeTrace
-from seed_agents.continual.gate import CanaryResult, GateConfig, GateDecision, decide
+from seed_agents.continual.gate import CanaryResult, GateConfig, GateDecision, GatePower, decide, gate_power
 from seed_agents.continual.versions import DecisionRecord, ServedVersion, VersionRegistry, VersionStatus
 
 __all__ = [
@@ -20,8 +21,10 @@ __all__ = [
     "EpisodeTrace",
     "GateConfig",
     "GateDecision",
+    "GatePower",
     "ServedVersion",
     "VersionRegistry",
     "VersionStatus",
     "decide",
+    "gate_power",
 ]

@@ -45,6 +45,7 @@ import math
 import random
 from collections import defaultdict
 from collections.abc import Sequence
+from statistics import NormalDist
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -183,6 +184,49 @@ def decide(promoted: Sequence[CanaryResult], candidate: Sequence[CanaryResult],
                         n_pairs=n_pairs, per_task=per_task, promoted_mean=prom_mean, candidate_mean=cand_mean,
                         faults=faults, episodes=episodes, unmatched=len(prom.keys() ^ cand.keys()),
                         reasons=reasons, config=config)
+
+
+class GatePower(BaseModel):
+    """What a gate of this size can tell apart (``gate_power``); differences are candidate
+    minus promoted, in the gate's metric, as true (population) means over tasks."""
+
+    model_config = ConfigDict(frozen=True)
+
+    n_tasks: int
+    sd: float = Field(description="Standard deviation of the per-task paired difference assumed.")
+    se: float = Field(description="sd / sqrt(n_tasks): the standard error of mean_diff.")
+    power: float
+    promotes_above: float = Field(description="A candidate this good or better is promoted with probability >= power.")
+    rejects_below: float = Field(description="A candidate this bad or worse is rejected with probability >= power.")
+    detectable_gain: float = Field(description="The smallest true gain whose lower bound at the gate's confidence "
+                                               "clears 0 with probability >= power (a version shown better).")
+
+
+def gate_power(sd: float, n_tasks: int, config: GateConfig | None = None, *, power: float = 0.8) -> GatePower:
+    """The gate's resolution at ``n_tasks`` canary tasks whose paired differences have
+    standard deviation ``sd`` (estimate it from past decisions' ``per_task``).
+
+    A normal approximation of the bootstrap bound: ``ci_low ~ mean_diff - z_c * se`` with
+    ``z_c`` the normal quantile at ``confidence``, ``se = sd / sqrt(n)``. The gate promotes
+    when ``ci_low >= -margin``, so a candidate whose true difference is ``d`` is promoted
+    with probability ``Phi((d + margin) / se - z_c)``; solving for ``power`` gives
+    ``promotes_above = -margin + (z_c + z_p) * se`` and ``rejects_below = -margin + (z_c -
+    z_p) * se``. Between the two the verdict is a coin toss. ``detectable_gain`` is the same
+    arithmetic at margin 0 from the other side: ``(z_c + z_p) * se``, the gain a canary of
+    this size shows as an improvement. Faults, ``min_tasks`` and ``floor`` are not modelled.
+    """
+    config = config or GateConfig()
+    if n_tasks < 1:
+        raise ValueError(f"n_tasks must be >= 1, got {n_tasks}")
+    if not math.isfinite(sd) or sd < 0:
+        raise ValueError(f"sd must be a finite number >= 0, got {sd}")
+    if not 0.5 <= power < 1:
+        raise ValueError(f"power must be in [0.5, 1), got {power}")
+    normal = NormalDist()
+    z_c, z_p = normal.inv_cdf(config.confidence), normal.inv_cdf(power)
+    se = sd / math.sqrt(n_tasks)
+    return GatePower(n_tasks=n_tasks, sd=sd, se=se, power=power, promotes_above=-config.margin + (z_c + z_p) * se,
+                     rejects_below=-config.margin + (z_c - z_p) * se, detectable_gain=(z_c + z_p) * se)
 
 
 def _by_key(results: Sequence[CanaryResult], side: str) -> dict[tuple[str, int], CanaryResult]:

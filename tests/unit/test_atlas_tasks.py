@@ -31,6 +31,15 @@ def test_committed_manifests_equal_the_generator(split: str) -> None:
     assert committed == [t.model_dump(mode="json") for t in make_tasks(split)]
 
 
+def test_the_continual_atlas_canary_is_the_level_0_held_out_set() -> None:
+    """configs/continual_atlas.yaml's canary: the learning curve's held-out tasks, so the
+    demo's canary scores and the curve's held-out scores are on the same 80 tasks."""
+    canary = Path(__file__).resolve().parents[2] / "configs" / "data" / "atlas_canary.jsonl"
+    committed = [json.loads(line) for line in canary.read_text().splitlines()]
+    assert committed == [t.model_dump(mode="json") for t in make_tasks("heldout", levels=[0])]
+    assert len(committed) == 80
+
+
 def test_counts_and_levels() -> None:
     train, heldout = make_tasks("train"), make_tasks("heldout")
     assert len(train) >= 500 and len(heldout) >= 200

@@ -166,3 +166,50 @@ def test_a_canary_nobody_solves_is_inconclusive_with_a_floor():
     assert at_floor.verdict == "inconclusive" and "cannot show a regression" in at_floor.reasons[-1]
     better = {**zeros, "t00": [1.0, 1.0]}
     assert decide(results(zeros), results(better), GateConfig(margin=0.1, floor=0.0)).verdict == "promote"
+
+
+# ---------------------------------------------------------------- gate_power
+
+
+def test_gate_power_numbers_follow_the_normal_approximation():
+    from seed_agents.continual.gate import gate_power
+
+    p = gate_power(0.5, 100, GateConfig(margin=0.1, confidence=0.9), power=0.8)
+    assert p.se == pytest.approx(0.05)
+    assert p.promotes_above == pytest.approx(-0.1 + (1.281552 + 0.841621) * 0.05, abs=1e-6)
+    assert p.rejects_below == pytest.approx(-0.1 + (1.281552 - 0.841621) * 0.05, abs=1e-6)
+    assert p.detectable_gain == pytest.approx((1.281552 + 0.841621) * 0.05, abs=1e-6)
+    # four times the tasks halve every distance from -margin
+    q = gate_power(0.5, 400, GateConfig(margin=0.1, confidence=0.9), power=0.8)
+    assert q.promotes_above + 0.1 == pytest.approx((p.promotes_above + 0.1) / 2)
+    with pytest.raises(ValueError, match="n_tasks"):
+        gate_power(0.5, 0)
+    with pytest.raises(ValueError, match="sd"):
+        gate_power(float("nan"), 10)
+    with pytest.raises(ValueError, match="power"):
+        gate_power(0.5, 10, power=1.0)
+
+
+@pytest.mark.parametrize("where, expected", [("promotes_above", 0.8), ("rejects_below", 0.2)])
+def test_gate_power_predicts_how_often_the_real_gate_promotes(where: str, expected: float):
+    """Canaries simulated at the predicted boundary: paired differences in {-1, 0, +1} with
+    the assumed sd, decided by ``decide`` itself (its bootstrap, not the formula)."""
+    from seed_agents.continual.gate import gate_power
+
+    config = GateConfig(margin=0.1, confidence=0.9, resamples=400, min_tasks=4)
+    sd, n = 0.5, 80
+    d = getattr(gate_power(sd, n, config, power=0.8), where)
+    up = (sd**2 + d**2 + d) / 2  # P(+1) - P(-1) = d and P(+1) + P(-1) = sd^2 + d^2
+    down = up - d
+    rng = random.Random(7)
+    sims, promoted = 300, 0
+    for _ in range(sims):
+        cand = {}
+        for i in range(n):
+            u = rng.random()
+            cand[f"t{i:02d}"] = [1.0 if u < up else -1.0 if u < up + down else 0.0]
+        base = results({t: [0.0] for t in cand})
+        promoted += decide(base, results(cand), config).promote
+    # 300 simulated canaries: the binomial sd of the rate is ~0.025; the bootstrap's
+    # slight optimism and the normal approximation move it by a few points
+    assert abs(promoted / sims - expected) < 0.09
