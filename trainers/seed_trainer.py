@@ -163,6 +163,46 @@ def length_chunks(prompt_lens: list[int], completion_lens: list[int], budget: in
     return chunks
 
 
+def _chunk_cost(prompts: list[list[int]], completion_lens: list[int], rows: list[int]) -> int:
+    """Tokens a chunk's forward computes: its shared prefix once (``worth_sharing``), then
+    every row padded to the widest own prompt tail plus the widest completion."""
+    shared = worth_sharing([prompts[i] for i in rows])
+    width = max(len(prompts[i]) for i in rows) - shared + max(completion_lens[i] for i in rows)
+    return shared + len(rows) * width
+
+
+def prefix_chunks(prompts: list[list[int]], completion_lens: list[int], budget: int,
+                  max_rows: int | None = None) -> list[list[int]]:
+    """Row indices grouped for forwards that share their prompt's prefix: ``length_chunks``'
+    job when the shared prefix is computed once (``SEEDConfig.share_prefix``).
+
+    Rows are taken in token order, so the rows that begin alike sit side by side: the turns
+    of one episode (under SEED's teacher prompts, the same skill), the replays of one task.
+    Ordered by length instead, a chunk mixes episodes, and the prefix its rows share ends
+    where the first skill or question begins. A row joins the chunk before it when that costs
+    no more tokens than a forward of its own (``_chunk_cost``: what sharing saves against what
+    padding adds), within the same bound as ``length_chunks``: ``rows x (widest prompt +
+    widest completion) <= budget`` (at least one row), at most ``max_rows``."""
+    order = sorted(range(len(prompts)), key=lambda i: (prompts[i], completion_lens[i], i))
+    chunks: list[list[int]] = []
+    rows: list[int] = []
+    cost = 0
+    for i in order:
+        if rows:
+            grown = [*rows, i]
+            wp, wc = max(len(prompts[j]) for j in grown), max(completion_lens[j] for j in grown)
+            fits = len(grown) * (wp + wc) <= budget and (max_rows is None or len(grown) <= max_rows)
+            grown_cost = _chunk_cost(prompts, completion_lens, grown) if fits else 0
+            if fits and grown_cost <= cost + len(prompts[i]) + completion_lens[i]:
+                rows, cost = grown, grown_cost
+                continue
+            chunks.append(rows)
+        rows, cost = [i], len(prompts[i]) + completion_lens[i]
+    if rows:
+        chunks.append(rows)
+    return chunks
+
+
 class SEEDTrainer(GRPOTrainer):
     """Thin subclass: our rollouts and our loss; TRL's everything else."""
 
@@ -186,7 +226,8 @@ class SEEDTrainer(GRPOTrainer):
     def _get_per_token_logps_and_entropies(self, model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                                            logits_to_keep: int, batch_size: int | None = None,
                                            compute_entropy: bool = False, **kwargs: Any) -> Any:
-        """TRL's scorer, run on length-grouped, trimmed chunks (``length_chunks``).
+        """TRL's scorer, run on length-grouped, trimmed chunks (``length_chunks``; with a
+        shared prefix, ``prefix_chunks``: grouped by their prompts' tokens).
 
         TRL pads every row to the batch's widest prompt plus its widest completion; a step-level
         agent's rows differ several-fold in length (a first turn against a fifth, a one-word
@@ -205,7 +246,12 @@ class SEEDTrainer(GRPOTrainer):
         prompt_lens = attention_mask[:, :prompt_width].sum(1).tolist()
         completion_lens = attention_mask[:, prompt_width:].sum(1).tolist()
         parts: list[tuple[list[int], torch.Tensor, torch.Tensor | None]] = []
-        for rows in length_chunks(prompt_lens, completion_lens, self.args.chunk_tokens, max_rows=batch_size):
+        if self._may_share(model):
+            prompts = [input_ids[i, prompt_width - n:prompt_width].tolist() for i, n in enumerate(prompt_lens)]
+            chunks = prefix_chunks(prompts, completion_lens, self.args.chunk_tokens, max_rows=batch_size)
+        else:
+            chunks = length_chunks(prompt_lens, completion_lens, self.args.chunk_tokens, max_rows=batch_size)
+        for rows in chunks:
             p = max(max(prompt_lens[i] for i in rows), 1)
             c = max(max(completion_lens[i] for i in rows), 1)
             idx = torch.tensor(rows, device=input_ids.device)
@@ -228,12 +274,15 @@ class SEEDTrainer(GRPOTrainer):
         entropies = torch.cat([e for _, _, e in parts])[back] if compute_entropy else None
         return logps, entropies, None
 
+    def _may_share(self, model: Any) -> bool:
+        """Whether this forward may compute a shared prefix once (``share_prefix`` on, and
+        under gradients only where ``trainers.shared_prefix`` supports the model)."""
+        return self.args.share_prefix and (not torch.is_grad_enabled() or prefix_supported(model))
+
     def _shared_prefix(self, model: Any, ids: torch.Tensor, prompt_width: int, prompt_lens: list[int]) -> int:
         """How many leading tokens a chunk's rows share, where computing them once pays
         (``trainers.shared_prefix``); 0: score the chunk as TRL does."""
-        if not self.args.share_prefix:
-            return 0
-        if torch.is_grad_enabled() and not prefix_supported(model):
+        if not self._may_share(model):
             return 0
         return worth_sharing([ids[i, prompt_width - n:prompt_width].tolist() for i, n in enumerate(prompt_lens)])
 

@@ -16,7 +16,14 @@ from seed_agents.graphs.hindsight import with_hindsight  # noqa: E402
 from seed_agents.runner import EpisodeRunner, RunnerConfig  # noqa: E402
 from seed_agents.testing import SKILL_JSON, FakeBackend, ParityEnv  # noqa: E402
 from seed_agents.trainers.rollout import GraphRollout  # noqa: E402
-from seed_agents.trainers.seed_trainer import SEEDConfig, SEEDTrainer, length_chunks, rows_to_tensors  # noqa: E402
+from seed_agents.trainers.seed_trainer import (  # noqa: E402
+    SEEDConfig,
+    SEEDTrainer,
+    _chunk_cost,
+    length_chunks,
+    prefix_chunks,
+    rows_to_tensors,
+)
 from seed_agents.types import Row  # noqa: E402
 from seed_agents.trainers.weight_sync import InProcessSync  # noqa: E402
 from seed_agents.types import SamplingParams, Task  # noqa: E402
@@ -207,6 +214,76 @@ def test_length_chunks_cover_every_row_once_within_the_budget():
     assert {0, 2, 4} & set(chunks[-1]) and not {1, 3, 5} & set(chunks[-1]), "long rows are grouped apart from short ones"
     assert all(len(c) <= 2 for c in length_chunks(prompts, completions, budget=10**6, max_rows=2))
     assert length_chunks([900], [100], budget=10) == [[0]], "a row over the budget still gets its own forward"
+
+
+def episode_rows(seed: int = 0) -> tuple[list[list[int]], list[int]]:
+    """Prompts as SEED's teacher rows look: one system prompt, then per episode its own
+    skill and question, then per turn the turns before it; completions of mixed length."""
+    g = torch.Generator().manual_seed(seed)
+    system = torch.randint(5, 1000, (40,), generator=g).tolist()
+    prompts, completions = [], []
+    for _ in range(4):  # episodes
+        prompt = system + torch.randint(5, 1000, (50,), generator=g).tolist()
+        for _ in range(3):  # turns
+            prompt = prompt + torch.randint(5, 1000, (int(torch.randint(10, 40, (1,), generator=g)),), generator=g).tolist()
+            prompts.append(prompt)
+            completions.append(int(torch.randint(2, 30, (1,), generator=g)))
+    return prompts, completions
+
+
+def test_prefix_chunks_keep_an_episodes_rows_together_and_cost_less():
+    prompts, completions = episode_rows()
+    chunks = prefix_chunks(prompts, completions, budget=10**6)
+    assert sorted(i for c in chunks for i in c) == list(range(len(prompts)))
+    assert sorted(sorted(c) for c in chunks) == [[0, 1, 2], [3, 4, 5], [6, 7, 8], [9, 10, 11]]
+    by_length = length_chunks([len(p) for p in prompts], completions, budget=10**6)
+    cost = sum(_chunk_cost(prompts, completions, c) for c in chunks)
+    assert cost < 0.8 * sum(_chunk_cost(prompts, completions, c) for c in by_length)
+    # the same bound as length_chunks: rows x (widest prompt + widest completion), max_rows
+    for budget, max_rows in ((400, None), (10**6, 2)):
+        for c in prefix_chunks(prompts, completions, budget=budget, max_rows=max_rows):
+            width = max(len(prompts[i]) for i in c) + max(completions[i] for i in c)
+            assert len(c) == 1 or len(c) * width <= budget
+            assert max_rows is None or len(c) <= max_rows
+    # rows that share nothing: each alone costs no more than together, so they may group
+    # only where that is free; every row is still scored once
+    flat = prefix_chunks([[i] * 10 for i in range(5)], [3] * 5, budget=10**6)
+    assert sorted(i for c in flat for i in c) == list(range(5))
+
+
+def test_prefix_chunked_scoring_of_teacher_like_rows_equals_trls_layout(tiny_model_dir, tokenizer, tmp_path):
+    """Rows that share long prefixes (an episode's turns under one skill): the token-ordered,
+    prefix-sharing forwards give TRL's padded layout's log-probs, entropies and gradient."""
+    trainer, _ = make_trainer(tiny_model_dir, tokenizer, tmp_path, opd_coef=0.0)
+    prompts, completions = episode_rows(seed=3)
+    g = torch.Generator().manual_seed(4)
+    rows = [Row(trajectory_id=f"t{i}", task_id="t", group_id="g", call_ids=[f"c{i}"], prompt_ids=p,
+                completion_ids=torch.randint(5, 1000, (c,), generator=g).tolist(), old_logprobs=[0.0] * c,
+                loss_mask=[1] * c) for i, (p, c) in enumerate(zip(prompts, completions, strict=True))]
+    t = rows_to_tensors(rows, torch.zeros(len(rows)), pad_id=0)
+    ids = torch.cat([t["prompt_ids"], t["completion_ids"]], 1)
+    mask = torch.cat([t["prompt_mask"], t["completion_mask"]], 1)
+    keep = t["completion_ids"].size(1)
+    widths: list[int] = []
+    hook = trainer.model.register_forward_pre_hook(lambda _m, args, kw: widths.append(
+        (kw.get("input_ids") if kw.get("input_ids") is not None else args[0]).shape[-1]), with_kwargs=True)
+    results = {}
+    try:
+        for budget in (0, 4000):  # 0: TRL's own layout
+            trainer.args.chunk_tokens = budget
+            trainer.model.zero_grad()
+            widths.clear()
+            logps, ent, _ = trainer._get_per_token_logps_and_entropies(trainer.model, ids, mask, keep,
+                                                                      compute_entropy=True)
+            (logps * t["loss_mask"]).sum().backward()
+            grads = torch.cat([p.grad.flatten() for p in trainer.model.parameters() if p.grad is not None])
+            results[budget] = (logps * t["loss_mask"], ent * t["loss_mask"], grads, list(widths))
+    finally:
+        hook.remove()
+    for a, b in zip(results[0][:3], results[4000][:3]):
+        assert a.shape == b.shape and torch.allclose(a, b, atol=2e-4, rtol=1e-4), (a - b).abs().max()
+    # the prefix ran once per episode: 4 prefix forwards, 4 forwards of the rows' own tokens
+    assert len(results[4000][3]) == 8, results[4000][3]
 
 
 def test_length_chunked_scoring_equals_trls_padded_layout(tiny_model_dir, tokenizer, tmp_path):
