@@ -528,6 +528,7 @@ def learning_curve(results: dict[str, Result], name: str = "learning_curve") -> 
             out += ["", f"{method} held-out gain per seed: "
                         + ", ".join(f"seed {s} {g:+.3f}" for s, g in sorted(per_seed.items(), key=lambda kv: int(kv[0])))
                         + f"; a test of the mean gain over seeds would need {m.get('seeds_needed_for_gain') or '-'} seeds."]
+    out += _update_diagnostics(x)
     steps = [m for run in x.get("runs", {}).values() for m in run["metrics"] if "guided_success_rate" in m]
     if steps:  # guided openings: what the steered and the free training episodes scored
         first, last = min(m["update"] for m in steps), max(m["update"] for m in steps)
@@ -547,6 +548,27 @@ def learning_curve(results: dict[str, Result], name: str = "learning_curve") -> 
         out += ["", f"Goal (GRPO held-out gain >= +{x['goal']['gain_at_least']:.2f}, 95% CI over seeds and tasks "
                     f"excluding 0): **{x['goal']['verdict']}**."]
     return out
+
+
+def _update_diagnostics(x: dict[str, Any]) -> list[str]:
+    """Per method, from its runs' per-update metrics: KL to the start at the last update
+    (range over seeds) and, where skills were written (SEED), the share that parsed and the
+    mean OPD gate (how much of the distillation term was let through)."""
+    lines = []
+    for method in x["methods"]:
+        runs = [run["metrics"] for name, run in sorted(x.get("runs", {}).items()) if name.startswith(f"{method}-s")]
+        last = [m[-1]["kl"] for m in runs if m and "kl" in m[-1]]
+        spread = f"{min(last):.3f}" if last and min(last) == max(last) else f"{min(last or [0]):.3f}-{max(last or [0]):.3f}"
+        parts = [f"KL to the start at the last update {spread}"] if last else []
+        skills = [u["skill_parse_rate"] for m in runs for u in m if "skill_parse_rate" in u]
+        if method != "grpo" and skills:
+            parts.append(f"skills parsed {mean(skills):.2f} (mean over updates and seeds)")
+            gates = [u["opd/gate"] for m in runs for u in m if "opd/gate" in u]
+            if gates:
+                parts.append(f"OPD gate {mean(gates):.3f}")
+        if parts:
+            lines += ["", f"{method}: " + "; ".join(parts) + "."]
+    return lines
 
 
 #: Settings that name a run's bookkeeping, not what it trained.
