@@ -15,7 +15,9 @@ One cycle, top to bottom (``ContinualLoop.step``):
    message, ``seed_agents.transcript``); the recording is ``metadata["recording"]`` when set,
    else the transcript's tool results (``tools.replay.recording_from_transcript``). The
    hindsight node writes each replay's skill (SEED).
-3. **train**: one SEED step on a LoRA adapter that starts from the promoted adapter, with
+3. **train**: one SEED step on a LoRA adapter that starts from the promoted adapter (and,
+   with ``carry_optimizer``, from the optimizer state saved with it: cycles then train as
+   the steps of one run), with
    the train command's builders (``seed_agents.app.policy``); the adapter is saved whole, then ``finish_training`` stores
    it as the next candidate, the cycle as ``trained`` and the claims as ``trained`` (or
    ``unusable``: fewer than two clean replays) in one transaction.
@@ -59,6 +61,7 @@ from typing import Any
 
 import datasets
 import httpx
+import torch
 from peft import set_peft_model_state_dict
 from safetensors.torch import load_file
 from transformers import TrainerCallback
@@ -350,14 +353,25 @@ class ContinualLoop:
             def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
                 crash_point("update")
 
+        carried = Path(base.path) / OPTIMIZER_FILE if base.path and self.cfg.carry_optimizer else None
+
+        class _CarryOptimizer(TrainerCallback):
+            """The promoted adapter's optimizer state, loaded once TRL has built the optimizer."""
+
+            def on_train_begin(self, args: Any, state: Any, control: Any, optimizer: Any = None, **kw: Any) -> None:
+                if carried is not None and carried.is_file():
+                    load_optimizer_state(optimizer, carried)
+
         dataset = datasets.Dataset.from_list([{"prompt": Task(task_id=g).model_dump_json()} for g in groups])
         trainer = SEEDTrainer(model=policy.model, args=seed_config(tcfg, out), train_dataset=dataset, rollout=_Batch(),
                               processing_class=policy.tokenizer)
         trainer.add_callback(_CrashPoint())
+        trainer.add_callback(_CarryOptimizer())
         trainer.train()
         metrics = {k: float(v) for k, v in (trainer.state.log_history[-1] if trainer.state.log_history else {}).items()
                    if isinstance(v, int | float)}
-        final = save_adapter(policy.model, self.cfg.out / "adapters" / f"cycle-{cycle_id}")
+        optimizer = trainer.optimizer.state_dict() if self.cfg.carry_optimizer else None
+        final = save_adapter(policy.model, self.cfg.out / "adapters" / f"cycle-{cycle_id}", optimizer=optimizer)
         del trainer, policy
         gc.collect()
         return final.resolve(), metrics
@@ -511,15 +525,48 @@ def _keeping_state(reward: Callable[[Task, dict[str, Any]], float],
     return keep
 
 
-def save_adapter(model: Any, final: Path) -> Path:
+OPTIMIZER_FILE = "optimizer.pt"
+
+
+def save_adapter(model: Any, final: Path, *, optimizer: dict[str, Any] | None = None) -> Path:
     """Save the LoRA adapter of ``model`` to ``final`` whole (written beside it, then renamed)
-    or not at all; a folder left there by a killed attempt that stored nothing is replaced."""
+    or not at all; a folder left there by a killed attempt that stored nothing is replaced.
+    ``optimizer``: the optimizer's ``state_dict``, saved in the same folder (``OPTIMIZER_FILE``)
+    for the cycle that trains from this adapter next."""
     tmp = final.with_name(final.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp)
+    if optimizer is not None:
+        torch.save(optimizer, tmp / OPTIMIZER_FILE)
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)
     return final
+
+
+def load_optimizer_state(optimizer: Any, file: Path) -> None:
+    """Load a stored optimizer ``state_dict`` (tensors and numbers only: ``weights_only``)
+    into ``optimizer``, which must hold the same parameters in the same order: the per-weight
+    state (Adam's moments, its step count). The groups' settings stay this run's: torch would
+    restore the stored ones, and the stored learning rate is what the last cycle's scheduler
+    left (0 at the end of a linear decay), not what this cycle asks for."""
+    settings = [{k: v for k, v in group.items() if k != "params"} for group in optimizer.param_groups]
+    try:
+        optimizer.load_state_dict(torch.load(file, weights_only=True))
+    except (ValueError, KeyError, RuntimeError) as e:
+        raise ContinualError(f"the promoted adapter's optimizer state {file} does not fit this run's optimizer "
+                             f"({' '.join(str(e).split())[:200]}); keep the LoRA settings of the run, or set "
+                             f"carry_optimizer: false") from None
+    # torch checks only how many parameters each group holds; a moment of another shape
+    # would fail at the step, mid-cycle
+    for group in optimizer.param_groups:
+        for param in group["params"]:
+            for value in optimizer.state.get(param, {}).values():
+                if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape != param.shape:
+                    raise ContinualError(f"the promoted adapter's optimizer state {file} holds a {tuple(value.shape)} "
+                                         f"moment for a {tuple(param.shape)} weight; keep the LoRA settings of the "
+                                         f"run, or set carry_optimizer: false")
+    for group, kept in zip(optimizer.param_groups, settings, strict=True):
+        group.update(kept)
 
 
 def load_adapter_weights(model: Any, path: str) -> None:

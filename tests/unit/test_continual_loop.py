@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 pytest.importorskip("trl")
 
@@ -100,6 +101,9 @@ def test_cycles_claim_train_gate_and_account_for_every_session(tmp_path, tiny_mo
     assert loop.registry.resolve(cfg.name).version == 2  # type: ignore[union-attr]
     v2 = next(v for v in store.model_versions(cfg.name) if v.version == 2)
     assert Path(v2.path, "adapter_model.safetensors").is_file() and v2.metadata["served_name"] == "library-agent-v2"
+    # the optimizer travels with the adapter: cycle 2's Adam took its second step, not a first
+    steps = {int(s["step"]) for s in torch.load(Path(v2.path, "optimizer.pt"), weights_only=True)["state"].values()}
+    assert steps == {2}
 
     replays = [json.loads(x) for x in (cfg.out / "cycles" / str(cycles[0].cycle_id) / "replays.jsonl").read_text().splitlines()]
     assert len(replays) == 4 and {r["metadata"]["session_id"] for r in replays} == {"sess-000", "sess-001"}
@@ -114,8 +118,9 @@ def test_cycles_claim_train_gate_and_account_for_every_session(tmp_path, tiny_mo
 
 
 def test_a_resumed_cycle_keeps_its_sessions_and_never_decides_without_a_canary(tmp_path, tiny_model_dir, prod):
-    """State by state, as a restarted process finds it (the SIGKILL test does it for real)."""
-    cfg = make_config(tmp_path, tiny_model_dir, prod.url)
+    """State by state, as a restarted process finds it (the SIGKILL test does it for real).
+    Without carry_optimizer no optimizer state is kept with an adapter."""
+    cfg = make_config(tmp_path, tiny_model_dir, prod.url, carry_optimizer=False)
     store = TraceStore.open(cfg.store)
     seed_sessions(store, 4)
     loop = ContinualLoop(cfg, store=store, log=lambda _: None)
@@ -125,6 +130,7 @@ def test_a_resumed_cycle_keeps_its_sessions_and_never_decides_without_a_canary(t
     assert outcome is not None and outcome.cycle_id == cycle.cycle_id and outcome.resumed_from == "claimed"
     assert sorted(store.cycle_sessions(cycle.cycle_id, "trained")) == sorted(mine)
     assert store.get_cycle(cycle.cycle_id).attempts == 2
+    assert not Path(store.model_versions(cfg.name)[1].path, "optimizer.pt").exists()
 
     # the next one died after its candidate was loaded: the restart evaluates, then decides
     nxt, _ = store.start_cycle(cfg.name, base_version=1, limit=2)  # type: ignore[misc]
@@ -136,6 +142,33 @@ def test_a_resumed_cycle_keeps_its_sessions_and_never_decides_without_a_canary(t
     assert outcome.decision.n_tasks == 2  # decided on a complete canary made after the restart
     assert store.get_cycle(nxt.cycle_id).state == "decided"
     loop.close()
+
+
+def test_a_carried_optimizer_keeps_its_moments_and_this_runs_learning_rate(tmp_path) -> None:
+    from seed_agents.app.continual import load_optimizer_state
+    from seed_agents.errors import ContinualError
+
+    def adam(lr: float) -> tuple[torch.nn.Linear, torch.optim.Adam]:
+        torch.manual_seed(0)
+        layer = torch.nn.Linear(3, 2)
+        return layer, torch.optim.Adam(layer.parameters(), lr=lr)
+
+    layer, opt = adam(0.1)
+    layer(torch.ones(1, 3)).sum().backward()
+    opt.step()
+    opt.param_groups[0]["lr"] = 0.0  # what a linear decay leaves after its last step
+    torch.save(opt.state_dict(), tmp_path / "optimizer.pt")
+    _, fresh = adam(0.3)
+    load_optimizer_state(fresh, tmp_path / "optimizer.pt")
+    assert fresh.param_groups[0]["lr"] == 0.3  # this cycle's rate, not the stored 0
+    saved, loaded = opt.state_dict()["state"], fresh.state_dict()["state"]
+    assert all(torch.equal(saved[k]["exp_avg"], loaded[k]["exp_avg"]) and int(loaded[k]["step"]) == 1 for k in saved)
+    other = torch.optim.Adam(torch.nn.Linear(4, 2).parameters())  # same count, other shapes: one clear error
+    with pytest.raises(ContinualError, match="moment for a"):
+        load_optimizer_state(other, tmp_path / "optimizer.pt")
+    fewer = torch.optim.Adam([torch.nn.Parameter(torch.zeros(2, 3))])  # another count
+    with pytest.raises(ContinualError, match="does not fit"):
+        load_optimizer_state(fewer, tmp_path / "optimizer.pt")
 
 
 def test_library_reward_checks_the_outcome() -> None:
