@@ -479,7 +479,7 @@ def final_check(loop: Any, store: TraceStore, cfg: ContinualConfig, version: int
 def atlas_levels(episodes: list[Any], tasks: dict[str, Any]) -> dict[str, float | int]:
     """``score_levels``' three rates over canary episodes, from what their traces kept: a
     call parsed (format), the calls the task needs made (tools), the right answer."""
-    from examples.atlas_tasks import same_call
+    from examples.atlas_tasks import made_the_calls
 
     parsed = right_calls = right_answer = 0
     for e in episodes:
@@ -490,15 +490,8 @@ def atlas_levels(episodes: list[Any], tasks: dict[str, Any]) -> dict[str, float 
             except ValueError:  # cut by the trace's length limit: not comparable
                 args = {}
             made.append({"name": call.name, "args": args if isinstance(args, dict) else {}})
-        unused, ok = list(made), True
-        for expected in tasks[e.task_id].data["calls"]:
-            match = next((c for c in unused if same_call(expected, c)), None)
-            if match is None:
-                ok = False
-                break
-            unused.remove(match)
         parsed += bool(made)
-        right_calls += ok and bool(tasks[e.task_id].data["calls"])
+        right_calls += made_the_calls(tasks[e.task_id], made)
         right_answer += e.reward >= 1.0
     n = len(episodes)
     return {"episodes": n, "parsed": parsed / n if n else 0.0, "right_calls": right_calls / n if n else 0.0,

@@ -199,13 +199,17 @@ def score_levels(task: Task, episode: dict[str, Any] | Trajectory) -> dict[str, 
     ``x + 317`` in its head has the answer without the ``add`` call.
     """
     made, answer = _episode_calls(episode)
+    return {"parsed": bool(made), "right_calls": made_the_calls(task, made),
+            "right_answer": answer_reward(task, {"answer": answer}) == 1.0}
+
+
+def made_the_calls(task: Task, made: list[dict[str, Any]]) -> bool:
+    """Every call the task needs (``data["calls"]``) is among ``made`` (parsed calls,
+    ``{"name", "args"}``) with the right arguments, each matched by a call of its own."""
     unused = list(made)
-    right_calls = True
     for expected in task.data.get("calls", []):
         match = next((c for c in unused if same_call(expected, c)), None)
         if match is None:
-            right_calls = False
-            break
+            return False
         unused.remove(match)
-    return {"parsed": bool(made), "right_calls": right_calls and bool(task.data.get("calls")),
-            "right_answer": answer_reward(task, {"answer": answer}) == 1.0}
+    return bool(task.data.get("calls"))
