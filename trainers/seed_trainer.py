@@ -246,7 +246,11 @@ class SEEDTrainer(GRPOTrainer):
         prompt_lens = attention_mask[:, :prompt_width].sum(1).tolist()
         completion_lens = attention_mask[:, prompt_width:].sum(1).tolist()
         parts: list[tuple[list[int], torch.Tensor, torch.Tensor | None]] = []
-        if self._may_share(model):
+        # Token order for the scoring passes (teacher, reference, old log-probs: no gradient),
+        # where SEED's extra cost is; the loss forward keeps length order until a benchmark
+        # shows token order pays there too (its chunks can be smaller, and a forward has a
+        # fixed cost the token count does not see).
+        if self._may_share(model) and not torch.is_grad_enabled():
             prompts = [input_ids[i, prompt_width - n:prompt_width].tolist() for i, n in enumerate(prompt_lens)]
             chunks = prefix_chunks(prompts, completion_lens, self.args.chunk_tokens, max_rows=batch_size)
         else:
