@@ -332,7 +332,45 @@ def continual_atlas(results: dict[str, Result]) -> list[str]:
 
 
 def continual_demo(results: dict[str, Result]) -> list[str]:
-    r = one(results, "continual_demo")
+    return _continual_demo_body(one(results, "continual_demo"))
+
+
+#: Issue 22's target for the atlas demo, as ``bench/continual_demo.py`` (GOAL_GAIN) prints it.
+ATLAS_DEMO_GOAL = 0.10
+
+
+def continual_demo_atlas(results: dict[str, Result]) -> list[str]:
+    """The demo's table on the atlas, then what issue 22 asks of it: each version's canary,
+    the last promoted version against v0 played again (levels apart), the gate's power."""
+    r = one(results, "continual_demo_atlas")
+    x = r.results
+    out = _continual_demo_body(r)
+    out += ["", "Canary mean per version, each time it was played: " + "; ".join(
+        f"{v} {' / '.join(f'{m:.3f}' for m in ms)}" for v, ms in x["canary_by_version"].items()) + "."]
+    gp = x["gate_power"]
+    out += ["", "Gate power: not estimable (no trained candidate's canary differed from its baseline on any task)." if not gp
+            else f"Gate power at {gp['n_tasks']} canary tasks (per-task difference sd {gp['sd']:.3f}, pooled over "
+                 f"{gp['pooled_differences']} differences): it promotes with {gp['power']:.0%} probability a candidate "
+                 f"better than {gp['promotes_above']:+.3f} and rejects one worse than {gp['rejects_below']:+.3f}."]
+    fc = x["final_check"]
+    if not fc:
+        return out + ["", f"Last promoted version vs v0: no version was promoted; goal (>= +{ATLAS_DEMO_GOAL:.2f}, CI excluding 0): "
+                          "missed."]
+    lo, hi = fc["ci95"]
+    met = fc["mean_diff"] >= ATLAS_DEMO_GOAL and lo is not None and lo > 0
+    out += ["", f"Last promoted v{fc['version']} vs v0, both played again on the {fc['n_tasks']} canary tasks: "
+                f"{fc['v0_mean']:.3f} -> {fc['final_mean']:.3f}, paired difference {fc['mean_diff']:+.3f}, 95% bootstrap CI "
+                f"[{lo:+.3f}, {hi:+.3f}] over tasks; goal (>= +{ATLAS_DEMO_GOAL:.2f}, CI excluding 0): {'met' if met else 'missed'}."]
+    if fc.get("levels"):
+        out += ["", *table(["canary, greedy", "a call parsed", "the right calls", "the right answer", "episodes"],
+                           [[label, f"{lv['parsed']:.0%}", f"{lv['right_calls']:.0%}", f"{lv['right_answer']:.0%}",
+                             str(lv["episodes"])]
+                            for label, lv in (("v0", fc["levels"]["promoted"]),
+                                              (f"v{fc['version']}", fc["levels"]["candidate"]))])]
+    return out
+
+
+def _continual_demo_body(r: Result) -> list[str]:
     c, x = r.config, r.results
     loop = x["loop_config"]
     serving = {"vllm+gateway": "vLLM CPU server with runtime LoRA behind the capture gateway",
@@ -641,6 +679,7 @@ def against_nearest_curve(results: dict[str, Result], name: str) -> list[str]:
 
 RENDERERS: dict[str, Callable[[dict[str, Result]], list[str]]] = {
     "determinism": determinism, "tool_agent": tool_agent, "continual_demo": continual_demo,
+    "continual_demo_atlas": continual_demo_atlas,
     "capture_overhead": capture_overhead, "seed_overhead": seed_overhead, "gateway_overhead": gateway_overhead,
     "update_memory": update_memory, "webshop_index": webshop_index, "sample_efficiency": sample_efficiency,
     "skill_usefulness": skill_usefulness, "roofline": roofline, "logprob_gap": logprob_gap,

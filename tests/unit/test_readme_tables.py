@@ -276,3 +276,21 @@ def test_a_variant_is_paired_by_seed_with_its_nearest_curve_and_names_what_diffe
     # the main curve is the reference; a curve that scores another thing (free first turn) pairs with none
     assert tables.against_nearest_curve(results, "learning_curve") == []
     assert tables.against_nearest_curve(results, "learning_curve_guided") == []
+
+
+def test_the_atlas_demo_table_reads_a_small_gain_or_no_promotion_as_a_miss(tmp_path):
+    """The committed run met issue 22's target; the same file with a gain under +0.10, or
+    an interval reaching 0, or nothing promoted must say missed, never met."""
+    committed = load_result(ROOT / "docs" / "results" / "continual_demo_atlas.json")
+    assert "goal (>= +0.10, CI excluding 0): met." in "\n".join(tables.continual_demo_atlas({committed.name: committed}))
+
+    def with_final(final):
+        x = json.loads(json.dumps(committed.results))
+        x["final_check"] = final
+        write_result("continual_demo_atlas", committed.config, x, results_dir=tmp_path / "results")
+        return render(tmp_path, "continual_demo_atlas")
+
+    fc = committed.results["final_check"]
+    assert "CI excluding 0): missed." in with_final({**fc, "mean_diff": 0.09, "ci95": [0.01, 0.17]})
+    assert "CI excluding 0): missed." in with_final({**fc, "mean_diff": 0.12, "ci95": [0.0, 0.24]})
+    assert "no version was promoted; goal (>= +0.10, CI excluding 0): missed." in with_final(None)
