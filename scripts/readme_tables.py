@@ -352,6 +352,7 @@ def continual_demo_atlas(results: dict[str, Result]) -> list[str]:
             else f"Gate power at {gp['n_tasks']} canary tasks (per-task difference sd {gp['sd']:.3f}, pooled over "
                  f"{gp['pooled_differences']} differences): it promotes with {gp['power']:.0%} probability a candidate "
                  f"better than {gp['promotes_above']:+.3f} and rejects one worse than {gp['rejects_below']:+.3f}."]
+    out += _anchor_replay(x)
     fc = x["final_check"]
     if not fc:
         return out + ["", f"Last promoted version vs v0: no version was promoted; goal (>= +{ATLAS_DEMO_GOAL:.2f}, CI excluding 0): "
@@ -368,6 +369,35 @@ def continual_demo_atlas(results: dict[str, Result]) -> list[str]:
                             for label, lv in (("v0", fc["levels"]["promoted"]),
                                               (f"v{fc['version']}", fc["levels"]["candidate"]))])]
     return out
+
+
+def _anchor_replay(x: dict[str, Any], anchor_margin: float = 0.1) -> list[str]:
+    """What ``gate.anchor_margin`` would have said in a run made without it, replayed from
+    the stored per-task differences: each promoted version against v0 is the sum of the
+    differences along its chain of promotions, which holds where a version's canary replays
+    agree (a greedy canary, one seed: the file's per-version means say whether they did)."""
+    from seed_agents.continual.gate import CanaryResult, GateConfig, decide
+
+    if x["loop_config"]["canary_seeds"] != 1 or x["loop_config"]["gate"].get("anchor_margin") is not None:
+        return []
+    promoted = sorted((d for d in x["decisions"] if d["action"] == "promote"), key=lambda d: d["cycle"])
+    if not promoted or promoted[0]["baseline"] != 0:
+        return []
+    cfg = GateConfig(**{**x["loop_config"]["gate"], "margin": anchor_margin})
+    chained: dict[str, float] = dict.fromkeys(promoted[0]["per_task"], 0.0)
+    verdicts = []
+    for d in promoted:
+        chained = {t: chained[t] + d["per_task"].get(t, 0.0) for t in chained}
+        zero = [CanaryResult(task_id=t, seed=0, reward=0.0) for t in chained]
+        vs = decide(zero, [CanaryResult(task_id=t, seed=0, reward=v) for t, v in chained.items()], cfg)
+        verdicts.append((d["version"], vs))
+    low_v, low = min(verdicts, key=lambda p: p[1].mean_diff or 0.0)
+    turned = [f"v{v}" for v, vs in verdicts if not vs.promote]
+    return ["", f"Anchor check replayed (the gate's anchor_margin, not set in this run): chaining each promotion's "
+                f"per-task differences back to v0, the lowest promoted version was v{low_v} at {low.mean_diff:+.3f} "
+                f"against v0 ({low.config.confidence:.0%} lower bound {low.ci_low:+.3f}); an anchor margin of "
+                f"{anchor_margin:g} would have rejected " + (", ".join(turned) if turned else "none of them") +
+                f" ({len(verdicts)} promotions)."]
 
 
 def _continual_demo_body(r: Result) -> list[str]:

@@ -73,7 +73,7 @@ from seed_agents.app.serving import Serving, serving_for
 from seed_agents.capture import JsonlSink
 from seed_agents.chat_model import SeedChatModel
 from seed_agents.config import TrainConfig
-from seed_agents.continual.canary import CanaryEpisode, Side, split_sides
+from seed_agents.continual.canary import CanaryEpisode, Side, anchor_side, split_sides
 from seed_agents.continual.gate import GateDecision, decide
 from seed_agents.continual.versions import VersionRegistry
 from seed_agents.errors import ContinualError
@@ -417,13 +417,30 @@ class ContinualLoop:
     def evaluate(self, promoted: ModelVersionRecord,
                  candidate: ModelVersionRecord) -> tuple[GateDecision, list[CanaryEpisode]]:
         """Load ``candidate`` (again: a restarted server forgets runtime adapters), play the
-        canary with both versions and ask the gate; nothing is stored."""
+        canary with both versions (and the anchor, when the gate has an anchor margin and
+        the anchor is not the promoted version) and ask the gate; nothing is stored."""
         self.serving.load(candidate)
-        episodes = asyncio.run(self._canary(promoted, candidate))
-        return decide(*split_sides(episodes), self.cfg.gate), episodes
+        anchor = self._anchor() if self.cfg.gate.anchor_margin is not None else None
+        third = anchor if anchor is not None and anchor.version != promoted.version else None
+        if third is not None:
+            self.serving.load(third)
+        episodes = asyncio.run(self._canary(promoted, candidate, third))
+        promoted_results, candidate_results = split_sides(episodes)
+        anchor_results = None if anchor is None else anchor_side(episodes) if third is not None else promoted_results
+        return decide(promoted_results, candidate_results, self.cfg.gate, anchor=anchor_results), episodes
 
-    async def _canary(self, promoted: ModelVersionRecord, candidate: ModelVersionRecord) -> list[CanaryEpisode]:
-        """Both versions on every (canary task, seed k); episode k samples with seed k."""
+    def _anchor(self) -> ModelVersionRecord:
+        """The gate's anchor: the oldest version of this name that served and was not
+        rejected since (promoted or retired), v0 unless a rollback went past it."""
+        good = [v for v in self.store.model_versions(self.cfg.name) if v.status in ("promoted", "retired")]
+        if not good:
+            raise ContinualError(f"{self.cfg.name!r} has no promoted or retired version to anchor the gate on")
+        return min(good, key=lambda v: v.version)
+
+    async def _canary(self, promoted: ModelVersionRecord, candidate: ModelVersionRecord,
+                      anchor: ModelVersionRecord | None = None) -> list[CanaryEpisode]:
+        """Each version (the anchor too, when given) on every (canary task, seed k); episode
+        k samples with seed k."""
         sem = asyncio.Semaphore(self.cfg.runner.concurrency)
 
         async def one(side: Side, version: ModelVersionRecord, task: Task, k: int) -> CanaryEpisode:
@@ -436,6 +453,8 @@ class ContinualLoop:
             return CanaryEpisode.of(traj, side=side, version=version.version, seed=k, messages=final.get("messages"))
 
         sides: tuple[tuple[Side, ModelVersionRecord], ...] = (("promoted", promoted), ("candidate", candidate))
+        if anchor is not None:
+            sides += (("anchor", anchor),)
         plays = [(s, v, t, k) for s, v in sides for t in self.canary_tasks for k in range(self.cfg.canary.seeds)]
         return list(await asyncio.gather(*(one(*p) for p in plays)))
 

@@ -48,9 +48,11 @@ class Serving(Protocol):
 
 class LocalServing:
     """In-process: one ``LocalBackend`` per version (base weights + the version's adapter),
-    the last few kept. Tests and CPU demos; a real deployment serves through vLLM."""
+    the last ``keep`` kept: a canary plays the promoted version, the candidate and the
+    gate's anchor side by side, and a backend evicted mid-canary would be rebuilt per
+    episode. Tests and CPU demos; a real deployment serves through vLLM."""
 
-    def __init__(self, weights: str, tokenizer: Any, *, max_batch_size: int, keep: int = 2) -> None:
+    def __init__(self, weights: str, tokenizer: Any, *, max_batch_size: int, keep: int = 3) -> None:
         self.weights, self.tokenizer, self.max_batch_size, self.keep = weights, tokenizer, max_batch_size, keep
         self._backends: dict[str, Any] = {}
 

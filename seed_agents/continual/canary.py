@@ -38,7 +38,9 @@ MAX_TOOL_CALLS = 20
 ERROR_PREFIX = "Error"
 """How a failed tool answers the model (``faults.tool_error_message``, ``tools.openapi``)."""
 
-Side = Literal["candidate", "promoted"]
+Side = Literal["candidate", "promoted", "anchor"]
+"""``anchor``: the version the gate's anchor check compares with (``GateConfig.anchor_margin``),
+played as a third side when it is not the promoted version."""
 
 
 def cut(text: str | None, limit: int = MAX_TEXT) -> str | None:
@@ -118,6 +120,11 @@ def split_sides(episodes: Sequence[CanaryEpisode]) -> tuple[list[CanaryResult], 
     """(promoted results, candidate results): ``gate.decide``'s arguments."""
     return ([e.result() for e in episodes if e.side == "promoted"],
             [e.result() for e in episodes if e.side == "candidate"])
+
+
+def anchor_side(episodes: Sequence[CanaryEpisode]) -> list[CanaryResult]:
+    """The anchor's results, when it played as a side of its own."""
+    return [e.result() for e in episodes if e.side == "anchor"]
 
 
 # -------------------------------------------------------------------- reading the episode

@@ -26,7 +26,17 @@ non-inferiority test, paired over tasks:
    - ``inconclusive`` too when ``floor`` is set and both versions scored at most it on
      every paired episode: a canary nobody solves cannot tell a destroyed model from a
      good one;
-   - ``promote`` when the lower bound is ``>= -margin``.
+   - ``promote`` when the lower bound is ``>= -margin`` and, with ``anchor_margin`` set,
+     the anchor check below passes.
+5. Anchor (``anchor_margin``): each decision compares the candidate with the version it
+   would replace, so a chain of candidates each within ``margin`` of the last can slide
+   down by up to a margin per cycle (the atlas demo promoted -0.013 then -0.050 under a
+   0.1 margin). With ``anchor_margin`` set, the candidate is also paired, the same way,
+   with the anchor's canary results (the version the name started from: the caller says
+   which) and a candidate whose lower bound against the anchor is below
+   ``-anchor_margin`` is rejected; too few anchor pairs is inconclusive. The drift any
+   chain of promotions can accumulate is then bounded by ``anchor_margin`` (at the
+   gate's confidence, per decision) instead of growing with the number of cycles.
 
 An exact copy of the promoted weights with zero variance (every ``d_task`` is 0, so the
 bootstrap interval is [0, 0]) IS promoted, even at ``margin == 0``: the test asks "not
@@ -44,7 +54,8 @@ from __future__ import annotations
 import math
 import random
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from statistics import NormalDist
 from typing import Literal
 
@@ -94,6 +105,20 @@ class GateConfig(BaseModel):
     seed: int = Field(0, description="Seed of the bootstrap's random.Random: the decision is deterministic.")
     max_fault_rate_increase: float = Field(0.1, ge=0.0, le=1.0, description="Reject when the candidate's share of faulted episodes exceeds the promoted version's by more than this.")
     floor: float | None = Field(None, description="When both versions score at most this on every paired canary episode (e.g. 0: neither solved a task), the canary cannot show a regression: inconclusive, never promoted. None: no such check (two versions that fail everything are 'not worse' than each other).")
+    anchor_margin: float | None = Field(None, ge=0.0, description="Also compare the candidate with the anchor (the version the name started from) on the same canary and reject it when it may be worse than the anchor by more than this: promotions each within `margin` of the last cannot drift down further than this in total. None: no anchor check (each decision sees only the version it replaces).")
+
+
+class AnchorCheck(BaseModel):
+    """The candidate against the anchor, paired the same way as against the promoted version."""
+
+    model_config = ConfigDict(frozen=True)
+
+    mean_diff: float | None = Field(description="Mean over tasks of (candidate - anchor); None without pairs.")
+    ci_low: float | None = Field(description="One-sided lower confidence bound of mean_diff (checked against -anchor_margin).")
+    n_tasks: int
+    n_pairs: int
+    anchor_mean: float | None
+    candidate_mean: float | None
 
 
 class GateDecision(BaseModel):
@@ -113,6 +138,7 @@ class GateDecision(BaseModel):
     unmatched: int = Field(description="(task, seed) keys only one side has.")
     reasons: list[str]
     config: GateConfig
+    anchor: AnchorCheck | None = Field(None, description="The check against the anchor, when config.anchor_margin is set.")
 
     @property
     def promote(self) -> bool:
@@ -123,39 +149,33 @@ class GateDecision(BaseModel):
         if self.mean_diff is None or self.ci_low is None:
             return f"{self.verdict}: no fault-free pairs ({self.reasons[0]})"
         level = f"{self.config.confidence:.0%}"
+        anchor = ""
+        if self.anchor is not None and self.anchor.mean_diff is not None and self.anchor.ci_low is not None:
+            anchor = (f"; vs the anchor {self.anchor.mean_diff:+.3f}, bound {self.anchor.ci_low:+.3f} vs "
+                      f"{_neg(self.config.anchor_margin or 0.0)}")
         return (f"{self.verdict}: mean diff {self.mean_diff:+.3f}, {level} lower bound {self.ci_low:+.3f} vs "
-                f"{_neg(self.config.margin)} ({self.n_tasks} tasks, {self.n_pairs} pairs)")
+                f"{_neg(self.config.margin)} ({self.n_tasks} tasks, {self.n_pairs} pairs){anchor}")
 
 
 def decide(promoted: Sequence[CanaryResult], candidate: Sequence[CanaryResult],
-           config: GateConfig | None = None) -> GateDecision:
-    """Pair the two versions' canary results and decide (see the module docstring)."""
-    config = config or GateConfig()
-    prom, cand = _by_key(promoted, "promoted"), _by_key(candidate, "candidate")
-    value = (lambda r: float(r.success)) if config.metric == "success" else (lambda r: r.reward)
+           config: GateConfig | None = None, *, anchor: Sequence[CanaryResult] | None = None) -> GateDecision:
+    """Pair the two versions' canary results and decide (see the module docstring).
 
-    diffs: dict[str, list[float]] = defaultdict(list)
-    sides: dict[str, list[tuple[float, float]]] = defaultdict(list)
-    for key in sorted(prom.keys() & cand.keys()):
-        p, c = prom[key], cand[key]
-        if p.fault is None and c.fault is None:
-            diffs[key[0]].append(value(c) - value(p))
-            sides[key[0]].append((value(p), value(c)))
-    per_task = {task: _mean(d) for task, d in sorted(diffs.items())}
-    n_tasks, n_pairs = len(per_task), sum(len(d) for d in diffs.values())
+    ``anchor``: the anchor's canary results, required exactly when ``config.anchor_margin``
+    is set (pass ``promoted`` again when the anchor is the promoted version)."""
+    config = config or GateConfig()
+    if (anchor is None) != (config.anchor_margin is None):
+        raise ValueError("anchor results are given exactly when anchor_margin is set: "
+                         f"anchor_margin={config.anchor_margin}, anchor results {'missing' if anchor is None else 'given'}")
+    cand = _by_key(candidate, "candidate")
+    value = (lambda r: float(r.success)) if config.metric == "success" else (lambda r: r.reward)
+    main = _Paired.of(_by_key(promoted, "promoted"), cand, value, config)
+    n_tasks, per_task = main.n_tasks, main.per_task
     faults = {"promoted": _count_faults(promoted), "candidate": _count_faults(candidate)}
     episodes = {"promoted": len(promoted), "candidate": len(candidate)}
     fault_excess = _rate(faults["candidate"], len(candidate)) - _rate(faults["promoted"], len(promoted))
 
-    mean_diff = ci_low = ci_high = prom_mean = cand_mean = None
     reasons: list[str] = []
-    if per_task:
-        values = list(per_task.values())
-        mean_diff = _mean(values)
-        ci_low, ci_high = _bootstrap_bounds(values, config)
-        prom_mean = _mean([_mean([p for p, _ in s]) for s in sides.values()])
-        cand_mean = _mean([_mean([c for _, c in s]) for s in sides.values()])
-
     faulted_more = fault_excess > config.max_fault_rate_increase + _TOLERANCE
     if faulted_more:
         reasons.append(f"the candidate faulted in {faults['candidate']}/{len(candidate)} episodes against "
@@ -164,7 +184,7 @@ def decide(promoted: Sequence[CanaryResult], candidate: Sequence[CanaryResult],
     level = f"{config.confidence:.0%}"
     verdict: Verdict
     at_floor = config.floor is not None and all(max(pair) <= config.floor + _TOLERANCE
-                                                 for pairs in sides.values() for pair in pairs)
+                                                 for pairs in main.sides.values() for pair in pairs)
     if n_tasks < config.min_tasks:
         reasons.append(f"only {n_tasks} tasks have a fault-free pair; the gate needs {config.min_tasks}")
         verdict = "reject" if faulted_more else "inconclusive"
@@ -172,18 +192,76 @@ def decide(promoted: Sequence[CanaryResult], candidate: Sequence[CanaryResult],
         reasons.append(f"both versions scored <= {config.floor:g} on every paired canary episode: this canary "
                        f"cannot show a regression (give it tasks the promoted version can do)")
         verdict = "reject" if faulted_more else "inconclusive"
-    elif ci_low is not None and ci_low + _TOLERANCE >= -config.margin:
-        reasons.append(f"the {level} lower bound of the mean paired difference, {ci_low:+.4f}, is within the "
+    elif main.ci_low is not None and main.ci_low + _TOLERANCE >= -config.margin:
+        reasons.append(f"the {level} lower bound of the mean paired difference, {main.ci_low:+.4f}, is within the "
                        f"margin (>= {_neg(config.margin)}) over {n_tasks} tasks")
         verdict = "reject" if faulted_more else "promote"
     else:
-        reasons.append(f"the {level} lower bound of the mean paired difference, {ci_low:+.4f}, is below "
+        reasons.append(f"the {level} lower bound of the mean paired difference, {main.ci_low:+.4f}, is below "
                        f"{_neg(config.margin)}: the candidate may be worse than the margin allows")
         verdict = "reject"
-    return GateDecision(verdict=verdict, mean_diff=mean_diff, ci_low=ci_low, ci_high=ci_high, n_tasks=n_tasks,
-                        n_pairs=n_pairs, per_task=per_task, promoted_mean=prom_mean, candidate_mean=cand_mean,
-                        faults=faults, episodes=episodes, unmatched=len(prom.keys() ^ cand.keys()),
-                        reasons=reasons, config=config)
+
+    check = None
+    if anchor is not None and config.anchor_margin is not None:
+        vs = _Paired.of(_by_key(anchor, "anchor"), cand, value, config)
+        check = AnchorCheck(mean_diff=vs.mean_diff, ci_low=vs.ci_low, n_tasks=vs.n_tasks, n_pairs=vs.n_pairs,
+                            anchor_mean=vs.base_mean, candidate_mean=vs.cand_mean)
+        if vs.n_tasks < config.min_tasks:
+            reasons.append(f"only {vs.n_tasks} tasks pair the candidate with the anchor; the gate needs "
+                           f"{config.min_tasks}")
+            verdict = "inconclusive" if verdict == "promote" else verdict
+        elif vs.ci_low is not None and vs.ci_low + _TOLERANCE < -config.anchor_margin:
+            reasons.append(f"against the anchor the {level} lower bound is {vs.ci_low:+.4f}, below "
+                           f"{_neg(config.anchor_margin)}: promotions have drifted down from where the name started")
+            verdict = "reject"
+        else:
+            reasons.append(f"against the anchor the {level} lower bound is {vs.ci_low:+.4f}, within "
+                           f"{_neg(config.anchor_margin)}")
+    return GateDecision(verdict=verdict, mean_diff=main.mean_diff, ci_low=main.ci_low, ci_high=main.ci_high,
+                        n_tasks=n_tasks, n_pairs=main.n_pairs, per_task=per_task, promoted_mean=main.base_mean,
+                        candidate_mean=main.cand_mean, faults=faults, episodes=episodes, unmatched=main.unmatched,
+                        reasons=reasons, config=config, anchor=check)
+
+
+@dataclass(frozen=True)
+class _Paired:
+    """A base version's and the candidate's results paired by (task, seed), faults dropped,
+    reduced per task, with the bootstrap bounds of the mean over tasks."""
+
+    per_task: dict[str, float]
+    sides: dict[str, list[tuple[float, float]]]  # per task: (base, candidate) of each fault-free pair
+    n_pairs: int
+    unmatched: int
+    mean_diff: float | None = None
+    ci_low: float | None = None
+    ci_high: float | None = None
+    base_mean: float | None = None
+    cand_mean: float | None = None
+
+    @property
+    def n_tasks(self) -> int:
+        return len(self.per_task)
+
+    @classmethod
+    def of(cls, base: dict[tuple[str, int], CanaryResult], cand: dict[tuple[str, int], CanaryResult],
+           value: Callable[[CanaryResult], float], config: GateConfig) -> _Paired:
+        diffs: dict[str, list[float]] = defaultdict(list)
+        sides: dict[str, list[tuple[float, float]]] = defaultdict(list)
+        for key in sorted(base.keys() & cand.keys()):
+            b, c = base[key], cand[key]
+            if b.fault is None and c.fault is None:
+                diffs[key[0]].append(value(c) - value(b))
+                sides[key[0]].append((value(b), value(c)))
+        per_task = {task: _mean(d) for task, d in sorted(diffs.items())}
+        paired = cls(per_task=per_task, sides=dict(sides), n_pairs=sum(len(d) for d in diffs.values()),
+                     unmatched=len(base.keys() ^ cand.keys()))
+        if not per_task:
+            return paired
+        values = list(per_task.values())
+        low, high = _bootstrap_bounds(values, config)
+        return replace(paired, mean_diff=_mean(values), ci_low=low, ci_high=high,
+                       base_mean=_mean([_mean([b for b, _ in s]) for s in sides.values()]),
+                       cand_mean=_mean([_mean([c for _, c in s]) for s in sides.values()]))
 
 
 class GatePower(BaseModel):

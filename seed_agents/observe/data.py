@@ -357,6 +357,8 @@ def canary_views(store: TraceStore, among: Sequence[DecisionRecord], *,
         episodes = by_decision.get(d.decision_id, [])
         tasks: dict[str, CanaryTask] = {}
         for e in sorted(episodes, key=lambda e: e.seed):
+            if e.side == "anchor":  # the page compares candidate and promoted; the anchor's verdict is in the evidence
+                continue
             task = tasks.setdefault(e.task_id, CanaryTask(task_id=e.task_id, promoted=[], candidate=[]))
             (task.promoted if e.side == "promoted" else task.candidate).append(e)
         version = {side: next((e.version for e in episodes if e.side == side), None) for side in ("promoted", "candidate")}

@@ -108,7 +108,8 @@ class CanaryEpisodeRecord(BaseModel):
     decision_id: int
     name: str
     version: int = Field(description="The version that played it.")
-    side: str = Field(description="'candidate', or 'promoted': the version it was compared with.")
+    side: str = Field(description="'candidate'; 'promoted': the version it was compared with; 'anchor': the "
+                                  "version the gate's anchor check compared it with, when that is another.")
     task_id: str
     seed: int = Field(description="The canary seed: both sides play each (task_id, seed) once.")
     reward: float

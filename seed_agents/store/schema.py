@@ -187,8 +187,8 @@ claims = sa.Table(
 
 # Every canary episode a gate decision rests on (added by migration 5): both sides' episodes
 # of each (task, seed), with what the agent did, so a decision reads episode by episode. They
-# are written in the decision's own transaction. ``side`` is 'candidate' or 'promoted' (the
-# baseline it was compared with); ``trace`` is ``seed_agents.continual.canary.EpisodeTrace``
+# are written in the decision's own transaction. ``side`` is 'candidate', 'promoted' (the
+# baseline it was compared with) or 'anchor' (the gate's anchor, when that is another); ``trace`` is ``seed_agents.continual.canary.EpisodeTrace``
 # (tool calls with their arguments and results or errors, the final answer), bounded by
 # its writer.
 canary_episodes = sa.Table(

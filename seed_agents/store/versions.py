@@ -28,7 +28,7 @@ from seed_agents.store.records import CanaryEpisodeRecord, DecisionRecord, Model
 from seed_agents.store.schema import canary_episodes, decisions, model_versions
 
 PROMOTED = "promoted"
-CANARY_SIDES = ("candidate", "promoted")
+CANARY_SIDES = ("candidate", "promoted", "anchor")
 
 
 class VersionStore(StoreBase):

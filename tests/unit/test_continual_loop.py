@@ -117,6 +117,31 @@ def test_cycles_claim_train_gate_and_account_for_every_session(tmp_path, tiny_mo
     loop.close()
 
 
+def test_with_an_anchor_margin_the_first_version_plays_beside_every_later_canary(tmp_path, tiny_model_dir, prod):
+    """Cycle 1 compares v1 with v0, which is also the anchor: two sides. Cycle 2 compares v2
+    with v1 and, as a third side on the same tasks and seeds, with the anchor v0; the
+    decision's evidence holds both checks and the store every episode, the page only the
+    two it compares."""
+    from seed_agents.observe.data import canary_views
+
+    cfg = make_config(tmp_path, tiny_model_dir, prod.url, gate={"min_tasks": 2, "resamples": 200, "anchor_margin": 0.1})
+    store = TraceStore.open(cfg.store)
+    seed_sessions(store, 4)
+    loop = ContinualLoop(cfg, store=store, log=lambda _: None)
+    outcomes = loop.run(cycles=2)
+    assert [o.state for o in outcomes] == ["decided", "decided"]
+    decisions = sorted((d for d in loop.registry.decisions(cfg.name) if d.actor == "gate"), key=lambda d: d.decision_id)
+    for d, sides in zip(decisions, ([("candidate", 1), ("promoted", 0)], [("anchor", 0), ("candidate", 2), ("promoted", 1)])):
+        episodes = store.canary_episodes([d.decision_id])
+        assert sorted({(e.side, e.version) for e in episodes}) == sides and len(episodes) == 2 * len(sides)
+        anchor = d.evidence["gate"]["anchor"]
+        assert anchor["n_tasks"] == 2 and anchor["n_pairs"] == 2 and "vs the anchor" in d.summary
+    view = canary_views(store, decisions)[0]  # newest first: cycle 2
+    assert (view.promoted_version, view.candidate_version) == (1, 2)
+    assert all(len(t.promoted) == len(t.candidate) == 1 for t in view.tasks)
+    loop.close()
+
+
 def test_a_resumed_cycle_keeps_its_sessions_and_never_decides_without_a_canary(tmp_path, tiny_model_dir, prod):
     """State by state, as a restarted process finds it (the SIGKILL test does it for real).
     Without carry_optimizer no optimizer state is kept with an adapter."""

@@ -213,3 +213,63 @@ def test_gate_power_predicts_how_often_the_real_gate_promotes(where: str, expect
     # 300 simulated canaries: the binomial sd of the rate is ~0.025; the bootstrap's
     # slight optimism and the normal approximation move it by a few points
     assert abs(promoted / sims - expected) < 0.09
+
+
+# ---------------------------------------------------------------- the anchor
+
+
+def test_a_chain_of_small_losses_is_stopped_by_the_anchor():
+    """v1 loses 0.05 to v0 and v2 loses 0.07 to v1, each within the 0.1 margin, so a gate
+    that sees only the version it replaces promotes both; against the anchor v0, v2 is
+    0.12 worse and the anchor margin of 0.1 rejects it."""
+    v0, v1, v2 = (results(tasks(10, [r, r])) for r in (1.0, 0.95, 0.88))
+    plain = GateConfig(margin=0.1)
+    assert decide(v0, v1, plain).promote and decide(v1, v2, plain).promote
+    anchored = GateConfig(margin=0.1, anchor_margin=0.1)
+    first = decide(v0, v1, anchored, anchor=v0)  # the first cycle: the anchor is the promoted version
+    assert first.promote and first.anchor is not None and first.anchor.mean_diff == pytest.approx(-0.05)
+    d = decide(v1, v2, anchored, anchor=v0)
+    assert d.verdict == "reject" and d.mean_diff == pytest.approx(-0.07)
+    assert d.anchor is not None and d.anchor.mean_diff == pytest.approx(-0.12) and d.anchor.n_tasks == 10
+    assert (d.anchor.anchor_mean, d.anchor.candidate_mean) == (pytest.approx(1.0), pytest.approx(0.88))
+    assert "drifted down" in d.reasons[-1] and "vs the anchor -0.120" in d.summary()
+    # a candidate that wins back what the chain lost passes both checks
+    back = decide(v1, results(tasks(10, [1.0, 1.0])), anchored, anchor=v0)
+    assert back.promote and "within -0.1" in back.reasons[-1]
+
+
+def test_the_anchor_check_never_promotes_what_the_main_check_rejects():
+    v0 = results(tasks(10, [0.5, 0.5]))
+    worse = results(tasks(10, [0.2, 0.2]))
+    d = decide(results(tasks(10, [1.0, 1.0])), worse, GateConfig(margin=0.1, anchor_margin=0.5), anchor=v0)
+    assert d.verdict == "reject" and d.anchor is not None and d.anchor.ci_low == pytest.approx(-0.3)
+
+
+def test_too_few_anchor_pairs_is_inconclusive():
+    """An anchor that played other tasks (a changed canary) cannot vouch for the candidate."""
+    v1 = results(tasks(10, [1.0]))
+    other = results({f"x{i:02d}": [1.0] for i in range(10)})
+    d = decide(v1, v1, GateConfig(anchor_margin=0.1), anchor=other)
+    assert d.verdict == "inconclusive" and d.anchor is not None and d.anchor.n_tasks == 0
+    assert "pair the candidate with the anchor" in d.reasons[-1]
+
+
+def test_anchor_results_go_with_an_anchor_margin():
+    v = results(tasks(8, [1.0]))
+    with pytest.raises(ValueError, match="anchor results missing"):
+        decide(v, v, GateConfig(anchor_margin=0.1))
+    with pytest.raises(ValueError, match="anchor results given"):
+        decide(v, v, GateConfig(), anchor=v)
+    with pytest.raises(ValueError, match="anchor seed 0 twice|task 't00' seed 0 twice"):
+        decide(v, v, GateConfig(anchor_margin=0.1), anchor=v + v[:1])
+    with pytest.raises(ValidationError):
+        GateConfig(anchor_margin=-0.1)
+
+
+def test_a_decision_with_an_anchor_serializes_and_an_old_one_still_reads():
+    v0 = results(tasks(8, [1.0, 0.0]))
+    d = decide(v0, results(tasks(8, [0.0, 1.0])), GateConfig(margin=0.05, anchor_margin=0.05), anchor=v0)
+    stored = json.loads(json.dumps(d.model_dump(mode="json")))
+    assert GateDecision.model_validate(stored) == d and stored["anchor"]["n_pairs"] == 16
+    del stored["anchor"], stored["config"]["anchor_margin"]  # what a decision stored before the anchor holds
+    assert GateDecision.model_validate(stored).anchor is None

@@ -294,3 +294,22 @@ def test_the_atlas_demo_table_reads_a_small_gain_or_no_promotion_as_a_miss(tmp_p
     assert "CI excluding 0): missed." in with_final({**fc, "mean_diff": 0.09, "ci95": [0.01, 0.17]})
     assert "CI excluding 0): missed." in with_final({**fc, "mean_diff": 0.12, "ci95": [0.0, 0.24]})
     assert "no version was promoted; goal (>= +0.10, CI excluding 0): missed." in with_final(None)
+
+
+def test_the_atlas_demo_replays_the_anchor_check_and_names_a_version_it_would_have_rejected():
+    """The replay chains each promotion's per-task differences back to v0: the committed run
+    drifted no further than +0.025 above v0, so nothing would change; a run whose fifth
+    version lost 12 more tasks on its way must have it named."""
+    committed = load_result(ROOT / "docs" / "results" / "continual_demo_atlas.json")
+    text = "\n".join(tables.continual_demo_atlas({committed.name: committed}))
+    assert "lowest promoted version was v5 at +0.025 against v0" in text and "rejected none of them (8 promotions)" in text
+
+    x = json.loads(json.dumps(committed.results))
+    d5 = next(d for d in x["decisions"] if d["version"] == 5)
+    zeros = [t for t, v in d5["per_task"].items() if v == 0.0][:12]
+    d5["per_task"].update(dict.fromkeys(zeros, -1.0))
+    drifted = tables._anchor_replay(x)
+    assert len(drifted) == 2 and "lowest promoted version was v5 at -0.125" in drifted[1]
+    assert "would have rejected v5" in drifted[1]
+    x["loop_config"]["gate"]["anchor_margin"] = 0.1  # a run made with the anchor needs no replay
+    assert tables._anchor_replay(x) == []
