@@ -618,6 +618,16 @@ def learning_curve(results: dict[str, Result], name: str = "learning_curve") -> 
         out += ["", f"Training episodes, mean over every update of every seed: guided "
                     f"{f(mean(m['guided_success_rate'] for m in steps))}, free {f(mean(m['free_success_rate'] for m in steps))}"
                     f" (free at update {first}: {free_at(first)}, at update {last}: {free_at(last)})."]
+        opening = [m for m in steps if "guide/first_logp" in m]
+        if opening:  # whether the call's opening grows likelier where the agent was free, before greedy flips
+
+            def logp_at(u: int) -> str:
+                return f(mean(m["guide/first_logp"] for m in opening if m["update"] == u), "+.2f")
+
+            lo, hi = min(m["update"] for m in opening), max(m["update"] for m in opening)
+            out += ["", f"Log-prob of the call's opening token under the policy, where the agent was free to choose "
+                        f"(scored before each update, mean over seeds): update {lo} {logp_at(lo)}, update {hi} {logp_at(hi)}; "
+                        "a greedy choice flips to a call only once it beats the prose reply's first token."]
     out += against_nearest_curve(results, name)
     d = x.get("seed_minus_grpo")
     if d:

@@ -105,7 +105,10 @@ class GateConfig(BaseModel):
     seed: int = Field(0, description="Seed of the bootstrap's random.Random: the decision is deterministic.")
     max_fault_rate_increase: float = Field(0.1, ge=0.0, le=1.0, description="Reject when the candidate's share of faulted episodes exceeds the promoted version's by more than this.")
     floor: float | None = Field(None, description="When both versions score at most this on every paired canary episode (e.g. 0: neither solved a task), the canary cannot show a regression: inconclusive, never promoted. None: no such check (two versions that fail everything are 'not worse' than each other).")
-    anchor_margin: float | None = Field(None, ge=0.0, description="Also compare the candidate with the anchor (the version the name started from) on the same canary and reject it when it may be worse than the anchor by more than this: promotions each within `margin` of the last cannot drift down further than this in total. None: no anchor check (each decision sees only the version it replaces).")
+    anchor_margin: float | None = Field(None, ge=0.0, description=(
+        "Also compare the candidate with the anchor (the version the name started from) on the same canary and reject "
+        "it when it may be worse than the anchor by more than this: promotions each within `margin` of the last cannot "
+        "drift down further than this in total. None: no anchor check (each decision sees only the version it replaces)."))
 
 
 class AnchorCheck(BaseModel):
@@ -114,7 +117,7 @@ class AnchorCheck(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     mean_diff: float | None = Field(description="Mean over tasks of (candidate - anchor); None without pairs.")
-    ci_low: float | None = Field(description="One-sided lower confidence bound of mean_diff (checked against -anchor_margin).")
+    ci_low: float | None = Field(description="One-sided lower bound of mean_diff (checked against -anchor_margin).")
     n_tasks: int
     n_pairs: int
     anchor_mean: float | None

@@ -313,3 +313,17 @@ def test_the_atlas_demo_replays_the_anchor_check_and_names_a_version_it_would_ha
     assert "would have rejected v5" in drifted[1]
     x["loop_config"]["gate"]["anchor_margin"] = 0.1  # a run made with the anchor needs no replay
     assert tables._anchor_replay(x) == []
+
+
+def test_a_guided_curve_states_how_likely_the_calls_opening_became_where_the_agent_was_free(tmp_path):
+    """The pilot predates the metric: no line. With it, the first and the last update's mean
+    over seeds are printed, so a rising log-prob reads before any greedy choice flips."""
+    pilot = load_result(ROOT / "docs" / "results" / "learning_curve_guided.json")
+    assert "Log-prob of the call's opening" not in "\n".join(tables.learning_curve({pilot.name: pilot}, pilot.name))
+    x = json.loads(json.dumps(pilot.results))
+    for i, m in enumerate(x["runs"]["grpo-s0"]["metrics"]):
+        m["guide/first_logp"] = -9.0 + i
+    write_result("learning_curve_guided", pilot.config, x, results_dir=tmp_path)
+    again = load_result(tmp_path / "learning_curve_guided.json")
+    text = "\n".join(tables.learning_curve({again.name: again}, again.name))
+    assert "(scored before each update, mean over seeds): update 1 -9.00, update 8 -2.00;" in text
