@@ -23,9 +23,10 @@ One cycle, top to bottom (``ContinualLoop.step``):
    ``unusable``: fewer than two clean replays) in one transaction.
 4. **load**: the candidate goes into the server under ``{name}-v{N}`` (vLLM
    ``/v1/load_lora_adapter``; in process for the local backend): ``loaded``.
-5. **canary + decide**: candidate and promoted version play the fixed canary tasks with
-   the same seeds (tools in a fresh sandbox app, the replay section's sandbox, or replay
-   mode), ``gate.decide`` compares them, ``VersionRegistry.record_decision`` promotes or
+5. **canary + decide**: candidate and promoted version (with ``gate.anchor_margin``, the
+   anchor too, once it no longer serves) play the fixed canary tasks with the same seeds
+   (tools in a fresh sandbox app, the replay section's sandbox, or replay mode),
+   ``gate.decide`` compares them, ``VersionRegistry.record_decision`` promotes or
    rejects with the evidence and every canary episode (``continual.canary.CanaryEpisode``:
    its tool calls, results, answer), and the cycle is ``decided``.
 
@@ -426,7 +427,9 @@ class ContinualLoop:
             self.serving.load(third)
         episodes = asyncio.run(self._canary(promoted, candidate, third))
         promoted_results, candidate_results = split_sides(episodes)
-        anchor_results = None if anchor is None else anchor_side(episodes) if third is not None else promoted_results
+        anchor_results = None
+        if anchor is not None:  # the anchor played as its own side, or it is the promoted version
+            anchor_results = anchor_side(episodes) if third is not None else promoted_results
         return decide(promoted_results, candidate_results, self.cfg.gate, anchor=anchor_results), episodes
 
     def _anchor(self) -> ModelVersionRecord:
