@@ -165,6 +165,22 @@ def heldout_scores(out: Path, heldout: Path) -> dict[int, dict[str, dict[str, bo
     return scores
 
 
+def quoted_answers(out: Path) -> dict[str, float]:
+    """updates -> share of the held-out episodes whose final answer is a tool's response
+    copied whole (it opens with ``<tool_response>``, the wrapper the agent's prompt shows
+    tool results in). Such an answer is right by the verifier when the number is in it,
+    and a form no user asked for: the three levels cannot tell it from a written answer."""
+    from seed_agents.types import Trajectory
+
+    quoted: dict[int, list[bool]] = {}
+    for record in read_jsonl(out / "eval_trajectories.jsonl"):
+        traj = Trajectory.model_validate(record)
+        if traj.fault is None and traj.policy_calls:
+            text = traj.policy_calls[-1].text or ""
+            quoted.setdefault(int(traj.metadata["iteration"]) + 1, []).append(text.lstrip().startswith("<tool_response>"))
+    return {str(u): statistics.fmean(v) for u, v in sorted(quoted.items())}
+
+
 def per_update(out: Path) -> list[dict[str, Any]]:
     """One row per update from metrics.jsonl: what the curve's diagnostics need."""
     keep = ("success_rate", "zero_variance_groups", "skill_parse_rate", "kl", "loss/opd", "opd/gate", "rows",
@@ -385,6 +401,11 @@ def main(argv: list[str] | None = None) -> None:
             print(f"{name}: done in {walls[name]:.0f} s", flush=True)
 
     analysis = analyse(runs)
+    for name, run in packed.items():  # kept with the run; a run packed before this figure gets it from its folder
+        if "quoted_answers" not in run and (args.work / name / "eval_trajectories.jsonl").exists():
+            run["quoted_answers"] = quoted_answers(args.work / name)
+    analysis["quoted_answers"] = {name: run["quoted_answers"] for name, run in sorted(packed.items())
+                                  if run.get("quoted_answers")}
     analysis["zero_variance_series"] = {
         m: [(u, statistics.fmean(r["metrics"][u - 1]["zero_variance_groups"] for r in by_seed.values()
                                  if len(r["metrics"]) >= u and "zero_variance_groups" in r["metrics"][u - 1]))
@@ -415,6 +436,10 @@ def main(argv: list[str] | None = None) -> None:
         ci = d["ci"]
         print(f"SEED - GRPO (final held-out, paired by seed, n={d['n']}): {d['mean']:+.3f}, 95% CI "
               f"{'-' if ci is None else f'[{ci[0]:+.3f}, {ci[1]:+.3f}]'}; a paired test needs {d['seeds_needed'] or '-'} seeds")
+    for name, shares in analysis["quoted_answers"].items():
+        if shares:
+            print(f"{name}: final held-out answers that copy a tool's response whole, per evaluation: "
+                  + ", ".join(f"update {u} {v:.2f}" for u, v in shares.items()))
     g = analysis["methods"].get("grpo")
     if g:
         print(f"goal: GRPO held-out gain >= +{GOAL:.2f} with its 95% CI (seeds x tasks) excluding 0: "

@@ -628,6 +628,12 @@ def learning_curve(results: dict[str, Result], name: str = "learning_curve") -> 
             out += ["", f"Log-prob of the call's opening token under the policy, where the agent was free to choose "
                         f"(scored before each update, mean over seeds): update {lo} {logp_at(lo)}, update {hi} {logp_at(hi)}; "
                         "a greedy choice flips to a call only once it beats the prose reply's first token."]
+    quoted = {run: shares for run, shares in (x.get("quoted_answers") or {}).items() if shares}
+    if quoted:  # a right answer in a form no user asked for: the levels above cannot tell
+        out += ["", "Final held-out answers that copy a tool's response whole (`<tool_response>` tags included; right by "
+                    "the verifier when the number is in it), first and last evaluation: " + "; ".join(
+                        f"{run} {shares[min(shares, key=int)]:.2f} -> {shares[max(shares, key=int)]:.2f}"
+                        for run, shares in quoted.items()) + "."]
     out += against_nearest_curve(results, name)
     d = x.get("seed_minus_grpo")
     if d:

@@ -175,3 +175,25 @@ def test_a_guide_share_changes_the_run_only_when_on_and_needs_a_free_first_turn(
         with pytest.raises(SystemExit):
             lc.main([*argv, "--work", str(tmp_path / "w")])
         assert message in capsys.readouterr().err
+
+
+def test_quoted_answers_counts_final_answers_that_copy_a_tool_response(tmp_path):
+    """Right by the verifier, a form no user asked for: the share per evaluation, faulted
+    episodes left out, only the last policy call's text read."""
+    from bench.learning_curve import quoted_answers
+    from seed_agents.types import FaultKind, LLMCall, Trajectory
+
+    def episode(iteration: int, *texts: str, fault: FaultKind | None = None) -> str:
+        calls = [LLMCall(call_id=f"c{i}", messages=[], prompt_ids=[1], completion_ids=[2], logprobs=[-0.1], text=t)
+                 for i, t in enumerate(texts)]
+        return Trajectory(task_id="t", group_id="g", calls=calls, fault=fault,
+                          metadata={"iteration": iteration}).model_dump_json() + "\n"
+
+    call = '<tool_call>\n{"name": "lookup", "arguments": {}}\n</tool_call>'
+    (tmp_path / "eval_trajectories.jsonl").write_text(
+        episode(-1, "The answer is: 2018")
+        + episode(7, call, "<tool_response>\nThe population of X is 5.\n</tool_response>")
+        + episode(7, "  <tool_response>\n5\n</tool_response>")
+        + episode(7, call, "The population of X is 5.")
+        + episode(7, call, "<tool_response>x</tool_response>", fault=FaultKind.BACKEND))
+    assert quoted_answers(tmp_path) == {"0": 0.0, "8": pytest.approx(2 / 3)}

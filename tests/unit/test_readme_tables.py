@@ -3,6 +3,7 @@ hand-edited figure, or a result file re-written without regenerating the pages, 
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import shutil
@@ -327,3 +328,12 @@ def test_a_guided_curve_states_how_likely_the_calls_opening_became_where_the_age
     again = load_result(tmp_path / "learning_curve_guided.json")
     text = "\n".join(tables.learning_curve({again.name: again}, again.name))
     assert "(scored before each update, mean over seeds): update 1 -9.00, update 8 -2.00;" in text
+
+
+def test_a_curve_whose_answers_copy_the_tool_response_says_so():
+    pilot = load_result(ROOT / "docs" / "results" / "learning_curve_guided.json")
+    x = json.loads(json.dumps(pilot.results))
+    x["quoted_answers"] = {"grpo-s0": {"0": 0.0, "4": 0.5, "8": 1.0}}
+    pilot = dataclasses.replace(pilot, results=x)
+    text = "\n".join(tables.learning_curve({pilot.name: pilot}, pilot.name))
+    assert "copy a tool's response whole" in text and "first and last evaluation: grpo-s0 0.00 -> 1.00." in text
