@@ -45,6 +45,7 @@ import argparse
 import hashlib
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -135,6 +136,8 @@ def run_one(config: dict[str, Any], out: Path, log: Path) -> float:
     with log.open("a", encoding="utf-8") as f:
         f.write(f"\n$ {' '.join(cmd)}\n")
         f.flush()
+        # subprocess.run kills the child on any exception while it waits (Ctrl-C, or SIGTERM
+        # turned into SystemExit by _exit_on_sigterm): a stopped benchmark stops its training run
         proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT,
                               env={**os.environ, "PYTHONPATH": str(ROOT)})
     wall = time.perf_counter() - t0
@@ -452,5 +455,12 @@ def main(argv: list[str] | None = None) -> None:
                  paper=PAPER, labels=LABELS, started_at=started, results_dir=args.results_dir)
 
 
+def _exit_on_sigterm(signum: int, frame: Any) -> None:
+    """SIGTERM (``kill PID``) ends the benchmark as Ctrl-C does, through ``finally``: the
+    training run it started is stopped, not left running without it."""
+    raise SystemExit(128 + signum)
+
+
 if __name__ == "__main__":
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     main()

@@ -197,3 +197,50 @@ def test_quoted_answers_counts_final_answers_that_copy_a_tool_response(tmp_path)
         + episode(7, call, "The population of X is 5.")
         + episode(7, call, "<tool_response>x</tool_response>", fault=FaultKind.BACKEND))
     assert quoted_answers(tmp_path) == {"0": 0.0, "8": pytest.approx(2 / 3)}
+
+
+def test_a_benchmark_killed_with_sigterm_stops_the_training_run_it_started(tmp_path):
+    """``kill PID`` on the benchmark reaches only it; its training child must not run on alone."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    fake = tmp_path / "python"  # stands in for the interpreter run_one starts `-m seed_agents train` with
+    pidfile = tmp_path / "child.pid"
+    fake.write_text(f"#!/bin/sh\necho $$ > {pidfile}\nexec sleep 60\n")
+    fake.chmod(0o755)
+    argv = ["bench/learning_curve.py", "--methods", "grpo", "--seeds", "0", "--updates", "1", "--train-tasks", "4",
+            "--heldout", "3", "--work", str(tmp_path / "work"), "--results-dir", str(tmp_path / "results")]
+    script = (f"import runpy, sys; sys.executable = {str(fake)!r}; sys.argv = {argv!r}; "
+              "runpy.run_path('bench/learning_curve.py', run_name='__main__')")
+    bench = subprocess.Popen([sys.executable, "-c", script], cwd=root)
+    child = None
+    try:
+        deadline = time.monotonic() + 60
+        while not (pidfile.exists() and pidfile.read_text().strip()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        child = int(pidfile.read_text())
+        os.kill(bench.pid, signal.SIGTERM)
+        bench.wait(timeout=60)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                os.kill(child, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.05)
+        else:
+            pytest.fail("the training child outlived the benchmark")
+        assert bench.returncode == 128 + signal.SIGTERM  # ended through SystemExit, as Ctrl-C ends it
+        assert not (tmp_path / "work" / "grpo-s0" / "benchmark-done.json").exists()
+    finally:
+        bench.kill()
+        if child is not None:
+            try:
+                os.kill(child, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
