@@ -295,7 +295,7 @@ def analyse(runs: dict[str, dict[int, dict[str, Any]]]) -> dict[str, Any]:
     # the goal's CI is over seeds and tasks: with fewer than MIN_SEEDS it spans tasks only
     out["goal"] = {"gain_at_least": GOAL, "min_seeds": MIN_SEEDS, "seeds": seeds,
                    "verdict": ("met" if met else "missed") if seeds >= MIN_SEEDS else
-                   f"not decided: {seeds} seed(s), the goal needs {MIN_SEEDS}" + (" (this seed's gain clears it)" if met else "")}
+                   f"not decided: {seeds} seed(s), the goal needs {MIN_SEEDS}" + (" (the gain over these seeds clears it)" if met else "")}
     return out
 
 
