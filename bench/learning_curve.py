@@ -179,8 +179,8 @@ def quoted_answers(out: Path) -> dict[str, float]:
     for record in read_jsonl(out / "eval_trajectories.jsonl"):
         traj = Trajectory.model_validate(record)
         if traj.fault is None and traj.policy_calls:
-            text = traj.policy_calls[-1].text or ""
-            quoted.setdefault(int(traj.metadata["iteration"]) + 1, []).append(text.lstrip().startswith("<tool_response>"))
+            answer = (traj.policy_calls[-1].text or "").lstrip()
+            quoted.setdefault(int(traj.metadata["iteration"]) + 1, []).append(answer.startswith("<tool_response>"))
     return {str(u): statistics.fmean(v) for u, v in sorted(quoted.items())}
 
 
@@ -440,9 +440,8 @@ def main(argv: list[str] | None = None) -> None:
         print(f"SEED - GRPO (final held-out, paired by seed, n={d['n']}): {d['mean']:+.3f}, 95% CI "
               f"{'-' if ci is None else f'[{ci[0]:+.3f}, {ci[1]:+.3f}]'}; a paired test needs {d['seeds_needed'] or '-'} seeds")
     for name, shares in analysis["quoted_answers"].items():
-        if shares:
-            print(f"{name}: final held-out answers that copy a tool's response whole, per evaluation: "
-                  + ", ".join(f"update {u} {v:.2f}" for u, v in shares.items()))
+        print(f"{name}: final held-out answers that copy a tool's response whole, per evaluation: "
+              + ", ".join(f"update {u} {v:.2f}" for u, v in shares.items()))
     g = analysis["methods"].get("grpo")
     if g:
         print(f"goal: GRPO held-out gain >= +{GOAL:.2f} with its 95% CI (seeds x tasks) excluding 0: "

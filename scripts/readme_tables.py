@@ -394,7 +394,8 @@ def _anchor_replay(x: dict[str, Any], anchor_margin: float = 0.1) -> list[str]:
     promoted = sorted((d for d in x["decisions"] if d["action"] == "promote"), key=lambda d: d["cycle"])
     if not promoted or promoted[0]["baseline"] != 0:
         return []
-    cfg = GateConfig(**{**x["loop_config"]["gate"], "margin": anchor_margin})
+    # floor off: the zero side is a stand-in for v0, not its score, so "both at the floor" means nothing here
+    cfg = GateConfig(**{**x["loop_config"]["gate"], "margin": anchor_margin, "floor": None})
     chained: dict[str, float] = dict.fromkeys(promoted[0]["per_task"], 0.0)
     verdicts = []
     for d in promoted:
