@@ -19,6 +19,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.integrations import get_available_reporting_integrations
 
 from seed_agents.app.builders import open_backend, open_chat_model
+from seed_agents.backends import reuse_kwargs
 from seed_agents.backends.local import LocalBackend
 from seed_agents.chat_model import SeedChatModel
 from seed_agents.config import BackendConfig, TrainConfig
@@ -63,7 +64,8 @@ def build_policy(cfg: TrainConfig, out: Path) -> Policy:
     if served.kind == "local":  # the trainer's own model samples: every update is live at once
         dtype, why = resolve_precision(served.precision)
         print(f"policy computes in {why} (rollouts and update alike)", flush=True)
-        backend: Any = LocalBackend(model, tokenizer=tokenizer, max_batch_size=served.max_batch_size, compute_dtype=dtype)
+        backend: Any = LocalBackend(model, tokenizer=tokenizer, max_batch_size=served.max_batch_size, compute_dtype=dtype,
+                                    **reuse_kwargs(served.reuse_kv))
         sync: Any = InProcessSync(backend)
     else:
         backend, _ = open_backend(served)
@@ -113,7 +115,8 @@ def seed_config(cfg: TrainConfig, out: Path) -> Any:
         entropy_coef=trainer.entropy_coef, epsilon=trainer.clip_eps, max_grad_norm=trainer.max_grad_norm,
         opd_coef=trainer.opd_coef, gate_sharpness=trainer.gate_sharpness, advantage_norm=trainer.advantage_norm,
         use_cpu=not torch.cuda.is_available(), bf16=resolve_precision(cfg.backend.precision)[0] == torch.bfloat16,
-        gradient_checkpointing=trainer.gradient_checkpointing,
+        gradient_checkpointing=trainer.gradient_checkpointing, chunk_tokens=trainer.chunk_tokens,
+        share_prefix=trainer.share_prefix,
         report_to=list(trainer.report_to), run_name=out.name, logging_steps=1, save_strategy="steps", save_steps=1,
         save_total_limit=2, seed=cfg.seed, disable_tqdm=True,
     )

@@ -367,7 +367,8 @@ class _SyncAndLog(TrainerCallback):
     def __init__(self, sync: Any, backend: Any, out: Path, *, evaluate: Any = None, every: int = 0,
                  at_start: bool = False, last: int = 0, resync: bool = False) -> None:
         self.sync, self.backend, self.out, self.resync = sync, backend, out, resync
-        self.sync_s = 0.0
+        self.sync_s = self.step_s = 0.0
+        self._step_t0: float | None = None
         self.evaluate, self.every, self.at_start, self.last = evaluate, every, at_start, last
 
     def _maybe_evaluate(self, state: Any) -> None:
@@ -398,8 +399,13 @@ class _SyncAndLog(TrainerCallback):
     def on_pre_optimizer_step(self, args, state, control, **kw):  # noqa: ANN001
         crash_point("update")
 
+    def on_step_begin(self, args, state, control, **kw):  # noqa: ANN001
+        self._step_t0 = time.perf_counter()
+
     def on_step_end(self, args, state, control, model=None, **kw):  # noqa: ANN001
         t0 = time.perf_counter()
+        # rollouts, scoring, loss, backward and the optimizer step: the iteration but its sync
+        self.step_s = t0 - self._step_t0 if self._step_t0 is not None else 0.0
         self._sync(state, model)
         self.sync_s = time.perf_counter() - t0
         self._maybe_evaluate(state)
@@ -415,7 +421,7 @@ class _SyncAndLog(TrainerCallback):
         if not logs or "success_rate" not in logs or not state.is_world_process_zero:
             return
         row = {"iteration": state.global_step - 1, **logs, "policy_version_after": self.backend.policy_version,
-               "time/sync_s": self.sync_s}
+               "time/sync_s": self.sync_s, "time/step_s": self.step_s}
         with (self.out / "metrics.jsonl").open("a", encoding="utf-8") as file:
             file.write(json.dumps(row) + "\n")
         print(f"iter {row['iteration']:>3}  success {logs['success_rate']:.2f}  reward {logs.get('reward', 0):.2f}  "

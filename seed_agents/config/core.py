@@ -67,6 +67,7 @@ class BackendConfig(BaseModel):
     max_retries: int = Field(3, ge=0, le=20, description="Retries on connection errors, timeouts and 5xx.")
     max_batch_size: int = Field(8, ge=1, le=1024, description="Local backend: requests batched into one generate call.")
     precision: Literal["auto", "float32", "bfloat16"] = Field("float32", description="Local backend and trainer: the number format matmuls run in. auto: bfloat16 where the CPU has bf16 instructions (AMX, AVX-512 BF16) or the GPU supports it, else float32 (emulated bf16 is slower than fp32); the choice is printed. bf16 is autocast over fp32 weights (docs/results/logprob_gap.json measures the sampler/trainer gap). The default stays float32 until a learning run in bf16 has been checked (no bf16 hardware was at hand).")
+    reuse_kv: bool = Field(True, description="Local backend: compute a batch's common prompt prefix once and let an episode's next turn read its last prompt's keys and values (exact up to float rounding); false: every prompt computed whole, the path before (bench/demo_speed.py's old side; a check when chasing a numerical difference).")
     reload_method: Literal["seed_reload_weights", "reload_weights"] = Field("seed_reload_weights", description="vLLM full sync RPC: seed_reload_weights needs our worker extension (`seed-agents serve` loads it; exact for tied embeddings); reload_weights for a plain `vllm serve`.")
 
     @field_validator("api_key_env")

@@ -64,6 +64,12 @@ def cache_key(cfg: TrainConfig, base: str) -> str:
         "epochs": s.epochs, "learning_rate": s.learning_rate, "lora_r": s.lora_r,
         "skill_words": [cfg.skills.min_words, cfg.skills.max_words], "skill_tokens": cfg.skills.max_tokens,
     }
+    # the number format and the KV reuse change the collected episodes and the SFT by float
+    # rounding; keyed only when not the default, so the models cached before keep their keys
+    if cfg.backend.precision != "float32":
+        settings["precision"] = cfg.backend.precision
+    if not cfg.backend.reuse_kv:
+        settings["reuse_kv"] = False
     return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
@@ -110,7 +116,8 @@ def build(cfg: TrainConfig, base: str, root: Path, suite: EnvSuite | None = None
     collect = CollectConfig.model_validate({
         "env": cfg.env, "split": cfg.split, "num_tasks": s.num_tasks, "seed": s.seed, "out": str(root / "collect"),
         "env_options": cfg.env_options,
-        "backend": {"kind": "local", "model": base, "max_batch_size": cfg.backend.max_batch_size},
+        "backend": {"kind": "local", "model": base, "max_batch_size": cfg.backend.max_batch_size,
+                    "precision": cfg.backend.precision, "reuse_kv": cfg.backend.reuse_kv},
         "sampling": {"max_tokens": cfg.sampling.max_tokens, "temperature": s.temperature},
         "runner": {"group_size": s.group_size, "concurrency": cfg.runner.concurrency, "progress": cfg.runner.progress},
         "agent": cfg.agent.model_dump(), "analyzer": {"kind": "rule_based"},
@@ -122,7 +129,7 @@ def build(cfg: TrainConfig, base: str, root: Path, suite: EnvSuite | None = None
         "examples": [str(root / "collect" / "examples.jsonl")], "model": base, "out": str(root / "sft"),
         "epochs": s.epochs, "learning_rate": s.learning_rate, "lora_r": s.lora_r, "seed": s.seed,
         # the parse check generates under the same budget the analyzer gets in training
-        "eval_max_tokens": cfg.skills.max_tokens, "max_eval_examples": 8,
+        "eval_max_tokens": cfg.skills.max_tokens, "max_eval_examples": 8, "precision": cfg.backend.precision,
     })
     trained = run_sft(sft)
     return {"collect": collected, "sft": trained}

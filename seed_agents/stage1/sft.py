@@ -23,7 +23,7 @@ import shutil
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -53,6 +53,7 @@ class SFTRunConfig(BaseModel):
     eval_max_tokens: int = Field(256, ge=8, le=8192, description="Generation budget of the held-out parse-rate check (greedy).")
     max_eval_examples: int = Field(32, ge=1, le=100000, description="Held-out examples used for the parse-rate check (the loss uses all).")
     eval_batch_size: int = Field(8, ge=1, le=1024, description="Held-out prompts generated together in the parse-rate check.")
+    precision: Literal["auto", "float32", "bfloat16"] = Field("float32", description="The number format the SFT's matmuls and its parse-rate checks run in (autocast over fp32 weights, as `backend.precision` in `train`); auto: bfloat16 where the CPU has bf16 instructions, the choice printed.")
 
 
 # -- data -------------------------------------------------------------------------------
@@ -144,7 +145,7 @@ def _length(tokenizer: Any, ex: SkillExample) -> int:
 
 
 def parse_rate(model: Any, tokenizer: Any, examples: list[SkillExample], *, max_tokens: int, batch_size: int = 8,
-               samples: int = 3) -> dict[str, Any]:
+               samples: int = 3, compute_dtype: Any = None) -> dict[str, Any]:
     """Greedy replies to ``examples``' prompts, parsed by ``parse_skill``: the rate that
     parses, reject reasons, and a few replies to read. Rendered and decoded exactly as the
     stage-2 hindsight node does (``SeedChatModel`` over a ``LocalBackend``)."""
@@ -155,7 +156,7 @@ def parse_rate(model: Any, tokenizer: Any, examples: list[SkillExample], *, max_
 
     if not examples:
         return {"n": 0, "parse_rate": None, "reject_reasons": {}, "samples": []}
-    backend = LocalBackend(model, tokenizer=tokenizer, max_batch_size=batch_size)
+    backend = LocalBackend(model, tokenizer=tokenizer, max_batch_size=batch_size, compute_dtype=compute_dtype)
     llm = SeedChatModel(backend=backend, tokenizer=tokenizer, sampling=SamplingParams(max_tokens=max_tokens, temperature=0.0))
 
     async def replies() -> list[str]:
@@ -190,6 +191,7 @@ def run_sft(cfg: SFTRunConfig, *, overwrite: bool = False) -> dict[str, Any]:
     from trl import SFTConfig, SFTTrainer
 
     from seed_agents.models import check_model_folder, resolve_model
+    from seed_agents.precision import resolve_precision
     from seed_agents.preflight import check_out, replace_run
 
     # -- checks: nothing in --out is written or moved until the examples and the model are good
@@ -213,10 +215,13 @@ def run_sft(cfg: SFTRunConfig, *, overwrite: bool = False) -> dict[str, Any]:
         print(f"note: {split['note']}", flush=True)
     eval_subset = heldout[: cfg.max_eval_examples]
 
+    dtype, why = resolve_precision(cfg.precision)
+    print(f"SFT computes in {why}", flush=True)
     torch.manual_seed(cfg.seed)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     print(f"held-out parse rate of {cfg.model} ({len(eval_subset)} prompts, greedy) ...", flush=True)
-    before = parse_rate(model, tokenizer, eval_subset, max_tokens=cfg.eval_max_tokens, batch_size=cfg.eval_batch_size)
+    before = parse_rate(model, tokenizer, eval_subset, max_tokens=cfg.eval_max_tokens, batch_size=cfg.eval_batch_size,
+                        compute_dtype=dtype)
 
     # -- the run: --overwrite's old model and summary are deleted only once it has finished
     with replace_run(out, SFT_FILES):  # sft_summary.json is written last: it marks a finished run
@@ -230,8 +235,8 @@ def run_sft(cfg: SFTRunConfig, *, overwrite: bool = False) -> dict[str, Any]:
             per_device_train_batch_size=cfg.batch_size, per_device_eval_batch_size=cfg.batch_size,
             gradient_accumulation_steps=cfg.grad_accum, max_length=cfg.max_length, completion_only_loss=True,
             eval_strategy="epoch", save_strategy="no", logging_steps=1, report_to=[], seed=cfg.seed,
-            activation_checkpointing=cfg.activation_checkpointing, use_cpu=not torch.cuda.is_available(), bf16=False,
-            disable_tqdm=True,
+            activation_checkpointing=cfg.activation_checkpointing, use_cpu=not torch.cuda.is_available(),
+            bf16=dtype == torch.bfloat16, disable_tqdm=True,
         )
         bars = datasets.is_progress_bar_enabled()
         datasets.disable_progress_bars()  # TRL's map() steps would print eight bars per run
@@ -265,7 +270,8 @@ def run_sft(cfg: SFTRunConfig, *, overwrite: bool = False) -> dict[str, Any]:
         shutil.rmtree(out / "checkpoints", ignore_errors=True)
 
         print("held-out parse rate of the trained model ...", flush=True)
-        after = parse_rate(final, tokenizer, eval_subset, max_tokens=cfg.eval_max_tokens, batch_size=cfg.eval_batch_size)
+        after = parse_rate(final, tokenizer, eval_subset, max_tokens=cfg.eval_max_tokens, batch_size=cfg.eval_batch_size,
+                           compute_dtype=dtype)
         summary = {
             "model": cfg.model, "model_dir": str(model_dir), "lora_r": cfg.lora_r, "examples": counts,
             "split": {**split, "n_train": len(train), "n_heldout": len(heldout)},

@@ -185,6 +185,20 @@ def test_seed_config_takes_every_coefficient_from_its_own_field(tmp_path):
     assert args.report_to == ["tensorboard"]
 
 
+def test_the_update_layout_reaches_the_trainer_and_the_kv_reuse_the_backend(tmp_path):
+    """The path before (TRL's padded layout, every prompt whole) stays one flag away, for
+    bench/demo_speed.py's old side and for chasing a numerical difference."""
+    pytest.importorskip("trl")
+    from seed_agents.app.policy import seed_config
+    from seed_agents.backends import reuse_kwargs
+
+    assert (seed_config(TrainConfig(), tmp_path / "a").chunk_tokens, seed_config(TrainConfig(), tmp_path / "a").share_prefix) \
+        == (8192, True)
+    args = seed_config(TrainConfig.model_validate({"trainer": {"chunk_tokens": 0, "share_prefix": False}}), tmp_path / "b")
+    assert (args.chunk_tokens, args.share_prefix) == (0, False)
+    assert reuse_kwargs(True) == {} and reuse_kwargs(False) == {"share_prefix": False, "turn_cache_bytes": 0}
+
+
 @pytest.mark.parametrize(("schedule", "last_lr"), [("linear", 0.25e-3), ("constant", 1e-3)])
 def test_the_learning_rate_schedule_reaches_the_trainer(tmp_path, schedule, last_lr):
     """TRL decays the learning rate to 0 over max_steps unless told otherwise: in an 8-update

@@ -208,3 +208,17 @@ def test_sft_prints_progress_between_epochs(capsys):
     quiet.on_train_begin(None, state, None)
     quiet.on_step_end(None, state, None)
     assert capsys.readouterr().out == ""  # within the interval: silent
+
+
+def test_bf16_sft_trains_fp32_master_weights_and_says_so(tmp_path, tiny_model_dir, capsys):
+    """``precision: bfloat16`` runs the SFT's matmuls under autocast: the loss still falls and
+    the saved model keeps fp32 weights (what `train` loads)."""
+    path = write(tmp_path / "examples.jsonl", [example(i, f"t{i // 2}") for i in range(6)])
+    cfg = SFTRunConfig(examples=[path], model=tiny_model_dir, out=tmp_path / "run", epochs=2, learning_rate=5e-3,
+                       batch_size=4, eval_max_tokens=12, seed=0, precision="bfloat16")
+    s = run_sft(cfg)
+    assert "SFT computes in bfloat16 (asked for)" in capsys.readouterr().out
+    assert s["heldout_loss"]["after"] < s["heldout_loss"]["before"]
+    trained = AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "model")
+    assert {p.dtype for p in trained.parameters()} == {torch.float32}
+    assert _changed(trained, AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32))

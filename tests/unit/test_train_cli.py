@@ -42,6 +42,8 @@ def test_train_any_graph_writes_every_trace_and_resumes_without_duplicates(tmp_p
     assert [m["iteration"] for m in metrics] == [0]
     for key in ("success_rate", "reward", "loss/ppo", "skill_parse_rate", "policy_version", "time/rollout_s", "time/score_s", "time/sync_s"):
         assert key in metrics[0], key
+    # the step's time covers its rollouts and scoring (and the loss, backward, optimizer step)
+    assert metrics[0]["time/step_s"] > metrics[0]["time/rollout_s"] + metrics[0]["time/score_s"]
     assert len(lines(out / "trajectories.jsonl")) == 2 and len(lines(out / "skills.jsonl")) == 2
     assert (out / "learning_curve.png").stat().st_size > 0 and (out / "checkpoints" / "checkpoint-1").is_dir()
     assert not list(out.rglob("events.out.tfevents.*"))  # trainer.report_to is empty by default
