@@ -1,0 +1,190 @@
+"""How long does the README's first command take, on the path before and on the path now?
+
+The default demo (``seed-agents train`` with no config: SEED on TextWorld, SmolLM2-135M,
+full fine-tuning, stage 1 first) is run on two paths, side by side in one invocation:
+
+- ``before``: every prompt computed whole (``backend.reuse_kv false``: no shared batch
+  prefix, no per-episode turn cache), TRL's padded update layout (``trainer.chunk_tokens 0``,
+  ``trainer.share_prefix false``), fp32 everywhere;
+- ``now``: the defaults, with ``backend.precision`` from ``--precision`` (``auto``: bf16
+  where the CPU has bf16 instructions, as `train` prints), stage 1's rollouts and SFT
+  included.
+
+What no flag can switch off (the local backend's batching, everything else that changed
+since) runs on both sides, so the ratios understate the change since the issue was filed.
+
+Stage 1 (collect with the offline analyzer, then SFT) is built once per side into the
+run's own cache folder (each side pays for it, as a first run does). The iterations then
+start from one model, the ``before`` side's stage-1 model, for both sides, so they play and
+train the same workload; with ``--repeats`` above 1 their order alternates. An iteration's
+time is ``time/step_s + time/sync_s`` from the run's metrics.jsonl (rollouts, hindsight
+skills, scoring, loss, backward, optimizer step, weight sync; model loading and start-up
+are not in it and are printed apart). Goals (issue 21): an iteration at most 0.4x and stage 1
+at most 0.5x of the path before. Writes ``docs/results/demo_speed.json``; everything it
+trained is deleted at the end (``--keep`` keeps it).
+
+    .venv/bin/python bench/demo_speed.py --note "nothing else ran"
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run as a script: bench/ is on the path
+from bench.results import add_results_args, config_of, now, write_result  # noqa: E402
+
+ITERATION_GOAL = 0.4
+STAGE1_GOAL = 0.5
+BEFORE = {"backend": {"precision": "float32", "reuse_kv": False},
+          "trainer": {"chunk_tokens": 0, "share_prefix": False}}
+
+
+def side_overrides(side: str, precision: str) -> dict[str, Any]:
+    """The settings a side changes from the embedded default."""
+    return BEFORE if side == "before" else {"backend": {"precision": precision}}
+
+
+def merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in over.items():
+        out[key] = merged(out.get(key, {}), value) if isinstance(value, dict) else value
+    return out
+
+
+def demo_config(over: dict[str, Any]) -> dict[str, Any]:
+    """The embedded demo's config (TrainConfig's defaults, which configs/textworld_smollm2_cpu.yaml
+    spells out) with ``over`` applied, as JSON-ready data."""
+    from seed_agents.config import TrainConfig
+
+    return TrainConfig.model_validate(merged(TrainConfig().model_dump(mode="json"), over)).model_dump(mode="json")
+
+
+def run(cmd: list[str], log: Path) -> float:
+    """Run ``cmd`` from the checkout, its output appended to ``log``; its wall seconds. A
+    failure stops the benchmark with one line naming the log; an interrupted benchmark
+    takes the child with it (``subprocess.run`` kills it on any exception while waiting)."""
+    t0 = time.perf_counter()
+    with log.open("a", encoding="utf-8") as f:
+        f.write(f"\n$ {' '.join(cmd)}\n")
+        f.flush()
+        proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT,
+                              env={**os.environ, "PYTHONPATH": str(ROOT)})
+    if proc.returncode != 0:
+        raise SystemExit(f"error: {' '.join(cmd[1:4])} failed (exit {proc.returncode}); see {log}")
+    return time.perf_counter() - t0
+
+
+def build_stage1(side: str, work: Path, precision: str, log: Path) -> dict[str, Any]:
+    """Stage 1 of the demo on ``side``'s path, into its own cache folder: collect and SFT
+    seconds (from the stage-1 summary), the whole build's, and the model folder."""
+    cfg = demo_config(merged(side_overrides(side, precision), {"stage1": {"cache_dir": str(work / f"{side}-stage1")}}))
+    path = work / f"{side}-stage1.json"
+    path.write_text(json.dumps(cfg))
+    wall = run([sys.executable, str(Path(__file__).resolve()), "--build-stage1", str(path)], log)
+    done = next((work / f"{side}-stage1").glob("*/DONE"))
+    summary = json.loads(done.read_text())
+    return {"collect_s": summary["collect"]["wall_s"], "sft_s": summary["sft"]["wall_s"],
+            "stage1_s": summary["collect"]["wall_s"] + summary["sft"]["wall_s"], "process_s": wall,
+            "model": str(done.parent / "sft" / "model"),
+            "parse_rate_after": summary["sft"]["parse_rate"]["after"], "episodes": summary["collect"].get("episodes")}
+
+
+def iterate(side: str, work: Path, precision: str, model: str, repeat: int, log: Path) -> dict[str, Any]:
+    """One demo iteration on ``side``'s path from ``model`` (stage 1 already done)."""
+    out = work / f"{side}-iter-{repeat}"
+    cfg = demo_config(merged(side_overrides(side, precision),
+                             {"iterations": 1, "out": str(out), "backend": {"model": model}, "stage1": {"run": "off"}}))
+    path = work / f"{side}-iter-{repeat}.json"
+    path.write_text(json.dumps(cfg))
+    wall = run([sys.executable, "-m", "seed_agents", "train", "--config", str(path)], log)
+    row = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
+    keep = ("time/step_s", "time/sync_s", "time/rollout_s", "time/score_s", "success_rate", "skill_parse_rate", "rows")
+    return {**{k: row[k] for k in keep if k in row}, "iteration_s": row["time/step_s"] + row["time/sync_s"],
+            "process_s": wall}
+
+
+def verdict(ratio: float, goal: float) -> str:
+    return "met" if ratio <= goal else f"missed by {ratio - goal:.2f}"
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--precision", choices=["auto", "float32", "bfloat16"], default="auto",
+                   help="backend.precision of the `now` side (the `before` side is fp32).")
+    p.add_argument("--repeats", type=int, default=1, help="Iterations per side (order alternating).")
+    p.add_argument("--no-stage1", action="store_true",
+                   help="Skip the stage-1 comparison; iterations start from --model instead.")
+    p.add_argument("--model", default=None, help="With --no-stage1: the stage-1 model folder the iterations start from.")
+    p.add_argument("--work", type=Path, default=None, help="Working folder (default: a temporary one).")
+    p.add_argument("--keep", action="store_true", help="Keep the working folder (checkpoints: ~1.5 GB per iteration).")
+    p.add_argument("--note", default="", help="What else ran on the machine (it shapes the times).")
+    p.add_argument("--build-stage1", metavar="CONFIG", help=argparse.SUPPRESS)  # the child that builds one side
+    add_results_args(p)
+    args = p.parse_args(argv)
+    if args.build_stage1:
+        from seed_agents.config import TrainConfig
+        from seed_agents.stage1.auto import stage1_model
+
+        stage1_model(TrainConfig.model_validate(json.loads(Path(args.build_stage1).read_text())))
+        return
+    if args.repeats < 1:
+        p.error("--repeats must be at least 1")
+    if args.no_stage1 and not args.model:
+        p.error("--no-stage1 needs --model (a stage-1 model folder)")
+    started = now()
+    work = args.work or Path(tempfile.mkdtemp(prefix="demo-speed-"))
+    work.mkdir(parents=True, exist_ok=True)
+    log = work / "demo_speed.log"
+    print(f"logs: {log}", flush=True)
+    try:
+        stage1: dict[str, Any] = {}
+        model = args.model
+        if not args.no_stage1:
+            for side in ("before", "now"):
+                stage1[side] = build_stage1(side, work, args.precision, log)
+                print(f"stage 1 {side}: {stage1[side]['stage1_s']:.0f} s (collect {stage1[side]['collect_s']:.0f} s, "
+                      f"SFT {stage1[side]['sft_s']:.0f} s)", flush=True)
+            model = stage1["before"]["model"]
+        iterations: dict[str, list[dict[str, Any]]] = {"before": [], "now": []}
+        for r in range(args.repeats):
+            for side in (("before", "now") if r % 2 == 0 else ("now", "before")):
+                it = iterate(side, work, args.precision, model, r, log)
+                iterations[side].append(it)
+                print(f"iteration {side} (repeat {r}): {it['iteration_s']:.0f} s (rollouts {it['time/rollout_s']:.0f} s, "
+                      f"scoring {it['time/score_s']:.0f} s; process {it['process_s']:.0f} s)", flush=True)
+    finally:
+        if not args.keep and args.work is None:
+            shutil.rmtree(work, ignore_errors=True)
+
+    med = {side: statistics.median(i["iteration_s"] for i in its) for side, its in iterations.items()}
+    it_ratio = med["now"] / med["before"]
+    results: dict[str, Any] = {"iterations": iterations, "iteration_s": med, "iteration_ratio": it_ratio,
+                               "iteration_goal": ITERATION_GOAL, "iteration_verdict": verdict(it_ratio, ITERATION_GOAL)}
+    print(f"\none demo iteration: before {med['before']:.0f} s, now {med['now']:.0f} s, ratio {it_ratio:.2f} "
+          f"(goal <= {ITERATION_GOAL}: {results['iteration_verdict']})")
+    if stage1:
+        for side in stage1:
+            stage1[side].pop("model")
+        s_ratio = stage1["now"]["stage1_s"] / stage1["before"]["stage1_s"]
+        results.update({"stage1": stage1, "stage1_ratio": s_ratio, "stage1_goal": STAGE1_GOAL,
+                        "stage1_verdict": verdict(s_ratio, STAGE1_GOAL)})
+        print(f"stage 1: before {stage1['before']['stage1_s']:.0f} s, now {stage1['now']['stage1_s']:.0f} s, "
+              f"ratio {s_ratio:.2f} (goal <= {STAGE1_GOAL}: {results['stage1_verdict']})")
+    config = {k: v for k, v in config_of(args).items() if k not in ("work", "keep", "build_stage1", "model")}
+    write_result("demo_speed", {**config, "before": BEFORE, "now": side_overrides("now", args.precision)}, results,
+                 started_at=started, results_dir=args.results_dir)
+
+
+if __name__ == "__main__":
+    main()
