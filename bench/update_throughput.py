@@ -15,12 +15,15 @@ same weights and optimizer state each time) under each layout, interleaved, side
   schemas) computed once (``share_prefix``, the default now; ``trainers/shared_prefix.py``);
 - ``shared-nogc``: the same without gradient checkpointing (no recompute, far more memory:
   at 64 rows of ~470 tokens it went past this machine's 23 GB and was killed, so it is
-  not in the default ``--layouts``).
+  not in the default ``--layouts``);
+- ``shared-bf16``: ``shared`` with the whole update under bf16 autocast over the fp32 weights
+  (``seed_agents.precision.compute_in``; `train` gets the same from ``backend.precision``
+  through accelerate's autocast), read against the bf16 matmul ceiling.
 
 Per layout it prints the update time, the tokens it computed (real and padded) and the
-useful matmul work as a fraction of the fp32 matmul ceiling from ``bench/roofline.py``
-(goal >= 40%). Work counts weight matmuls: the body's 2 x params per token forward, the
-tied LM head only at the completion positions it scores, backward 2x forward for full
+useful matmul work as a fraction of the matmul ceiling of the layout's number format
+from ``bench/roofline.py`` (goal >= 40%, read on the fastest layout). Work counts weight
+matmuls: the body's 2 x params per token forward, the tied LM head only at the completion positions it scores, backward 2x forward for full
 fine-tuning and 1x for LoRA (activation gradients; the adapters' own are negligible);
 attention scores are left out (about +10% at these lengths). "of ceiling" is the work of
 the positions a layout computes (its padding included, checkpointing's recompute not) per
@@ -47,10 +50,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run as a script: bench/ and examples/ are on the path
 from bench import results as bench_results  # noqa: E402
 from bench.seed_overhead import Updater, fill_skills  # noqa: E402
+from seed_agents.precision import compute_in  # noqa: E402
 
-# name: (chunk_tokens, share_prefix, gradient checkpointing)
-LAYOUTS = {"trl": (0, False, True), "chunked": (8192, False, True), "shared": (8192, True, True),
-           "shared-nogc": (8192, True, False)}
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+# name: (chunk_tokens, share_prefix, gradient checkpointing, number format)
+LAYOUTS = {"trl": (0, False, True, "fp32"), "chunked": (8192, False, True, "fp32"), "shared": (8192, True, True, "fp32"),
+           "shared-nogc": (8192, True, False, "fp32"), "shared-bf16": (8192, True, True, "bf16")}
 GOAL = 0.40  # update at >= 40% of the matmul ceiling (issue 21)
 PAPER = {"model": "Qwen2.5-3B-Instruct", "tasks": 16, "group": 8, "max_turns": 30, "max_tokens": 512}
 LABELS = {"model": "model", "tasks": "tasks/update", "group": "group size", "max_turns": "max turns",
@@ -127,7 +133,7 @@ def build(args: argparse.Namespace) -> tuple[Any, Any, list[Any]]:
 
 
 def set_layout(trainer: Any, layout: str) -> None:
-    chunk, share, checkpointing = LAYOUTS[layout]
+    chunk, share, checkpointing, _ = LAYOUTS[layout]
     trainer.args.chunk_tokens, trainer.args.share_prefix = chunk, share
     model = trainer.model
     new = hasattr(model, "activation_checkpointing_enable")  # transformers 5's name
@@ -165,7 +171,8 @@ def main(argv: list[str] | None = None) -> None:
         roofline = bench_results.load_roofline(args.roofline)
     except bench_results.RooflineMismatch as e:
         ap.error(str(e))
-    ceiling = roofline.results["matmul_gflops"]["fp32"]["mlp_prefill_2048"]["best"] * 1e9
+    ceilings = {fmt: roofline.results["matmul_gflops"][fmt]["mlp_prefill_2048"]["best"] * 1e9 for fmt in ("fp32", "bf16")}
+    ceiling = ceilings["fp32"]
     started = bench_results.now()
 
     import shutil
@@ -196,12 +203,14 @@ def main(argv: list[str] | None = None) -> None:
 
         update = Updater(trainer)
         set_layout(trainer, layouts[-1])  # warm-up: allocations, thread pools (one untimed update)
-        update(batch, args.opd_coef)
+        with compute_in(DTYPES[LAYOUTS[layouts[-1]][3]]):
+            update(batch, args.opd_coef)
         times: dict[str, list[float]] = {layout: [] for layout in layouts}
         for r in range(args.repeats):
             for layout in (layouts if r % 2 == 0 else layouts[::-1]):
                 set_layout(trainer, layout)
-                times[layout].append(update(batch, args.opd_coef)[1])
+                with compute_in(DTYPES[LAYOUTS[layout][3]]):
+                    times[layout].append(update(batch, args.opd_coef)[1])
                 print(f"repeat {r}: {layout} {times[layout][-1]:.1f} s", flush=True)
     finally:
         if owned:
@@ -210,27 +219,32 @@ def main(argv: list[str] | None = None) -> None:
     per_layout: dict[str, Any] = {}
     base = statistics.median(times[layouts[0]])
     print(f"\nmodel={args.model} lora_r={args.lora_r} tasks={args.tasks} group={args.group} rows={len(rows)} "
-          f"real tokens={real}; fp32 matmul ceiling {ceiling / 1e9:.0f} GFLOP/s (bench/roofline.py)")
+          f"real tokens={real}; matmul ceilings fp32 {ceiling / 1e9:.0f}, bf16 {ceilings['bf16'] / 1e9:.0f} GFLOP/s "
+          f"(bench/roofline.py)")
     print(f"{'layout':<14}{'update s':>10}{'vs ' + layouts[0]:>10}{'train tok':>11}{'teacher tok':>13}"
           f"{'of ceiling':>12}{'effective':>11}")
     for layout in layouts:
         s = statistics.median(times[layout])
-        chunk, share, _ = LAYOUTS[layout]
+        chunk, share, _, fmt = LAYOUTS[layout]
         train_tok = tokens_computed([r.prompt_ids for r in rows], completions, chunk, None, share)
         teacher_tok = tokens_computed([batch.teacher_prompt_ids[i] for i in taught], [completions[i] for i in taught],
                                       chunk, trainer.args.score_batch_size, share) if taught else 0
-        # the work this layout computes (padding included, recompute not) per second, against the ceiling
-        frac = update_flops(train_tok, teacher_tok, *scored, body, head, lora=bool(args.lora_r)) / s / ceiling
-        effective = flops / s / ceiling  # the work of every real token, shared or not: > 1 where sharing saves
+        # the work this layout computes (padding included, recompute not) per second, against the
+        # ceiling of the number format it computes in
+        rate = update_flops(train_tok, teacher_tok, *scored, body, head, lora=bool(args.lora_r)) / s
+        frac = rate / ceilings[fmt]
+        effective = flops / s / ceilings[fmt]  # the work of every real token, shared or not: > 1 where sharing saves
         per_layout[layout] = {"update_s": times[layout], "median_s": s, "vs_first": s / base,
                               "train_tokens_computed": train_tok, "teacher_tokens_computed": teacher_tok,
                               "fraction_of_ceiling": frac, "effective_fraction": effective, "chunk_tokens": chunk,
-                              "share_prefix": share, "gradient_checkpointing": LAYOUTS[layout][2]}
+                              "share_prefix": share, "gradient_checkpointing": LAYOUTS[layout][2], "precision": fmt,
+                              "gflops": rate / 1e9, "layout_ceiling_gflops": ceilings[fmt] / 1e9}
         print(f"{layout:<14}{s:>10.1f}{s / base:>10.2f}{train_tok:>11}{teacher_tok:>13}{frac:>12.1%}{effective:>11.1%}")
     best = min(per_layout, key=lambda k: per_layout[k]["median_s"])
     frac = per_layout[best]["fraction_of_ceiling"]  # the goal is about kernels, not about skipped work
     verdict = "met" if frac >= GOAL else f"missed by {GOAL - frac:.2f}"
-    print(f"fastest: {best}, {frac:.1%} of the matmul ceiling (goal >= {GOAL:.0%}: {verdict})")
+    print(f"fastest: {best}, {frac:.1%} of the {per_layout[best]['precision']} matmul ceiling "
+          f"(goal >= {GOAL:.0%}: {verdict})")
     bench_results.write_result(
         "update_throughput", {**{k: v for k, v in bench_results.config_of(args).items() if k != "work_dir"},
                               "model": Path(str(args.model)).name},

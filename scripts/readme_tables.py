@@ -547,29 +547,41 @@ def update_throughput(results: dict[str, Result]) -> list[str]:
     r = one(results, "update_throughput")
     c, x = r.config, r.results
     lora = f"LoRA r{c['lora_r']}" if c["lora_r"] else "full fine-tuning"
+    formats = sorted({v.get("precision", "fp32") for v in x["layouts"].values()}, reverse=True)  # fp32 first
     what = (f"one SEED update on atlas level-0 rows (forced first turn): {x['episodes']} episodes, {x['rows']} rows, "
-            f"{x['real_tokens']} real tokens, teacher prompts on {x['rows_with_teacher']}/{x['rows']} rows; {lora}, fp32, "
-            f"{c['repeats']} timed update(s) per layout" + (f"; {c['note']}" if c.get("note") else ""))
+            f"{x['real_tokens']} real tokens, teacher prompts on {x['rows_with_teacher']}/{x['rows']} rows; {lora}, "
+            f"{' and '.join(formats)}, {c['repeats']} timed update(s) per layout" + (f"; {c['note']}" if c.get("note") else ""))
     names = {"trl": "TRL's layout (before)", "chunked": "length-grouped, trimmed", "shared": "+ shared prefix once",
-             "shared-nogc": "+ shared prefix, no checkpointing"}
+             "shared-nogc": "+ shared prefix, no checkpointing", "shared-bf16": "+ shared prefix, bf16 autocast"}
     order = [k for k in c["layouts"].split(",") if k in x["layouts"]]  # the run's order; the file sorts keys
     first = order[0]
-    # read against docs/results/roofline.json (the machine's own fp32 ceiling), whatever file the run read
-    ceiling = roofline_for(results, r).results["matmul_gflops"]["fp32"]["mlp_prefill_2048"]["best"]
+    # read against docs/results/roofline.json (the machine's own ceilings), whatever file the run read
+    matmul = roofline_for(results, r).results["matmul_gflops"]
+    ceilings = {fmt: matmul[fmt]["mlp_prefill_2048"]["best"] for fmt in formats}
 
-    def rate(v: dict[str, Any], key: str) -> float:  # achieved GFLOP/s, from the fraction of the ceiling the run used
+    def rate(v: dict[str, Any], key: str) -> float:
+        """Achieved GFLOP/s: stored per layout since bf16 layouts; older files stored only
+        the fraction of the run's fp32 ceiling."""
+        if "gflops" in v:
+            return v["gflops"] * v[key] / v["fraction_of_ceiling"]
         return v[key] * x["ceiling_gflops"]
+
+    def of_ceiling(v: dict[str, Any], key: str) -> float:
+        return rate(v, key) / ceilings[v.get("precision", "fp32")]
 
     rows = [[f"{names.get(k, k)} (`{k}`)", f"{v['median_s']:.1f}", f"{v['vs_first']:.2f}", str(v["train_tokens_computed"]),
              str(v["teacher_tokens_computed"]), f"{rate(v, 'fraction_of_ceiling'):.0f}",
-             f"{rate(v, 'fraction_of_ceiling') / ceiling:.0%}", f"{rate(v, 'effective_fraction') / ceiling:.0%}"]
+             f"{of_ceiling(v, 'fraction_of_ceiling'):.0%} of {v.get('precision', 'fp32')}",
+             f"{of_ceiling(v, 'effective_fraction'):.0%}"]
             for k, v in ((k, x["layouts"][k]) for k in order)]
-    best = rate(x["layouts"][x["fastest"]], "fraction_of_ceiling") / ceiling
+    fastest = x["layouts"][x["fastest"]]
+    best = of_ceiling(fastest, "fraction_of_ceiling")
+    spelled = ", ".join(f"{fmt} {ceilings[fmt]:.0f}" for fmt in formats)
     return [source_line(r, what), "",
             *table(["layout", "update s", f"vs `{first}`", "training positions computed", "teacher positions computed",
-                    "GFLOP/s on them", f"of the {ceiling:.0f} GFLOP/s fp32 matmul ceiling (roofline table)",
+                    "GFLOP/s on them", f"of the matmul ceiling in its number format ({spelled} GFLOP/s, roofline table)",
                     "effective (all real tokens)"], rows),
-            "", f"Fastest: `{x['fastest']}`, {best:.0%} of the fp32 matmul ceiling "
+            "", f"Fastest: `{x['fastest']}`, {best:.0%} of the {fastest.get('precision', 'fp32')} matmul ceiling "
                 f"({goal_words(best, 0.4, at_most=False)})."]
 
 
@@ -585,6 +597,7 @@ def learning_curve(results: dict[str, Result], name: str = "learning_curve") -> 
             f"held-out tasks (disjoint places), {len(seeds)} seed(s), LoRA r{c['lora_r']} lr {c['lr']:g}"
             f"{' constant' if c.get('lr_schedule') == 'constant' else ''}, "
             f"T {c['temperature']:g}, held-out greedy every {c['eval_every']} updates"
+            + (f", computing in {c['precision']}" if c.get("precision", "float32") != "float32" else "")
             + (f"; {c['note']}" if c.get("note") else ""))
 
     def ci(v: Any) -> str:
@@ -674,7 +687,7 @@ _MEASURE = {"level", "first_turn", "heldout", "model", "max_tokens"}
 
 
 #: Flags added to bench/learning_curve.py after curves were stored: what an older file without them ran.
-_ADDED_LATER = {"guide_share": 0.0, "lr_schedule": "linear"}
+_ADDED_LATER = {"guide_share": 0.0, "lr_schedule": "linear", "precision": "float32"}
 
 
 def _setting(r: Result, key: str) -> Any:

@@ -337,3 +337,26 @@ def test_a_curve_whose_answers_copy_the_tool_response_says_so():
     pilot = dataclasses.replace(pilot, results=x)
     text = "\n".join(tables.learning_curve({pilot.name: pilot}, pilot.name))
     assert "copy a tool's response whole" in text and "first and last evaluation: grpo-s0 0.00 -> 1.00." in text
+
+
+def test_a_bf16_layout_reads_against_the_bf16_ceiling():
+    """A layout's achieved rate is read against the ceiling of the number format it computed
+    in: the same GFLOP/s are a smaller share of the bf16 ceiling than of the fp32 one."""
+    import copy
+    import dataclasses
+
+    results = {p.stem: load_result(p) for p in (ROOT / "docs" / "results").glob("*.json")}
+    r = results["update_throughput"]
+    x = copy.deepcopy(r.results)
+    roof = results["roofline"].results["matmul_gflops"]
+    fp32, bf16 = roof["fp32"]["mlp_prefill_2048"]["best"], roof["bf16"]["mlp_prefill_2048"]["best"]
+    x["layouts"]["shared-bf16"] = {**x["layouts"]["shared"], "median_s": 40.0, "precision": "bf16", "gflops": 200.0,
+                                   "fraction_of_ceiling": 200.0 / bf16, "effective_fraction": 400.0 / bf16}
+    x["fastest"] = "shared-bf16"
+    both = dataclasses.replace(r, results=x, config={**r.config, "layouts": "shared,shared-bf16"},
+                               machine={"cpu_flags": results["roofline"].results["cpu_flags"]})
+    readme = "<!-- results:update_throughput -->\n<!-- /results:update_throughput -->\n"
+    out = tables.render(readme, {**results, "update_throughput": both})
+    row = next(line for line in out.splitlines() if "`shared-bf16`" in line)
+    assert f"| 200 | {200 / bf16:.0%} of bf16 | {400 / bf16:.0%} |" in row
+    assert f"{200 / bf16:.0%} of the bf16 matmul ceiling" in out and f"fp32 {fp32:.0f}, bf16 {bf16:.0f} GFLOP/s" in out
