@@ -97,7 +97,9 @@ def train_config(args: argparse.Namespace, method: str, seed: int, tasks: Path, 
         "out": str(out),
         "graph": {"build": f"examples.atlas_tasks:{'build_agent' if args.first_turn == 'forced' else 'build_auto_agent'}",
                   "tasks": str(tasks), "reward": "examples.atlas_tasks:answer_reward"},
-        "backend": {"kind": "local", "model": args.model, "max_batch_size": args.tasks_per_update * args.group},
+        "backend": {"kind": "local", "model": args.model, "max_batch_size": args.tasks_per_update * args.group,
+                    # only when not fp32: the runs before keep their digests (and stored runs)
+                    **({"precision": args.precision} if args.precision != "float32" else {})},
         "sampling": {"max_tokens": args.max_tokens, "temperature": args.temperature},
         "runner": {"group_size": args.group, "concurrency": args.tasks_per_update * args.group, "progress": False},
         "skills": {"source": "self" if method == "seed" else "none", "max_tokens": args.skill_tokens},
@@ -349,6 +351,8 @@ def main(argv: list[str] | None = None) -> None:
                    help="Training sampling temperature. 0.5 puts level 0 inside the learnable band "
                         "(docs/results/atlas_band_temperature.json: 22%% training success against 12%% at 0.7); "
                         "the main curve (learning_curve.json) trained at 0.7, so pass --temperature 0.7 to resume it.")
+    p.add_argument("--precision", choices=["float32", "auto", "bfloat16"], default="float32",
+                   help="backend.precision of the runs (rollouts and updates; auto: bf16 where the CPU has it).")
     p.add_argument("--lora-r", type=int, default=8)
     p.add_argument("--lr", type=float, default=1e-4)
     p.add_argument("--lr-schedule", choices=["linear", "constant"], default="linear",
