@@ -57,7 +57,7 @@ def test_grpo_and_seed_differ_only_in_the_skills_and_the_distillation(tmp_path):
 
     args = argparse.Namespace(tasks_per_update=4, updates=30, group=8, first_turn="forced", model="smollm2-135m",
                               max_tokens=64, temperature=0.7, skill_tokens=64, lr=1e-4, lora_r=8, kl_coef=0.001,
-                              eval_every=5, guide_share=0.0, lr_schedule="linear")
+                              eval_every=5, guide_share=0.0, lr_schedule="linear", precision="float32")
     grpo, seed = (train_config(args, m, 1, tmp_path / "t.jsonl", tmp_path / "h.jsonl", 200, 80, tmp_path / m)
                   for m in ("grpo", "seed"))
     assert grpo["skills"]["source"] == "none" and grpo["trainer"]["opd_coef"] == 0.0
@@ -130,7 +130,7 @@ def test_the_run_digest_ignores_where_the_files_live_but_not_what_they_hold(tmp_
 
     args = argparse.Namespace(tasks_per_update=4, updates=30, group=8, first_turn="forced", model="smollm2-135m",
                               max_tokens=64, temperature=0.7, skill_tokens=64, lr=1e-4, lora_r=8, kl_coef=0.001,
-                              eval_every=5, guide_share=0.0, lr_schedule="linear")
+                              eval_every=5, guide_share=0.0, lr_schedule="linear", precision="float32")
     for d in ("a", "b"):
         (tmp_path / d).mkdir()
         (tmp_path / d / "t.jsonl").write_text("t\n")
@@ -142,6 +142,13 @@ def test_the_run_digest_ignores_where_the_files_live_but_not_what_they_hold(tmp_
         return run_digest(cfg, tmp_path / d / "t.jsonl", tmp_path / d / "h.jsonl")
 
     assert digest("a") == digest("b") != digest("a", lr=3e-4)
+    # the number format is a setting of the run only when not fp32: fp32 runs keep their digests
+    assert digest("a", precision="auto") != digest("a")
+    bf16 = train_config(argparse.Namespace(**{**vars(args), "precision": "bfloat16"}), "grpo", 0, tmp_path / "a" / "t.jsonl",
+                        tmp_path / "a" / "h.jsonl", 1, 1, tmp_path / "a" / "out")
+    assert bf16["backend"]["precision"] == "bfloat16"
+    assert "precision" not in train_config(args, "grpo", 0, tmp_path / "a" / "t.jsonl", tmp_path / "a" / "h.jsonl", 1, 1,
+                                           tmp_path / "a" / "out")["backend"]
     (tmp_path / "b" / "h.jsonl").write_text("other\n")
     assert digest("a") != digest("b")
 
@@ -153,7 +160,7 @@ def test_a_guide_share_changes_the_run_only_when_on_and_needs_a_free_first_turn(
 
     args = argparse.Namespace(tasks_per_update=4, updates=30, group=8, first_turn="auto", model="smollm2-135m",
                               max_tokens=64, temperature=0.7, skill_tokens=64, lr=1e-4, lora_r=8, kl_coef=0.001,
-                              eval_every=5, guide_share=0.0, lr_schedule="linear")
+                              eval_every=5, guide_share=0.0, lr_schedule="linear", precision="float32")
     (tmp_path / "t.jsonl").write_text("t\n")
     (tmp_path / "h.jsonl").write_text("h\n")
 
