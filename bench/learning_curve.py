@@ -190,7 +190,7 @@ def per_update(out: Path) -> list[dict[str, Any]]:
     """One row per update from metrics.jsonl: what the curve's diagnostics need."""
     keep = ("success_rate", "zero_variance_groups", "skill_parse_rate", "kl", "loss/opd", "opd/gate", "rows",
             "time/rollout_s", "time/score_s", "step_time", "faults", "guided_episodes", "guided_success_rate",
-            "free_success_rate", "guide/first_logp", "guide/logp")
+            "free_success_rate", "guide/first_logp", "guide/logp", "clip_frac", "time/step_s")
     return [{"update": int(m["iteration"]) + 1, **{k: m[k] for k in keep if k in m}} for m in read_jsonl(out / "metrics.jsonl")]
 
 
@@ -413,6 +413,10 @@ def main(argv: list[str] | None = None) -> None:
             run["quoted_answers"] = quoted_answers(args.work / name)
     analysis["quoted_answers"] = {name: run["quoted_answers"] for name, run in sorted(packed.items())
                                   if run.get("quoted_answers")}
+    # one optimizer step per batch: the tokens outside the PPO clip are those the sampler's and the
+    # trainer's log-probs already disagree on by more than the clip (fp32: none; bf16: the rounding gap)
+    analysis["clip_frac"] = {name: statistics.fmean(u["clip_frac"] for u in run["metrics"] if "clip_frac" in u)
+                             for name, run in sorted(packed.items()) if any("clip_frac" in u for u in run["metrics"])}
     analysis["zero_variance_series"] = {
         m: [(u, statistics.fmean(r["metrics"][u - 1]["zero_variance_groups"] for r in by_seed.values()
                                  if len(r["metrics"]) >= u and "zero_variance_groups" in r["metrics"][u - 1]))
@@ -446,6 +450,9 @@ def main(argv: list[str] | None = None) -> None:
     for name, shares in analysis["quoted_answers"].items():
         print(f"{name}: final held-out answers that copy a tool's response whole, per evaluation: "
               + ", ".join(f"update {u} {v:.2f}" for u, v in shares.items()))
+    if analysis["clip_frac"]:
+        print("tokens outside the PPO clip at their one step, mean over updates: "
+              + ", ".join(f"{name} {v:.4f}" for name, v in analysis["clip_frac"].items()))
     g = analysis["methods"].get("grpo")
     if g:
         print(f"goal: GRPO held-out gain >= +{GOAL:.2f} with its 95% CI (seeds x tasks) excluding 0: "
