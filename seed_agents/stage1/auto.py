@@ -65,9 +65,15 @@ def cache_key(cfg: TrainConfig, base: str) -> str:
         "skill_words": [cfg.skills.min_words, cfg.skills.max_words], "skill_tokens": cfg.skills.max_tokens,
     }
     # the number format and the KV reuse change the collected episodes and the SFT by float
-    # rounding; keyed only when not the default, so the models cached before keep their keys
-    if cfg.backend.precision != "float32":
-        settings["precision"] = cfg.backend.precision
+    # rounding; keyed only when not the default, so the models cached before keep their keys.
+    # The format as resolved here: `auto` on a CPU without bf16 is fp32 and shares fp32's model.
+    import torch
+
+    from seed_agents.precision import resolve_precision
+
+    dtype = resolve_precision(cfg.backend.precision)[0]
+    if dtype != torch.float32:
+        settings["precision"] = str(dtype).removeprefix("torch.")
     if not cfg.backend.reuse_kv:
         settings["reuse_kv"] = False
     return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:16]

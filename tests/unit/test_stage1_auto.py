@@ -100,6 +100,14 @@ def test_cache_key_changes_with_every_setting_that_changes_the_model():
                  {"env_options": {"x": 1}}, {"backend": {"precision": "bfloat16"}}, {"backend": {"reuse_kv": False}}]:
         assert cache_key(TrainConfig.model_validate(over), "/m") != base, over
     assert cache_key(TrainConfig(), "/other") != base
+    # `auto` is keyed by what it resolves to: bf16's model where the CPU has it, fp32's elsewhere
+    import torch
+
+    from seed_agents.precision import resolve_precision
+
+    auto = cache_key(TrainConfig.model_validate({"backend": {"precision": "auto"}}), "/m")
+    bf16 = cache_key(TrainConfig.model_validate({"backend": {"precision": "bfloat16"}}), "/m")
+    assert auto == (bf16 if resolve_precision("auto")[0] == torch.bfloat16 else base)
 
 
 def test_suite_defaults_fill_only_what_the_user_left_unset():
