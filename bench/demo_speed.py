@@ -1,26 +1,26 @@
 """How long does the README's first command take, on the path before and on the path now?
 
 The default demo (``seed-agents train`` with no config: SEED on TextWorld, SmolLM2-135M,
-full fine-tuning, stage 1 first) is run on two paths, side by side in one invocation:
+full fine-tuning, stage 1 first) is run on up to three paths, side by side in one invocation:
 
 - ``before``: every prompt computed whole (``backend.reuse_kv false``: no shared batch
   prefix, no per-episode turn cache), TRL's padded update layout (``trainer.chunk_tokens 0``,
   ``trainer.share_prefix false``), fp32 everywhere;
-- ``now``: the defaults, with ``backend.precision`` from ``--precision`` (``auto``: bf16
-  where the CPU has bf16 instructions, as `train` prints), stage 1's rollouts and SFT
-  included.
+- ``default``: the README's first command as it is (fp32, every reuse on);
+- ``auto``: the same with ``--backend.precision auto`` (bf16 where the CPU has bf16
+  instructions, as `train` prints; stage 1's rollouts and SFT included).
 
 What no flag can switch off (the local backend's batching, everything else that changed
 since) runs on both sides, so the ratios understate the change since the issue was filed.
 
 Stage 1 (collect with the offline analyzer, then SFT) is built once per side into the
 run's own cache folder (each side pays for it, as a first run does). The iterations then
-start from one model, the ``before`` side's stage-1 model, for both sides, so they play and
-train the same workload; with ``--repeats`` above 1 their order alternates. An iteration's
+start from one model, the first side's stage-1 model, on every side, so they play and
+train the same workload; with ``--repeats`` above 1 their order reverses every repeat. An iteration's
 time is ``time/step_s + time/sync_s`` from the run's metrics.jsonl (rollouts, hindsight
 skills, scoring, loss, backward, optimizer step, weight sync; model loading and start-up
 are not in it and are printed apart). Goals (issue 21): an iteration at most 0.4x and stage 1
-at most 0.5x of the path before. Writes ``docs/results/demo_speed.json``; everything it
+at most 0.5x of the path before, read for each side against ``before``. Writes ``docs/results/demo_speed.json``; everything it
 trained is deleted at the end (``--keep`` keeps it).
 
     .venv/bin/python bench/demo_speed.py --note "nothing else ran"
@@ -46,13 +46,12 @@ from bench.results import add_results_args, config_of, now, write_result  # noqa
 
 ITERATION_GOAL = 0.4
 STAGE1_GOAL = 0.5
-BEFORE = {"backend": {"precision": "float32", "reuse_kv": False},
-          "trainer": {"chunk_tokens": 0, "share_prefix": False}}
-
-
-def side_overrides(side: str, precision: str) -> dict[str, Any]:
-    """The settings a side changes from the embedded default."""
-    return BEFORE if side == "before" else {"backend": {"precision": precision}}
+#: side -> the settings it changes from the embedded demo
+SIDES: dict[str, dict[str, Any]] = {
+    "before": {"backend": {"precision": "float32", "reuse_kv": False}, "trainer": {"chunk_tokens": 0, "share_prefix": False}},
+    "default": {},
+    "auto": {"backend": {"precision": "auto"}},
+}
 
 
 def merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
@@ -70,6 +69,17 @@ def demo_config(over: dict[str, Any]) -> dict[str, Any]:
     return TrainConfig.model_validate(merged(TrainConfig().model_dump(mode="json"), over)).model_dump(mode="json")
 
 
+def prepare_games() -> None:
+    """Generate the demo's TextWorld games before any timing (``tw-make`` takes ~5-10 s a game
+    the first time, then they are cached): otherwise the first side pays for them alone."""
+    from seed_agents.config import TrainConfig
+    from seed_agents.tools.textworld import TextWorldSuite
+
+    cfg = TrainConfig()
+    suite = TextWorldSuite()
+    suite.prepare(suite.tasks(cfg.split, max(cfg.num_tasks, cfg.stage1.num_tasks)))
+
+
 def run(cmd: list[str], log: Path) -> float:
     """Run ``cmd`` from the checkout, its output appended to ``log``; its wall seconds. A
     failure stops the benchmark with one line naming the log; an interrupted benchmark
@@ -85,10 +95,10 @@ def run(cmd: list[str], log: Path) -> float:
     return time.perf_counter() - t0
 
 
-def build_stage1(side: str, work: Path, precision: str, log: Path) -> dict[str, Any]:
+def build_stage1(side: str, work: Path, log: Path) -> dict[str, Any]:
     """Stage 1 of the demo on ``side``'s path, into its own cache folder: collect and SFT
     seconds (from the stage-1 summary), the whole build's, and the model folder."""
-    cfg = demo_config(merged(side_overrides(side, precision), {"stage1": {"cache_dir": str(work / f"{side}-stage1")}}))
+    cfg = demo_config(merged(SIDES[side], {"stage1": {"cache_dir": str(work / f"{side}-stage1")}}))
     path = work / f"{side}-stage1.json"
     path.write_text(json.dumps(cfg))
     wall = run([sys.executable, str(Path(__file__).resolve()), "--build-stage1", str(path)], log)
@@ -100,10 +110,10 @@ def build_stage1(side: str, work: Path, precision: str, log: Path) -> dict[str, 
             "parse_rate_after": summary["sft"]["parse_rate"]["after"], "episodes": summary["collect"].get("episodes")}
 
 
-def iterate(side: str, work: Path, precision: str, model: str, repeat: int, log: Path) -> dict[str, Any]:
+def iterate(side: str, work: Path, model: str, repeat: int, log: Path) -> dict[str, Any]:
     """One demo iteration on ``side``'s path from ``model`` (stage 1 already done)."""
     out = work / f"{side}-iter-{repeat}"
-    cfg = demo_config(merged(side_overrides(side, precision),
+    cfg = demo_config(merged(SIDES[side],
                              {"iterations": 1, "out": str(out), "backend": {"model": model}, "stage1": {"run": "off"}}))
     path = work / f"{side}-iter-{repeat}.json"
     path.write_text(json.dumps(cfg))
@@ -120,8 +130,7 @@ def verdict(ratio: float, goal: float) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--precision", choices=["auto", "float32", "bfloat16"], default="auto",
-                   help="backend.precision of the `now` side (the `before` side is fp32).")
+    p.add_argument("--sides", default=",".join(SIDES), help=f"Comma list of {', '.join(SIDES)}; ratios read against the first.")
     p.add_argument("--repeats", type=int, default=1, help="Iterations per side (order alternating).")
     p.add_argument("--no-stage1", action="store_true",
                    help="Skip the stage-1 comparison; iterations start from --model instead.")
@@ -138,6 +147,11 @@ def main(argv: list[str] | None = None) -> None:
 
         stage1_model(TrainConfig.model_validate(json.loads(Path(args.build_stage1).read_text())))
         return
+    sides = [x for x in args.sides.split(",") if x]
+    if unknown := sorted(set(sides) - set(SIDES)):
+        p.error(f"unknown side {unknown[0]!r}; sides: {', '.join(SIDES)}")
+    if len(sides) < 2 or len(set(sides)) < len(sides):
+        p.error("--sides needs at least two different sides")
     if args.repeats < 1:
         p.error("--repeats must be at least 1")
     if args.no_stage1 and not args.model:
@@ -147,19 +161,20 @@ def main(argv: list[str] | None = None) -> None:
     work.mkdir(parents=True, exist_ok=True)
     log = work / "demo_speed.log"
     print(f"logs: {log}", flush=True)
+    prepare_games()
     try:
         stage1: dict[str, Any] = {}
         model = args.model
         if not args.no_stage1:
-            for side in ("before", "now"):
-                stage1[side] = build_stage1(side, work, args.precision, log)
+            for side in sides:
+                stage1[side] = build_stage1(side, work, log)
                 print(f"stage 1 {side}: {stage1[side]['stage1_s']:.0f} s (collect {stage1[side]['collect_s']:.0f} s, "
                       f"SFT {stage1[side]['sft_s']:.0f} s)", flush=True)
-            model = stage1["before"]["model"]
-        iterations: dict[str, list[dict[str, Any]]] = {"before": [], "now": []}
+            model = stage1[sides[0]]["model"]
+        iterations: dict[str, list[dict[str, Any]]] = {side: [] for side in sides}
         for r in range(args.repeats):
-            for side in (("before", "now") if r % 2 == 0 else ("now", "before")):
-                it = iterate(side, work, args.precision, model, r, log)
+            for side in (sides if r % 2 == 0 else sides[::-1]):
+                it = iterate(side, work, model, r, log)
                 iterations[side].append(it)
                 print(f"iteration {side} (repeat {r}): {it['iteration_s']:.0f} s (rollouts {it['time/rollout_s']:.0f} s, "
                       f"scoring {it['time/score_s']:.0f} s; process {it['process_s']:.0f} s)", flush=True)
@@ -167,22 +182,30 @@ def main(argv: list[str] | None = None) -> None:
         if not args.keep and args.work is None:
             shutil.rmtree(work, ignore_errors=True)
 
+    base = sides[0]
     med = {side: statistics.median(i["iteration_s"] for i in its) for side, its in iterations.items()}
-    it_ratio = med["now"] / med["before"]
-    results: dict[str, Any] = {"iterations": iterations, "iteration_s": med, "iteration_ratio": it_ratio,
-                               "iteration_goal": ITERATION_GOAL, "iteration_verdict": verdict(it_ratio, ITERATION_GOAL)}
-    print(f"\none demo iteration: before {med['before']:.0f} s, now {med['now']:.0f} s, ratio {it_ratio:.2f} "
-          f"(goal <= {ITERATION_GOAL}: {results['iteration_verdict']})")
+    ratios = {side: med[side] / med[base] for side in sides[1:]}
+    results: dict[str, Any] = {"iterations": iterations, "iteration_s": med, "iteration_ratio": ratios,
+                               "iteration_goal": ITERATION_GOAL,
+                               "iteration_verdict": {side: verdict(x, ITERATION_GOAL) for side, x in ratios.items()}}
+    print(f"\none demo iteration (median of {args.repeats}), against {base}:")
+    for side in sides:
+        extra = "" if side == base else (f", ratio {ratios[side]:.2f} (goal <= {ITERATION_GOAL}: "
+                                         f"{results['iteration_verdict'][side]})")
+        print(f"  {side:<8} {med[side]:>6.0f} s{extra}")
     if stage1:
         for side in stage1:
             stage1[side].pop("model")
-        s_ratio = stage1["now"]["stage1_s"] / stage1["before"]["stage1_s"]
-        results.update({"stage1": stage1, "stage1_ratio": s_ratio, "stage1_goal": STAGE1_GOAL,
-                        "stage1_verdict": verdict(s_ratio, STAGE1_GOAL)})
-        print(f"stage 1: before {stage1['before']['stage1_s']:.0f} s, now {stage1['now']['stage1_s']:.0f} s, "
-              f"ratio {s_ratio:.2f} (goal <= {STAGE1_GOAL}: {results['stage1_verdict']})")
+        s_ratios = {side: stage1[side]["stage1_s"] / stage1[base]["stage1_s"] for side in sides[1:]}
+        results.update({"stage1": stage1, "stage1_ratio": s_ratios, "stage1_goal": STAGE1_GOAL,
+                        "stage1_verdict": {side: verdict(x, STAGE1_GOAL) for side, x in s_ratios.items()}})
+        print(f"stage 1 (collect + SFT), against {base}:")
+        for side in sides:
+            extra = "" if side == base else (f", ratio {s_ratios[side]:.2f} (goal <= {STAGE1_GOAL}: "
+                                             f"{results['stage1_verdict'][side]})")
+            print(f"  {side:<8} {stage1[side]['stage1_s']:>6.0f} s{extra}")
     config = {k: v for k, v in config_of(args).items() if k not in ("work", "keep", "build_stage1", "model")}
-    write_result("demo_speed", {**config, "before": BEFORE, "now": side_overrides("now", args.precision)}, results,
+    write_result("demo_speed", {**config, "side_settings": {side: SIDES[side] for side in sides}}, results,
                  started_at=started, results_dir=args.results_dir)
 
 

@@ -161,8 +161,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--work-dir", default=None, help="TRL's output folder (default: a temporary one, removed).")
     ap.add_argument("--note", default="", help="What else ran on the machine (it shapes the times).")
+    ap.add_argument("--result-name", default="update_throughput",
+                    help="Name of the result file, so a run of other layouts does not replace the main table.")
     bench_results.add_results_args(ap)
     args = ap.parse_args(argv)
+    if not args.result_name.replace("_", "").replace("-", "").isalnum():
+        ap.error("--result-name: letters, digits, '-' and '_' only")
     layouts = [x for x in args.layouts.split(",") if x]
     unknown = sorted(set(layouts) - set(LAYOUTS))
     if unknown:
@@ -246,7 +250,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"fastest: {best}, {frac:.1%} of the {per_layout[best]['precision']} matmul ceiling "
           f"(goal >= {GOAL:.0%}: {verdict})")
     bench_results.write_result(
-        "update_throughput", {**{k: v for k, v in bench_results.config_of(args).items() if k != "work_dir"},
+        args.result_name, {**{k: v for k, v in bench_results.config_of(args).items() if k != "work_dir"},
                               "model": Path(str(args.model)).name},
         {"layouts": per_layout, "fastest": best, "goal": GOAL, "verdict": verdict, "collect_s": t_collect,
          "episodes": len(batch.trajectories), "rows": len(rows), "real_tokens": real, "real_token_tflop": flops / 1e12,

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import re
+import statistics
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -177,6 +178,38 @@ def update_memory(results: dict[str, Result]) -> list[str]:
     return [source_line(r, f"one training iteration per run, median of {pairs} alternating pair(s), "
                            f"{c['threads']} torch threads"), "",
             *table(["gradient checkpointing", "peak RSS", "update time"], rows)]
+
+
+def demo_speed(results: dict[str, Result]) -> list[str]:
+    """The README's first command on each path: stage 1 and one iteration, against the first side."""
+    r = one(results, "demo_speed")
+    c, x = r.config, r.results
+    sides = [s for s in c["sides"].split(",") if s in x["iteration_s"]]
+    base = sides[0]
+    names = {"before": "before (fp32, every prompt whole, TRL's padded update)", "default": "default (the README's command)",
+             "auto": "`--backend.precision auto`"}
+    stage1 = x.get("stage1", {})
+    rows = []
+    for side in sides:
+        its = x["iterations"][side]
+        rollout = statistics.median(i["time/rollout_s"] for i in its)
+        s1 = stage1.get(side)
+        rows.append([names.get(side, side),
+                     "-" if s1 is None else f"{s1['stage1_s']:.0f} s ({s1['collect_s']:.0f} + {s1['sft_s']:.0f})",
+                     "-" if side == base or s1 is None else f"{x['stage1_ratio'][side]:.2f}",
+                     f"{x['iteration_s'][side]:.0f} s", f"{rollout:.0f} s",
+                     "-" if side == base else f"{x['iteration_ratio'][side]:.2f}"])
+    what = (f"the embedded demo (TextWorld, SmolLM2-135M, full fine-tuning), stage 1 built once per side, "
+            f"{c['repeats']} iteration(s) per side from one stage-1 model" + (f"; {c['note']}" if c.get("note") else ""))
+    lines = [source_line(r, what), "",
+             *table(["path", "stage 1 (collect + SFT)", f"vs {base}", "one iteration", "of which rollouts", f"vs {base}"],
+                    rows), ""]
+    verdicts = [f"`{side}` iteration {x['iteration_ratio'][side]:.2f}x "
+                f"({goal_words(x['iteration_ratio'][side], x['iteration_goal'], at_most=True)})"
+                + (f", stage 1 {x['stage1_ratio'][side]:.2f}x ({goal_words(x['stage1_ratio'][side], x['stage1_goal'], at_most=True)})"
+                   if side in x.get("stage1_ratio", {}) else "")
+                for side in sides[1:]]
+    return lines + [f"Against `{base}`: " + "; ".join(verdicts) + "."]
 
 
 def webshop_index(results: dict[str, Result]) -> list[str]:
@@ -543,8 +576,8 @@ def atlas_band(results: dict[str, Result], name: str = "atlas_band") -> list[str
                     "right tool and arguments", "right answer", "groups with zero reward variance", "episodes"], rows)]
 
 
-def update_throughput(results: dict[str, Result]) -> list[str]:
-    r = one(results, "update_throughput")
+def update_throughput(results: dict[str, Result], name: str = "update_throughput") -> list[str]:
+    r = one(results, name)
     c, x = r.config, r.results
     lora = f"LoRA r{c['lora_r']}" if c["lora_r"] else "full fine-tuning"
     formats = sorted({v.get("precision", "fp32") for v in x["layouts"].values()}, reverse=True)  # fp32 first
@@ -752,7 +785,7 @@ RENDERERS: dict[str, Callable[[dict[str, Result]], list[str]]] = {
     "determinism": determinism, "tool_agent": tool_agent, "continual_demo": continual_demo,
     "continual_demo_atlas": continual_demo_atlas,
     "capture_overhead": capture_overhead, "seed_overhead": seed_overhead, "gateway_overhead": gateway_overhead,
-    "update_memory": update_memory, "webshop_index": webshop_index, "sample_efficiency": sample_efficiency,
+    "update_memory": update_memory, "demo_speed": demo_speed, "webshop_index": webshop_index, "sample_efficiency": sample_efficiency,
     "skill_usefulness": skill_usefulness, "roofline": roofline, "logprob_gap": logprob_gap,
     "rollout_throughput": rollout_throughput, "atlas_band": atlas_band, "continual_atlas": continual_atlas,
     "update_throughput": update_throughput, "learning_curve": learning_curve, "skill_scoring_speed": skill_scoring_speed,
@@ -761,7 +794,7 @@ RENDERERS: dict[str, Callable[[dict[str, Result]], list[str]]] = {
 #: Benchmarks that write variants under another name (``--result-name NAME_variant``): a
 #: marker ``results:NAME_variant`` renders that file with its family's table.
 FAMILIES: dict[str, Callable[[dict[str, Result], str], list[str]]] = {
-    "learning_curve": learning_curve, "atlas_band": atlas_band}
+    "learning_curve": learning_curve, "atlas_band": atlas_band, "update_throughput": update_throughput}
 
 
 def renderer(name: str) -> Callable[[dict[str, Result]], list[str]] | None:

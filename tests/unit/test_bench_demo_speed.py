@@ -15,50 +15,67 @@ from bench import demo_speed  # noqa: E402
 from seed_agents.config import TrainConfig  # noqa: E402
 
 
-def test_the_before_side_switches_off_every_reuse_and_keeps_the_demo_otherwise():
-    before = TrainConfig.model_validate(demo_speed.demo_config(demo_speed.side_overrides("before", "auto")))
-    now = TrainConfig.model_validate(demo_speed.demo_config(demo_speed.side_overrides("now", "auto")))
+def test_the_before_side_switches_off_every_reuse_and_the_others_keep_the_demo():
+    cfg = {side: TrainConfig.model_validate(demo_speed.demo_config(over)) for side, over in demo_speed.SIDES.items()}
+    before = cfg["before"]
     assert (before.backend.precision, before.backend.reuse_kv) == ("float32", False)
     assert (before.trainer.chunk_tokens, before.trainer.share_prefix) == (0, False)
-    assert (now.backend.precision, now.backend.reuse_kv, now.trainer.chunk_tokens, now.trainer.share_prefix) \
-        == ("auto", True, 8192, True)
-    # nothing else differs from the embedded demo (TrainConfig's defaults)
     demo = TrainConfig()
-    for cfg in (before, now):
-        assert cfg.model_copy(update={"backend": demo.backend, "trainer": demo.trainer}) == demo
+    assert cfg["default"] == demo  # the README's first command
+    assert cfg["auto"] == demo.model_copy(update={"backend": demo.backend.model_copy(update={"precision": "auto"})})
+    # nothing else differs from the embedded demo
+    assert before.model_copy(update={"backend": demo.backend, "trainer": demo.trainer}) == demo
 
 
 def test_iterations_start_from_one_model_and_the_ratios_read_against_the_goals(tmp_path, monkeypatch, capsys):
     calls = []
+    stage1_s = {"before": 100.0, "default": 80.0, "auto": 40.0}
+    iteration_s = {"before": 200.0, "default": 120.0, "auto": 90.0}
 
-    def build_stage1(side, work, precision, log):
+    def build_stage1(side, work, log):
         calls.append(("stage1", side))
-        return {"collect_s": 40.0 if side == "before" else 30.0, "sft_s": 60.0 if side == "before" else 10.0,
-                "stage1_s": 100.0 if side == "before" else 40.0, "process_s": 1.0, "model": f"/{side}-model",
-                "parse_rate_after": 1.0, "episodes": 16}
+        return {"collect_s": stage1_s[side] / 2, "sft_s": stage1_s[side] / 2, "stage1_s": stage1_s[side], "process_s": 1.0,
+                "model": f"/{side}-model", "parse_rate_after": 1.0, "episodes": 16}
 
-    def iterate(side, work, precision, model, repeat, log):
+    def iterate(side, work, model, repeat, log):
         calls.append(("iter", side, model, repeat))
-        s = 200.0 if side == "before" else 90.0
+        s = iteration_s[side]
         return {"time/step_s": s, "time/sync_s": 0.0, "time/rollout_s": s / 2, "time/score_s": 1.0, "iteration_s": s,
                 "process_s": s + 5}
 
     monkeypatch.setattr(demo_speed, "build_stage1", build_stage1)
     monkeypatch.setattr(demo_speed, "iterate", iterate)
+    monkeypatch.setattr(demo_speed, "prepare_games", lambda: calls.append(("games",)))
     demo_speed.main(["--repeats", "2", "--results-dir", str(tmp_path / "results"), "--work", str(tmp_path / "w")])
-    assert calls == [("stage1", "before"), ("stage1", "now"), ("iter", "before", "/before-model", 0),
-                     ("iter", "now", "/before-model", 0), ("iter", "now", "/before-model", 1),
-                     ("iter", "before", "/before-model", 1)]
+    assert calls[:4] == [("games",), ("stage1", "before"), ("stage1", "default"), ("stage1", "auto")]
+    assert [c[1] for c in calls[4:]] == ["before", "default", "auto", "auto", "default", "before"]
+    assert {c[2] for c in calls[4:]} == {"/before-model"}
     doc = json.loads((tmp_path / "results" / "demo_speed.json").read_text())
     r = doc["results"]
-    assert r["iteration_ratio"] == pytest.approx(0.45) and r["iteration_verdict"] == "missed by 0.05"
-    assert r["stage1_ratio"] == pytest.approx(0.4) and r["stage1_verdict"] == "met"
+    assert r["iteration_ratio"] == pytest.approx({"default": 0.6, "auto": 0.45})
+    assert r["iteration_verdict"] == {"default": "missed by 0.20", "auto": "missed by 0.05"}
+    assert r["stage1_ratio"] == pytest.approx({"default": 0.8, "auto": 0.4})
+    assert r["stage1_verdict"]["auto"] == "met"
     assert "model" not in r["stage1"]["before"]  # a folder of this machine stays out of the file
-    assert doc["config"]["before"] == demo_speed.BEFORE
+    assert doc["config"]["side_settings"] == demo_speed.SIDES
     assert "ratio 0.45 (goal <= 0.4: missed by 0.05)" in capsys.readouterr().out
 
+    # the table the docs show, generated from that file
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import readme_tables
 
-def test_no_stage1_needs_a_model(capsys):
+    from bench.results import load_result
+
+    page = "<!-- results:demo_speed -->\n<!-- /results:demo_speed -->\n"
+    out = readme_tables.render(page, {"demo_speed": load_result(tmp_path / "results" / "demo_speed.json")})
+    assert "| default (the README's command) | 80 s (40 + 40) | 0.80 | 120 s | 60 s | 0.60 |" in out
+    assert "`auto` iteration 0.45x (goal <= 0.4: missed by 0.05), stage 1 0.40x (goal <= 0.5: met)" in out
+
+
+@pytest.mark.parametrize(("argv", "message"), [(["--no-stage1"], "--no-stage1 needs --model"),
+                                               (["--sides", "before"], "at least two different sides"),
+                                               (["--sides", "before,fast"], "unknown side 'fast'")])
+def test_bad_arguments_get_one_line(argv, message, capsys):
     with pytest.raises(SystemExit):
-        demo_speed.main(["--no-stage1"])
-    assert "--no-stage1 needs --model" in capsys.readouterr().err
+        demo_speed.main(argv)
+    assert message in capsys.readouterr().err
