@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--lora-r", type=int, default=8, help="LoRA rank (alpha = 2r, all linear layers); 0: full fine-tuning.")
     ap.add_argument("--opd-coef", type=float, default=0.01)
     ap.add_argument("--layouts", default="trl,shared", help=f"Comma list of {', '.join(LAYOUTS)}.")
-    ap.add_argument("--repeats", type=int, default=1, help="Timed updates per layout (after one untimed warm-up).")
+    ap.add_argument("--repeats", type=int, default=1, help="Timed updates per layout (after one untimed warm-up each).")
     ap.add_argument("--roofline", default=str(ROOT / "docs" / "results" / "roofline.json"))
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--work-dir", default=None, help="TRL's output folder (default: a temporary one, removed).")
@@ -206,9 +206,10 @@ def main(argv: list[str] | None = None) -> None:
               f"collected in {t_collect:.0f} s; the work of every real token {flops / 1e12:.2f} TFLOP", flush=True)
 
         update = Updater(trainer)
-        set_layout(trainer, layouts[-1])  # warm-up: allocations, thread pools (one untimed update)
-        with compute_in(DTYPES[LAYOUTS[layouts[-1]][3]]):
-            update(batch, args.opd_coef)
+        for layout in layouts:  # warm-up, one untimed update per layout: allocations, thread pools, and the
+            set_layout(trainer, layout)  # kernels of its number format (a bf16 warm-up leaves fp32's cold)
+            with compute_in(DTYPES[LAYOUTS[layout][3]]):
+                update(batch, args.opd_coef)
         times: dict[str, list[float]] = {layout: [] for layout in layouts}
         for r in range(args.repeats):
             for layout in (layouts if r % 2 == 0 else layouts[::-1]):
