@@ -30,18 +30,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run as a script: bench/ is on the path
+from bench.children import run_logged, stop_children_on_sigterm  # noqa: E402
 from bench.results import add_results_args, config_of, now, write_result  # noqa: E402
 
 ITERATION_GOAL = 0.4
@@ -81,18 +79,12 @@ def prepare_games() -> None:
 
 
 def run(cmd: list[str], log: Path) -> float:
-    """Run ``cmd`` from the checkout, its output appended to ``log``; its wall seconds. A
-    failure stops the benchmark with one line naming the log; an interrupted benchmark
-    takes the child with it (``subprocess.run`` kills it on any exception while waiting)."""
-    t0 = time.perf_counter()
-    with log.open("a", encoding="utf-8") as f:
-        f.write(f"\n$ {' '.join(cmd)}\n")
-        f.flush()
-        proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT,
-                              env={**os.environ, "PYTHONPATH": str(ROOT)})
-    if proc.returncode != 0:
-        raise SystemExit(f"error: {' '.join(cmd[1:4])} failed (exit {proc.returncode}); see {log}")
-    return time.perf_counter() - t0
+    """Run ``cmd`` (output appended to ``log``); its wall seconds. A failure stops the
+    benchmark with one line naming the log; a stopped benchmark stops the child too."""
+    returncode, wall = run_logged(cmd, log)
+    if returncode != 0:
+        raise SystemExit(f"error: {' '.join(cmd[1:4])} failed (exit {returncode}); see {log}")
+    return wall
 
 
 def build_stage1(side: str, work: Path, log: Path) -> dict[str, Any]:
@@ -210,4 +202,5 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
+    stop_children_on_sigterm()
     main()

@@ -44,12 +44,8 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
-import signal
 import statistics
-import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +53,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run as a script: bench/ and examples/ are on the path
+from bench.children import run_logged, stop_children_on_sigterm  # noqa: E402
 from bench.results import add_results_args, config_of, now, write_result  # noqa: E402
 from bench.stats import compare, seeds_needed  # noqa: E402
 
@@ -134,17 +131,9 @@ def run_one(config: dict[str, Any], out: Path, log: Path) -> float:
     cmd = [sys.executable, "-m", "seed_agents", "train", "--config", str(cfg_path), "--out", str(out)]
     if started:
         cmd.append("--resume")
-    t0 = time.perf_counter()
-    with log.open("a", encoding="utf-8") as f:
-        f.write(f"\n$ {' '.join(cmd)}\n")
-        f.flush()
-        # subprocess.run kills the child on any exception while it waits (Ctrl-C, or SIGTERM
-        # turned into SystemExit by _exit_on_sigterm): a stopped benchmark stops its training run
-        proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT,
-                              env={**os.environ, "PYTHONPATH": str(ROOT)})
-    wall = time.perf_counter() - t0
-    if proc.returncode != 0:
-        raise SystemExit(f"error: training {out.name} failed (exit {proc.returncode}); see {log}; rerun to resume")
+    returncode, wall = run_logged(cmd, log)  # a stopped benchmark stops its training run
+    if returncode != 0:
+        raise SystemExit(f"error: training {out.name} failed (exit {returncode}); see {log}; rerun to resume")
     done.write_text(json.dumps({"config": digest, "wall_s": wall}))
     return wall
 
@@ -465,12 +454,6 @@ def main(argv: list[str] | None = None) -> None:
                  paper=PAPER, labels=LABELS, started_at=started, results_dir=args.results_dir)
 
 
-def _exit_on_sigterm(signum: int, frame: Any) -> None:
-    """SIGTERM (``kill PID``) ends the benchmark as Ctrl-C does, through ``finally``: the
-    training run it started is stopped, not left running without it."""
-    raise SystemExit(128 + signum)
-
-
 if __name__ == "__main__":
-    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    stop_children_on_sigterm()
     main()
