@@ -127,7 +127,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--no-stage1", action="store_true",
                    help="Skip the stage-1 comparison; iterations start from --model instead.")
     p.add_argument("--model", default=None, help="With --no-stage1: the stage-1 model folder the iterations start from.")
-    p.add_argument("--work", type=Path, default=None, help="Working folder (default: a temporary one).")
+    p.add_argument("--work", type=Path, default=None,
+                   help="Working folder (default: a temporary one, removed); a side's stage 1 already built there is "
+                        "reused, with the times recorded when it was built.")
     p.add_argument("--keep", action="store_true", help="Keep the working folder (checkpoints: ~1.5 GB per iteration).")
     p.add_argument("--note", default="", help="What else ran on the machine (it shapes the times).")
     p.add_argument("--build-stage1", metavar="CONFIG", help=argparse.SUPPRESS)  # the child that builds one side

@@ -23,8 +23,8 @@ same weights and optimizer state each time) under each layout, interleaved, side
 Per layout it prints the update time, the tokens it computed (real and padded) and the
 useful matmul work as a fraction of the matmul ceiling of the layout's number format
 from ``bench/roofline.py`` (goal >= 40%, read on the fastest layout). Work counts weight
-matmuls: the body's 2 x params per token forward, the tied LM head only at the completion positions it scores, backward 2x forward for full
-fine-tuning and 1x for LoRA (activation gradients; the adapters' own are negligible);
+matmuls: the body's 2 x params per token forward, the tied LM head only at the completion
+positions it scores, backward 2x forward for full fine-tuning and 1x for LoRA (activation gradients; the adapters' own are negligible);
 attention scores are left out (about +10% at these lengths). "of ceiling" is the work of
 the positions a layout computes (its padding included, checkpointing's recompute not) per
 second: how well the kernels run. "effective" is the work of every real token of every row

@@ -204,10 +204,12 @@ def demo_speed(results: dict[str, Result]) -> list[str]:
     lines = [source_line(r, what), "",
              *table(["path", "stage 1 (collect + SFT)", f"vs {base}", "one iteration", "of which rollouts", f"vs {base}"],
                     rows), ""]
-    verdicts = [f"`{side}` iteration {x['iteration_ratio'][side]:.2f}x "
-                f"({goal_words(x['iteration_ratio'][side], x['iteration_goal'], at_most=True)})"
-                + (f", stage 1 {x['stage1_ratio'][side]:.2f}x ({goal_words(x['stage1_ratio'][side], x['stage1_goal'], at_most=True)})"
-                   if side in x.get("stage1_ratio", {}) else "")
+    def words(kind: str, side: str) -> str:
+        ratio = x[f"{kind}_ratio"][side]
+        return f"{ratio:.2f}x ({goal_words(ratio, x[f'{kind}_goal'], at_most=True)})"
+
+    verdicts = [f"`{side}` iteration {words('iteration', side)}"
+                + (f", stage 1 {words('stage1', side)}" if side in x.get("stage1_ratio", {}) else "")
                 for side in sides[1:]]
     return lines + [f"Against `{base}`: " + "; ".join(verdicts) + "."]
 
@@ -785,7 +787,8 @@ RENDERERS: dict[str, Callable[[dict[str, Result]], list[str]]] = {
     "determinism": determinism, "tool_agent": tool_agent, "continual_demo": continual_demo,
     "continual_demo_atlas": continual_demo_atlas,
     "capture_overhead": capture_overhead, "seed_overhead": seed_overhead, "gateway_overhead": gateway_overhead,
-    "update_memory": update_memory, "demo_speed": demo_speed, "webshop_index": webshop_index, "sample_efficiency": sample_efficiency,
+    "update_memory": update_memory, "demo_speed": demo_speed, "webshop_index": webshop_index,
+    "sample_efficiency": sample_efficiency,
     "skill_usefulness": skill_usefulness, "roofline": roofline, "logprob_gap": logprob_gap,
     "rollout_throughput": rollout_throughput, "atlas_band": atlas_band, "continual_atlas": continual_atlas,
     "update_throughput": update_throughput, "learning_curve": learning_curve, "skill_scoring_speed": skill_scoring_speed,
