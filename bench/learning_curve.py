@@ -402,8 +402,10 @@ def main(argv: list[str] | None = None) -> None:
             run["quoted_answers"] = quoted_answers(args.work / name)
     analysis["quoted_answers"] = {name: run["quoted_answers"] for name, run in sorted(packed.items())
                                   if run.get("quoted_answers")}
-    # one optimizer step per batch: the tokens outside the PPO clip are those the sampler's and the
-    # trainer's log-probs already disagree on by more than the clip (fp32: none; bf16: the rounding gap)
+    # one optimizer step per batch: the tokens outside the PPO clip are those whose recorded old
+    # log-prob and the trainer's already disagree by more than the clip: bf16's rounding gap, and
+    # in any precision tokens sampled under a grammar (their old log-prob is the masked one,
+    # docs/constrained_decoding.md) and guided prefills; not bf16's gap alone
     analysis["clip_frac"] = {name: statistics.fmean(u["clip_frac"] for u in run["metrics"] if "clip_frac" in u)
                              for name, run in sorted(packed.items()) if any("clip_frac" in u for u in run["metrics"])}
     analysis["zero_variance_series"] = {
