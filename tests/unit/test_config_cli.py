@@ -284,3 +284,14 @@ def test_importing_the_package_loads_no_trainer_env_or_prebuilt_agent():
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert loaded.returncode == 0, loaded.stderr
     assert loaded.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("reuse", [True, False])
+def test_build_policy_gives_the_local_backend_the_kv_reuse_asked_for(tmp_path, tiny_model_dir, reuse):
+    """`backend.reuse_kv false` reaches the backend `train` samples from: no shared prefix, no turn cache."""
+    pytest.importorskip("trl")
+    from seed_agents.app.policy import build_policy
+
+    cfg = TrainConfig.model_validate({"backend": {"model": tiny_model_dir, "reuse_kv": reuse}, "stage1": {"run": "off"}})
+    backend = build_policy(cfg, tmp_path / "run").backend
+    assert backend.share_prefix is reuse and (backend.turn_cache.max_bytes > 0) is reuse
