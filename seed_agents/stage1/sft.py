@@ -3,7 +3,8 @@
 Stage 1 of SEED fine-tunes the policy on (analyzer prompt -> skill JSON) pairs written by
 a stronger analyzer, so that in stage 2 the policy's own greedy analysis parses and says
 something useful. This is TRL's ``SFTTrainer`` on a conversational prompt-completion
-dataset with the loss on the completion only; the output folder is a plain Hugging Face
+dataset with the loss on the completion only (``CompletionOnlySFTTrainer``: the LM head
+meets the completion tokens only); the output folder is a plain Hugging Face
 model (a LoRA adapter is merged into the weights) that ``seed-agents train`` takes as
 ``backend.model``.
 
@@ -188,7 +189,9 @@ def run_sft(cfg: SFTRunConfig, *, overwrite: bool = False) -> dict[str, Any]:
     import datasets
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback
-    from trl import SFTConfig, SFTTrainer
+    from trl import SFTConfig
+
+    from seed_agents.trainers.completion_sft import CompletionOnlySFTTrainer
 
     from seed_agents.models import check_model_folder, resolve_model
     from seed_agents.precision import resolve_precision
@@ -241,7 +244,7 @@ def run_sft(cfg: SFTRunConfig, *, overwrite: bool = False) -> dict[str, Any]:
         bars = datasets.is_progress_bar_enabled()
         datasets.disable_progress_bars()  # TRL's map() steps would print eight bars per run
         try:
-            trainer = SFTTrainer(model=model, args=args, processing_class=tokenizer, peft_config=peft_config,
+            trainer = CompletionOnlySFTTrainer(model=model, args=args, processing_class=tokenizer, peft_config=peft_config,
                                  train_dataset=datasets.Dataset.from_list(to_dataset_rows(train)),
                                  eval_dataset=datasets.Dataset.from_list(to_dataset_rows(heldout)))
             trainer.remove_callback(PrinterCallback)
