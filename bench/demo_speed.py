@@ -5,7 +5,8 @@ full fine-tuning, stage 1 first) is run on up to three paths, side by side in on
 
 - ``before``: every prompt computed whole (``backend.reuse_kv false``: no shared batch
   prefix, no per-episode turn cache), TRL's padded update layout (``trainer.chunk_tokens 0``,
-  ``trainer.share_prefix false``), fp32 everywhere;
+  ``trainer.share_prefix false``), TRL's SFT head over every position in stage 1
+  (``stage1.completion_head false``), fp32 everywhere;
 - ``default``: the README's first command as it is (fp32, every reuse on);
 - ``auto``: the same with ``--backend.precision auto`` (bf16 where the CPU has bf16
   instructions, as `train` prints; stage 1's rollouts and SFT included).
@@ -20,8 +21,9 @@ train the same workload; with ``--repeats`` above 1 their order reverses every r
 time is ``time/step_s + time/sync_s`` from the run's metrics.jsonl (rollouts, hindsight
 skills, scoring, loss, backward, optimizer step, weight sync; model loading and start-up
 are not in it and are printed apart). Goals (issue 21): an iteration at most 0.4x and stage 1
-at most 0.5x of the path before, read for each side against ``before``. Writes ``docs/results/demo_speed.json``; everything it
-trained is deleted at the end (``--keep`` keeps it).
+at most 0.5x of the path before, read for each side against ``before``. Writes ``docs/results/demo_speed.json``
+(``--result-name`` another name: a run on other hardware keeps its own file); everything it trained is deleted at the
+end (``--keep`` keeps it).
 
     .venv/bin/python bench/demo_speed.py --note "nothing else ran"
 """
@@ -46,7 +48,8 @@ ITERATION_GOAL = 0.4
 STAGE1_GOAL = 0.5
 #: side -> the settings it changes from the embedded demo
 SIDES: dict[str, dict[str, Any]] = {
-    "before": {"backend": {"precision": "float32", "reuse_kv": False}, "trainer": {"chunk_tokens": 0, "share_prefix": False}},
+    "before": {"backend": {"precision": "float32", "reuse_kv": False}, "trainer": {"chunk_tokens": 0, "share_prefix": False},
+               "stage1": {"completion_head": False}},
     "default": {},
     "auto": {"backend": {"precision": "auto"}},
 }
@@ -132,6 +135,8 @@ def main(argv: list[str] | None = None) -> None:
                         "reused, with the times recorded when it was built.")
     p.add_argument("--keep", action="store_true", help="Keep the working folder (checkpoints: ~1.5 GB per iteration).")
     p.add_argument("--note", default="", help="What else ran on the machine (it shapes the times).")
+    p.add_argument("--result-name", default="demo_speed",
+                   help="Name of the result file (default demo_speed; e.g. demo_speed_avx2 for a run on other hardware).")
     p.add_argument("--build-stage1", metavar="CONFIG", help=argparse.SUPPRESS)  # the child that builds one side
     add_results_args(p)
     args = p.parse_args(argv)
@@ -148,6 +153,8 @@ def main(argv: list[str] | None = None) -> None:
         p.error("--sides needs at least two different sides")
     if args.repeats < 1:
         p.error("--repeats must be at least 1")
+    if not args.result_name.replace("_", "").replace("-", "").isalnum():
+        p.error("--result-name: letters, digits, '-' and '_' only")
     if args.no_stage1 and not args.model:
         p.error("--no-stage1 needs --model (a stage-1 model folder)")
     started = now()
@@ -198,8 +205,9 @@ def main(argv: list[str] | None = None) -> None:
             extra = "" if side == base else (f", ratio {s_ratios[side]:.2f} (goal <= {STAGE1_GOAL}: "
                                              f"{results['stage1_verdict'][side]})")
             print(f"  {side:<8} {stage1[side]['stage1_s']:>6.0f} s{extra}")
-    config = {k: v for k, v in config_of(args).items() if k not in ("work", "keep", "build_stage1", "model")}
-    write_result("demo_speed", {**config, "side_settings": {side: SIDES[side] for side in sides}}, results,
+    config = {k: v for k, v in config_of(args).items()
+              if k not in ("work", "keep", "build_stage1", "model", "result_name")}
+    write_result(args.result_name, {**config, "side_settings": {side: SIDES[side] for side in sides}}, results,
                  started_at=started, results_dir=args.results_dir)
 
 

@@ -180,13 +180,13 @@ def update_memory(results: dict[str, Result]) -> list[str]:
             *table(["gradient checkpointing", "peak RSS", "update time"], rows)]
 
 
-def demo_speed(results: dict[str, Result]) -> list[str]:
+def demo_speed(results: dict[str, Result], name: str = "demo_speed") -> list[str]:
     """The README's first command on each path: stage 1 and one iteration, against the first side."""
-    r = one(results, "demo_speed")
+    r = one(results, name)
     c, x = r.config, r.results
     sides = [s for s in c["sides"].split(",") if s in x["iteration_s"]]
     base = sides[0]
-    names = {"before": "before (fp32, every prompt whole, TRL's padded update)", "default": "default (the README's command)",
+    names = {"before": "before (fp32, every prompt whole, TRL's padded update and SFT head)", "default": "default (the README's command)",
              "auto": "`--backend.precision auto`"}
     stage1 = x.get("stage1", {})
     rows = []
@@ -797,7 +797,8 @@ RENDERERS: dict[str, Callable[[dict[str, Result]], list[str]]] = {
 #: Benchmarks that write variants under another name (``--result-name NAME_variant``): a
 #: marker ``results:NAME_variant`` renders that file with its family's table.
 FAMILIES: dict[str, Callable[[dict[str, Result], str], list[str]]] = {
-    "learning_curve": learning_curve, "atlas_band": atlas_band, "update_throughput": update_throughput}
+    "learning_curve": learning_curve, "atlas_band": atlas_band, "update_throughput": update_throughput,
+    "demo_speed": demo_speed}
 
 
 def renderer(name: str) -> Callable[[dict[str, Result]], list[str]] | None:

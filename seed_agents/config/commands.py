@@ -131,6 +131,7 @@ class Stage1Config(BaseModel):
     epochs: float = Field(3.0, gt=0, description="SFT epochs over the valid examples.")
     learning_rate: float = Field(5e-5, gt=0, description="SFT learning rate.")
     lora_r: int | None = Field(None, ge=1, description="SFT a LoRA adapter (merged into the saved model).")
+    completion_head: bool = Field(True, description="The SFT applies the LM head to the completion tokens only (the same loss, ~0.6x the step time); false: TRL's head over every position, the path before.")
     cache_dir: Path | None = Field(None, description="Where stage-1 models are cached (default: $SEED_AGENTS_CACHE/stage1).")
 
 

@@ -23,8 +23,9 @@ from seed_agents.config import TrainConfig
 from seed_agents.envs import EnvSuite
 from seed_agents.models import cache_dir
 
-STAGE1_RECIPE = 2  # bump when the recipe changes in a way the settings below do not show
-# (2: the offline analyzer's failure rules stopped quoting the failed commands)
+STAGE1_RECIPE = 3  # bump when the recipe changes in a way the settings below do not show
+# (2: the offline analyzer's failure rules stopped quoting the failed commands; 3: the SFT's loss
+# sums over the completion rows only, the same loss in another rounding order)
 
 
 def applies(cfg: TrainConfig, suite: EnvSuite | None = None) -> tuple[bool, str]:
@@ -76,6 +77,8 @@ def cache_key(cfg: TrainConfig, base: str) -> str:
         settings["precision"] = str(dtype).removeprefix("torch.")
     if not cfg.backend.reuse_kv:
         settings["reuse_kv"] = False
+    if not s.completion_head:  # TRL's head (the path before): the same loss, another rounding
+        settings["completion_head"] = False
     return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
@@ -136,6 +139,7 @@ def build(cfg: TrainConfig, base: str, root: Path, suite: EnvSuite | None = None
         "epochs": s.epochs, "learning_rate": s.learning_rate, "lora_r": s.lora_r, "seed": s.seed,
         # the parse check generates under the same budget the analyzer gets in training
         "eval_max_tokens": cfg.skills.max_tokens, "max_eval_examples": 8, "precision": cfg.backend.precision,
+        "completion_head": s.completion_head,
     })
     trained = run_sft(sft)
     return {"collect": collected, "sft": trained}

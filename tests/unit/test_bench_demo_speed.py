@@ -21,10 +21,11 @@ def test_the_before_side_switches_off_every_reuse_and_the_others_keep_the_demo()
     assert (before.backend.precision, before.backend.reuse_kv) == ("float32", False)
     assert (before.trainer.chunk_tokens, before.trainer.share_prefix) == (0, False)
     demo = TrainConfig()
+    assert before.stage1.completion_head is False and demo.stage1.completion_head is True
     assert cfg["default"] == demo  # the README's first command
     assert cfg["auto"] == demo.model_copy(update={"backend": demo.backend.model_copy(update={"precision": "auto"})})
     # nothing else differs from the embedded demo
-    assert before.model_copy(update={"backend": demo.backend, "trainer": demo.trainer}) == demo
+    assert before.model_copy(update={"backend": demo.backend, "trainer": demo.trainer, "stage1": demo.stage1}) == demo
 
 
 def test_iterations_start_from_one_model_and_the_ratios_read_against_the_goals(tmp_path, monkeypatch, capsys):

@@ -97,7 +97,8 @@ def test_cache_key_changes_with_every_setting_that_changes_the_model():
     assert base == cache_key(TrainConfig(iterations=50, trainer={"learning_rate": 1e-3}), "/m")  # RL settings don't matter
     for over in [{"stage1": {"epochs": 1}}, {"stage1": {"num_tasks": 3}}, {"stage1": {"temperature": 1.0}},
                  {"stage1": {"lora_r": 8}}, {"stage1": {"seed": 1}}, {"agent": {"max_turns": 5}}, {"sampling": {"max_tokens": 8}},
-                 {"env_options": {"x": 1}}, {"backend": {"precision": "bfloat16"}}, {"backend": {"reuse_kv": False}}]:
+                 {"env_options": {"x": 1}}, {"backend": {"precision": "bfloat16"}}, {"backend": {"reuse_kv": False}},
+                 {"stage1": {"completion_head": False}}]:
         assert cache_key(TrainConfig.model_validate(over), "/m") != base, over
     assert cache_key(TrainConfig(), "/other") != base
     # `auto` is keyed by what it resolves to: bf16's model where the CPU has it, fp32's elsewhere
