@@ -117,3 +117,19 @@ def test_suite_defaults_fill_only_what_the_user_left_unset():
     given = AgentConfig(max_turns=7)
     assert with_suite_defaults(given, defaults, {"max_turns"}).max_turns == 7
     assert with_suite_defaults(given, None, set()) is given
+
+
+
+def test_build_passes_the_runs_format_and_sft_head_to_collect_and_sft(tmp_path, monkeypatch):
+    from seed_agents.stage1 import auto, collect, sft
+
+    seen = []
+    monkeypatch.setattr(collect, "run_collect", lambda cfg, suite=None: seen.append(cfg) or {})
+    monkeypatch.setattr(sft, "run_sft", lambda cfg: seen.append(cfg) or {})
+    auto.build(TrainConfig.model_validate({"backend": {"precision": "bfloat16", "reuse_kv": False},
+                                           "stage1": {"completion_head": False}}), "/m", tmp_path)
+    auto.build(TrainConfig(), "/m", tmp_path)
+    collected, trained, _, default = seen
+    assert (collected.backend.precision, collected.backend.reuse_kv) == ("bfloat16", False)
+    assert (trained.precision, trained.completion_head) == ("bfloat16", False)
+    assert (default.precision, default.completion_head) == ("float32", True)
