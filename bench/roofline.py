@@ -46,9 +46,10 @@ SMOLLM2 = {"params": 134_515_008, "hidden": 576, "intermediate": 1536, "layers":
 DECODE_BATCHES = (1, 4, 8, 16, 32)
 
 
-def timed(fn: Callable[[], Any], repeats: int, min_s: float = 0.3) -> list[float]:
+def timed(fn: Callable[[], Any], repeats: int, min_s: float = 0.3, warm_up: bool = True) -> list[float]:
     """Seconds per call, ``repeats`` samples, each averaged over enough calls to last ``min_s``."""
-    fn()  # warm-up: oneDNN picks and caches its kernel on the first call
+    if warm_up:
+        fn()  # oneDNN picks and caches its kernel on the first call
     samples = []
     for _ in range(repeats):
         n, t0 = 0, time.perf_counter()
@@ -62,10 +63,10 @@ def timed(fn: Callable[[], Any], repeats: int, min_s: float = 0.3) -> list[float
     return samples
 
 
-def matmul_gflops(m: int, k: int, n: int, dtype: torch.dtype, repeats: int) -> dict[str, float]:
+def matmul_gflops(m: int, k: int, n: int, dtype: torch.dtype, repeats: int, warm_up: bool = True) -> dict[str, float]:
     a = torch.randn(m, k).to(dtype)
     b = torch.randn(k, n).to(dtype)
-    secs = timed(lambda: torch.matmul(a, b), repeats)
+    secs = timed(lambda: torch.matmul(a, b), repeats, warm_up=warm_up)
     flops = 2 * m * k * n
     return {"best": flops / min(secs) / 1e9, "median": flops / statistics.median(secs) / 1e9}
 
@@ -109,10 +110,17 @@ def main(argv: list[str] | None = None) -> int:
     h, i = SMOLLM2["hidden"], SMOLLM2["intermediate"]
     shapes = {"square_2048": (2048, 2048, 2048), "mlp_decode_8": (8, h, i), "mlp_prefill_2048": (2048, h, i)}
     matmul: dict[str, dict[str, dict[str, float]]] = {}
+    # Without bf16 instructions torch emulates bf16 matmuls at ~1 GFLOP/s a core (36x under
+    # fp32 on an AVX2 machine): five warm samples of the square product would take many
+    # minutes to say only that. One cold sample per shape says it as well.
+    emulated = not {"avx512_bf16", "amx_bf16"} & set(flags)
+    if emulated:
+        print("bf16: emulated on this CPU (no avx512_bf16 or amx_bf16): one cold sample per shape", flush=True)
     for dtype_name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
         matmul[dtype_name] = {}
+        slow = emulated and dtype == torch.bfloat16
         for shape_name, (m, k, n) in shapes.items():
-            matmul[dtype_name][shape_name] = matmul_gflops(m, k, n, dtype, args.repeats)
+            matmul[dtype_name][shape_name] = matmul_gflops(m, k, n, dtype, 1 if slow else args.repeats, warm_up=not slow)
             print(f"matmul {dtype_name} {shape_name} {m}x{k}x{n}: {matmul[dtype_name][shape_name]['best']:.1f} "
                   f"GFLOP/s best, {matmul[dtype_name][shape_name]['median']:.1f} median", flush=True)
     bandwidth = copy_gbps(args.copy_mb, args.repeats)
@@ -124,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     bound = ceilings(peak, bandwidth["best"], SMOLLM2["params"])
     results = {"threads": threads, "cpu_flags": bench_results.ceiling_flags(),
                "cpu_capability": torch.backends.cpu.get_cpu_capability(), "matmul_gflops": matmul,
-               "copy_gbps": bandwidth, "model": SMOLLM2, "ceilings": bound, "note": args.note}
+               "copy_gbps": bandwidth, "model": SMOLLM2, "ceilings": bound, "bf16_emulated": emulated, "note": args.note}
     bench_results.write_result("roofline", bench_results.config_of(args), results, started_at=started,
                                results_dir=args.results_dir)
     print()
