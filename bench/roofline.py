@@ -132,7 +132,8 @@ def main(argv: list[str] | None = None) -> int:
     bound = ceilings(peak, bandwidth["best"], SMOLLM2["params"])
     results = {"threads": threads, "cpu_flags": bench_results.ceiling_flags(),
                "cpu_capability": torch.backends.cpu.get_cpu_capability(), "matmul_gflops": matmul,
-               "copy_gbps": bandwidth, "model": SMOLLM2, "ceilings": bound, "bf16_emulated": emulated, "note": args.note}
+               "copy_gbps": bandwidth, "model": SMOLLM2, "ceilings": bound, "bf16_emulated": emulated,
+               "note": args.note}
     bench_results.write_result("roofline", bench_results.config_of(args), results, started_at=started,
                                results_dir=args.results_dir)
     print()

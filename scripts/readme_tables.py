@@ -186,8 +186,8 @@ def demo_speed(results: dict[str, Result], name: str = "demo_speed") -> list[str
     c, x = r.config, r.results
     sides = [s for s in c["sides"].split(",") if s in x["iteration_s"]]
     base = sides[0]
-    names = {"before": "before (fp32, every prompt whole, TRL's padded update and SFT head)", "default": "default (the README's command)",
-             "auto": "`--backend.precision auto`"}
+    names = {"before": "before (fp32, every prompt whole, TRL's padded update and SFT head)",
+             "default": "default (the README's command)", "auto": "`--backend.precision auto`"}
     stage1 = x.get("stage1", {})
     rows = []
     for side in sides:

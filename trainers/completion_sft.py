@@ -49,7 +49,8 @@ class CompletionOnlySFTTrainer(SFTTrainer):
         if hasattr(lm, "get_base_model"):  # a PEFT model: the LoRA layers sit inside the base model's modules
             lm = lm.get_base_model()
         text = lm.config.get_text_config()
-        if return_outputs or self.aux_loss_enabled or "shift_labels" in inputs or any(getattr(text, k, None) is not None for k in _SCALED):
+        scaled = any(getattr(text, k, None) is not None for k in _SCALED)
+        if return_outputs or self.aux_loss_enabled or "shift_labels" in inputs or scaled:
             return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
         kwargs = {k: v for k, v in inputs.items() if k not in ("labels", "use_cache")}
         hidden = lm.get_decoder()(**kwargs, use_cache=False).last_hidden_state
