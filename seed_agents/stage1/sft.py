@@ -195,7 +195,7 @@ def run_sft(cfg: SFTRunConfig, *, overwrite: bool = False) -> dict[str, Any]:
     from seed_agents.models import check_model_folder, resolve_model
     from seed_agents.precision import resolve_precision
     from seed_agents.preflight import check_out, replace_run
-    from seed_agents.trainers.completion_sft import CompletionOnlySFTTrainer
+    from seed_agents.stage1.completion_sft import CompletionOnlySFTTrainer
 
     # -- checks: nothing in --out is written or moved until the examples and the model are good
     t0 = time.perf_counter()

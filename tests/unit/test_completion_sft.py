@@ -7,7 +7,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import SFTConfig, SFTTrainer
 
-from seed_agents.trainers.completion_sft import CompletionOnlySFTTrainer, completion_nll
+from seed_agents.stage1.completion_sft import CompletionOnlySFTTrainer, completion_nll
 
 
 def rows(n=6):
