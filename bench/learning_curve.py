@@ -7,7 +7,12 @@ periodic held-out evaluation), so the curve is the product's, not a re-implement
 
 - ``grpo``: ``skills.source none`` (outcome RL only);
 - ``seed``: the policy writes its own hindsight skills and the gated distillation term is on
-  (the paper's lambda).
+  (the paper's lambda);
+- ``seed-oracle``: SEED whose skills name the call the task needed, with its arguments, read
+  from the task manifest (``bench.atlas_skills:OracleSkills`` as ``skills.chat_model``): not a
+  method (no analyzer in training has the manifest) but the bound on what the distillation
+  term can do at this scale with a skill the model can copy (its margin: +0.11 nat/token,
+  docs/results/atlas_skills.json).
 
 Every ``--eval-every`` updates (and before the first) the whole held-out set is played
 greedily (disjoint places: a gain is a gain in using the tools, not a remembered fact) and
@@ -57,7 +62,8 @@ from bench.children import run_logged, stop_children_on_sigterm  # noqa: E402
 from bench.results import add_results_args, config_of, now, write_result  # noqa: E402
 from bench.stats import compare, seeds_needed  # noqa: E402
 
-METHODS = ("grpo", "seed")
+METHODS = ("grpo", "seed", "seed-oracle")
+ORACLE = {"source": "external", "chat_model": "bench.atlas_skills:OracleSkills", "chat_model_kwargs": {"style": "specific"}}
 LEVELS = ("parsed", "right_calls", "right_answer")
 MIN_SEEDS = 3  # the CI is over seeds as well as held-out tasks
 AGENT_MAX_TURNS = 4  # examples.atlas_tasks.build_agent's default; `train` builds the graph with it
@@ -99,9 +105,10 @@ def train_config(args: argparse.Namespace, method: str, seed: int, tasks: Path, 
                     **({"precision": args.precision} if args.precision != "float32" else {})},
         "sampling": {"max_tokens": args.max_tokens, "temperature": args.temperature},
         "runner": {"group_size": args.group, "concurrency": args.tasks_per_update * args.group, "progress": False},
-        "skills": {"source": "self" if method == "seed" else "none", "max_tokens": args.skill_tokens},
+        "skills": {**(ORACLE if method == "seed-oracle" else {"source": "self" if method == "seed" else "none"}),
+                   "max_tokens": args.skill_tokens},
         "trainer": {"learning_rate": args.lr, "lora_r": args.lora_r, "lora_alpha": 2 * args.lora_r,
-                    "opd_coef": COEF.lam if method == "seed" else 0.0, "kl_coef": args.kl_coef,
+                    "opd_coef": 0.0 if method == "grpo" else COEF.lam, "kl_coef": args.kl_coef,
                     # only when on: runs without it keep the digests (and stored runs) they had
                     **({"guide_share": args.guide_share} if args.guide_share else {}),
                     **({"lr_schedule": args.lr_schedule} if args.lr_schedule != "linear" else {})},
@@ -275,10 +282,11 @@ def analyse(runs: dict[str, dict[int, dict[str, Any]]]) -> dict[str, Any]:
             "training_success": statistics.fmean(m["success_rate"] for m in metrics) if metrics else None,
             "updates": len(metrics),
         }
-    if {"grpo", "seed"} <= finals.keys():
-        p = compare(finals["seed"], finals["grpo"])
-        out["seed_minus_grpo"] = {"n": p.n, "mean": p.mean, "ci": p.ci, "seeds_needed": p.seeds_needed,
-                                  "higher": p.higher, "lower": p.lower, "equal": p.equal}
+    for method in (m for m in METHODS if m != "grpo" and {m, "grpo"} <= finals.keys()):
+        p = compare(finals[method], finals["grpo"])
+        out[f"{method.replace('-', '_')}_minus_grpo"] = {
+            "n": p.n, "mean": p.mean, "ci": p.ci, "seeds_needed": p.seeds_needed,
+            "higher": p.higher, "lower": p.lower, "equal": p.equal}
     grpo = out["methods"].get("grpo", {})
     ci = grpo.get("gain_ci")
     seeds = len(grpo.get("gain_per_seed", {}))
@@ -324,7 +332,8 @@ def plot(analysis: dict[str, Any], path: Path, title: str) -> None:
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="smollm2-135m")
-    p.add_argument("--methods", default=",".join(METHODS), help=f"Comma list of {', '.join(METHODS)}.")
+    p.add_argument("--methods", default="grpo,seed",
+                   help=f"Comma list of {', '.join(METHODS)} (seed-oracle: the bound with manifest-written skills).")
     p.add_argument("--seeds", default="0,1,2", help="Comma list of seeds (each method runs every seed).")
     p.add_argument("--level", type=int, default=0, help="Atlas level (0: one lookup; docs/results/atlas_band.json).")
     p.add_argument("--first-turn", choices=["forced", "auto"], default="forced")
@@ -433,11 +442,13 @@ def main(argv: list[str] | None = None) -> None:
               f"{last['parsed']:.3f}); gain {m['gain']:+.3f}, 95% CI "
               f"{'-' if ci is None else f'[{ci[0]:+.3f}, {ci[1]:+.3f}]'}; training success {m['training_success']:.3f}; "
               f"zero-variance groups {'-' if m['zero_variance_groups'] is None else format(m['zero_variance_groups'], '.3f')}")
-    d = analysis.get("seed_minus_grpo")
-    if d:
-        ci = d["ci"]
-        print(f"SEED - GRPO (final held-out, paired by seed, n={d['n']}): {d['mean']:+.3f}, 95% CI "
-              f"{'-' if ci is None else f'[{ci[0]:+.3f}, {ci[1]:+.3f}]'}; a paired test needs {d['seeds_needed'] or '-'} seeds")
+    for method in METHODS[1:]:
+        d = analysis.get(f"{method.replace('-', '_')}_minus_grpo")
+        if d:
+            ci = d["ci"]
+            print(f"{method.upper()} - GRPO (final held-out, paired by seed, n={d['n']}): {d['mean']:+.3f}, 95% CI "
+                  f"{'-' if ci is None else f'[{ci[0]:+.3f}, {ci[1]:+.3f}]'}; a paired test needs "
+                  f"{d['seeds_needed'] or '-'} seeds")
     for name, shares in analysis["quoted_answers"].items():
         print(f"{name}: final held-out answers that copy a tool's response whole, per evaluation: "
               + ", ".join(f"update {u} {v:.2f}" for u, v in shares.items()))

@@ -209,15 +209,24 @@ def load_roofline(path: Path | str | None = None) -> Result:
     """The roofline a benchmark reads its ceilings from, refused (``RooflineMismatch``, one
     line) when it is missing or was measured on a CPU with other ceiling features than this
     one: every fraction printed against it would be wrong (an AVX2 ceiling read on an
-    AVX-512 machine inflated the update's share from 37% to 57% once)."""
-    path = Path(path) if path is not None else RESULTS_DIR / "roofline.json"
+    AVX-512 machine inflated the update's share from 37% to 57% once). Without ``path``:
+    the ``roofline*.json`` in docs/results measured on a CPU like this one (``roofline.json``
+    first; ``bench/roofline.py --result-name roofline_<machine>`` keeps another's beside it)."""
+    here = ceiling_flags()
+    if path is None:
+        found = sorted(RESULTS_DIR.glob("roofline*.json"), key=lambda p: p.stem != "roofline")
+        match = [r for r in map(load_result, found) if r.results.get("cpu_flags") == here]
+        if match:
+            return match[0]
+        path = RESULTS_DIR / "roofline.json"
+    path = Path(path)
     if not path.exists():
         raise RooflineMismatch(f"{path.name} not found: run bench/roofline.py on this machine first")
     roofline = load_result(path)
-    here = ceiling_flags()
     if roofline.results["cpu_flags"] != here:
         raise RooflineMismatch(f"{path.name} was measured on a CPU with {roofline.results['cpu_flags']}, this one has "
-                               f"{here}: run bench/roofline.py here first")
+                               f"{here}: run bench/roofline.py here first (--result-name roofline_<machine> keeps "
+                               f"both)")
     return roofline
 
 

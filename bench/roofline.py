@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import statistics
 import sys
 import time
@@ -98,8 +99,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--copy-mb", type=int, default=256, help="Size of the tensor the bandwidth copy moves.")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: the CPUs this process may use).")
     parser.add_argument("--note", default="", help="What else ran on the machine (written into the result).")
+    parser.add_argument("--result-name", default="roofline",
+                        help="roofline_<machine> keeps another CPU's ceilings beside roofline.json; benchmarks and "
+                             "tables read the roofline*.json measured on a CPU like theirs.")
     bench_results.add_results_args(parser)
     args = parser.parse_args(argv)
+    if args.result_name != "roofline" and not re.fullmatch(r"roofline_[a-z0-9_]+", args.result_name):
+        parser.error("--result-name: roofline or roofline_<lowercase letters, digits, _>")
     started = bench_results.now()
     threads = args.threads or len(os.sched_getaffinity(0))
     torch.set_num_threads(threads)
@@ -134,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
                "cpu_capability": torch.backends.cpu.get_cpu_capability(), "matmul_gflops": matmul,
                "copy_gbps": bandwidth, "model": SMOLLM2, "ceilings": bound, "bf16_emulated": emulated,
                "note": args.note}
-    bench_results.write_result("roofline", bench_results.config_of(args), results, started_at=started,
+    bench_results.write_result(args.result_name, bench_results.config_of(args), results, started_at=started,
                                results_dir=args.results_dir)
     print()
     print("| dtype | matmul GFLOP/s (SmolLM2 MLP, 2048 rows) | decode tok/s ceiling, batch 1 / 8 / 32 | prefill tok/s | train tok/s |")

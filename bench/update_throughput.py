@@ -157,7 +157,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--opd-coef", type=float, default=0.01)
     ap.add_argument("--layouts", default="trl,shared", help=f"Comma list of {', '.join(LAYOUTS)}.")
     ap.add_argument("--repeats", type=int, default=1, help="Timed updates per layout (after one untimed warm-up each).")
-    ap.add_argument("--roofline", default=str(ROOT / "docs" / "results" / "roofline.json"))
+    ap.add_argument("--roofline", default=None,
+                    help="The ceilings' file (default: the docs/results/roofline*.json measured on a CPU like this one).")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--work-dir", default=None, help="TRL's output folder (default: a temporary one, removed).")
     ap.add_argument("--note", default="", help="What else ran on the machine (it shapes the times).")

@@ -78,15 +78,20 @@ def one(results: dict[str, Result], name: str) -> Result:
 
 
 def roofline_for(results: dict[str, Result], r: Result) -> Result:
-    """The roofline a run's fractions are read against: docs/results/roofline.json, refused
-    when the run recorded a CPU with other ceiling features (results written before the
-    runs recorded their flags are read as they are)."""
+    """The roofline a run's fractions are read against: the ``roofline*.json`` measured on a
+    CPU with the run's ceiling features (``roofline.json`` first; another machine's is kept as
+    ``roofline_<machine>.json``), refused when none was (results written before the runs
+    recorded their flags are read against roofline.json as they are)."""
     roof = one(results, "roofline")
     flags = r.machine.get("cpu_flags")
-    if flags is not None and flags != roof.results["cpu_flags"]:
+    if flags is None or flags == roof.results["cpu_flags"]:
+        return roof
+    same = [v for n, v in sorted(results.items()) if n.startswith("roofline_") and v.results.get("cpu_flags") == flags]
+    if not same:
         raise TablesError(f"{r.name} ran on a CPU with {flags}, roofline.json was measured on one with "
-                          f"{roof.results['cpu_flags']}: re-run one of them on the other's machine")
-    return roof
+                          f"{roof.results['cpu_flags']}: measure that CPU's (bench/roofline.py --result-name "
+                          f"roofline_<machine>) or re-run {r.name} on roofline.json's machine")
+    return same[0]
 
 
 # -- one renderer per table ---------------------------------------------------------------
@@ -478,8 +483,8 @@ def _continual_demo_body(r: Result) -> list[str]:
     return out
 
 
-def roofline(results: dict[str, Result]) -> list[str]:
-    r = one(results, "roofline")
+def roofline(results: dict[str, Result], name: str = "roofline") -> list[str]:
+    r = one(results, name)
     x = r.results
     flags = ", ".join(x["cpu_flags"]) or "none of avx2/avx512/amx"
     what = (f"{x['threads']} threads, torch kernels {x['cpu_capability']} (flags: {flags})"
@@ -684,10 +689,12 @@ def learning_curve(results: dict[str, Result], name: str = "learning_curve") -> 
                         f"{run} {shares[min(shares, key=int)]:.2f} -> {shares[max(shares, key=int)]:.2f}"
                         for run, shares in quoted.items()) + "."]
     out += against_nearest_curve(results, name)
-    d = x.get("seed_minus_grpo")
-    if d:
-        out += ["", f"SEED - GRPO, final held-out answer success paired by seed (n={d['n']}): {f(d['mean'], '+.3f')}, "
-                    f"95% CI {ci(d['ci'])}; a paired test would need {d['seeds_needed'] or '-'} seeds."]
+    for key, label in (("seed_minus_grpo", "SEED"), ("seed_oracle_minus_grpo", "SEED with oracle skills (seed-oracle)")):
+        d = x.get(key)
+        if d:
+            out += ["", f"{label} - GRPO, final held-out answer success paired by seed (n={d['n']}): "
+                        f"{f(d['mean'], '+.3f')}, 95% CI {ci(d['ci'])}; a paired test would need "
+                        f"{d['seeds_needed'] or '-'} seeds."]
     if "grpo" in x["methods"]:
         out += ["", f"Goal (GRPO held-out gain >= +{x['goal']['gain_at_least']:.2f}, 95% CI over seeds and tasks "
                     f"excluding 0): **{x['goal']['verdict']}**."]
@@ -798,7 +805,7 @@ RENDERERS: dict[str, Callable[[dict[str, Result]], list[str]]] = {
 #: marker ``results:NAME_variant`` renders that file with its family's table.
 FAMILIES: dict[str, Callable[[dict[str, Result], str], list[str]]] = {
     "learning_curve": learning_curve, "atlas_band": atlas_band, "update_throughput": update_throughput,
-    "demo_speed": demo_speed}
+    "demo_speed": demo_speed, "roofline": roofline}
 
 
 def renderer(name: str) -> Callable[[dict[str, Result]], list[str]] | None:

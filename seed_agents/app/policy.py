@@ -88,6 +88,14 @@ def build_analyzer(cfg: TrainConfig, policy: Policy, suite: Any = None) -> Any:
         return offline
     if skills.source not in ("external", "frozen"):
         return policy.llm
+    if skills.chat_model is not None:
+        from seed_agents.stage1.analyzers import LangChainAnalyzer
+
+        try:
+            return LangChainAnalyzer.from_spec(skills.chat_model, skills.chat_model_kwargs,
+                                               max_concurrency=cfg.runner.concurrency)
+        except (ValueError, TypeError) as e:  # a bad import path or arguments: the user's config
+            raise ConfigError(f"skills.chat_model: {e}") from None
     if skills.analyzer is not None:
         return open_chat_model(skills.analyzer, model_name="analyzer")
     frozen = LocalBackend(policy.weights, max_batch_size=cfg.backend.max_batch_size)  # a copy of the initial policy

@@ -57,6 +57,18 @@ class SkillConfig(BaseModel):
     max_words: int = Field(120, ge=5, description="Longer skills are rejected.")
     max_tokens: int = Field(256, ge=16, le=8192, description="Analyzer completion budget.")
     analyzer: BackendConfig | None = Field(None, description="Backend of the external/frozen analyzer (default: a local copy of the initial policy).")
+    chat_model: str | None = Field(None, description="external: import path 'pkg.module:ChatModelOrFactory' of a LangChain chat model that writes the skills instead of a served model (a hosted API model; a scripted one for an ablation, e.g. bench.atlas_skills:OracleSkills), paced and retried like stage 1's langchain analyzers.")
+    chat_model_kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments for chat_model.")
+
+    @model_validator(mode="after")
+    def _one_analyzer(self) -> SkillConfig:
+        if self.chat_model is not None and self.source != "external":
+            raise ValueError(f"skills.chat_model writes external skills: it needs skills.source external, not {self.source!r}")
+        if self.chat_model is not None and self.analyzer is not None:
+            raise ValueError("skills.analyzer and skills.chat_model both name who writes the skills: keep one")
+        if self.chat_model_kwargs and self.chat_model is None:
+            raise ValueError("skills.chat_model_kwargs without skills.chat_model")
+        return self
 
 
 ReportTo = Literal["azure_ml", "clearml", "codecarbon", "comet_ml", "dagshub", "dvclive", "flyte", "kubeflow", "mlflow",

@@ -49,3 +49,35 @@ def test_the_margin_interval_resamples_tasks():
     wide = episodes + [_episode("t9", True, -0.5), _episode("t9", False, 0.5)]
     lo, hi = bootstrap_margin(wide)
     assert lo < 0.2 - 1e-9 and hi == pytest.approx(0.2)
+
+
+def test_training_can_take_its_skills_from_the_oracle_as_a_langchain_chat_model():
+    """``skills.chat_model``: the hindsight node asks the oracle through the stage-1
+    LangChain analyzer (paced, retried) and gets a skill that parses; a bad path or a
+    source other than external is one clear error."""
+    import asyncio
+
+    from pydantic import ValidationError
+
+    from seed_agents.app.policy import build_analyzer
+    from seed_agents.config import TrainConfig
+    from seed_agents.errors import ConfigError
+    from seed_agents.graphs.hindsight import write_skill
+    from seed_agents.stage1.analyzers import LangChainAnalyzer
+
+    skills = {"source": "external", "chat_model": "bench.atlas_skills:OracleSkills",
+              "chat_model_kwargs": {"style": "specific"}}
+    analyzer = build_analyzer(TrainConfig(skills=skills), policy=None)
+    assert isinstance(analyzer, LangChainAnalyzer)
+    task = make_tasks("train", per_level=1, levels=[0])[0]
+    skill = asyncio.run(write_skill(analyzer, [], task.data["question"], False, trajectory_id="t", task_id="k"))
+    assert skill.valid and f'"{task.data["calls"][0]["args"]["place"]}"' in skill.skill
+    with pytest.raises(ConfigError, match="skills.chat_model: cannot import 'bench.nowhere'"):
+        build_analyzer(TrainConfig(skills={**skills, "chat_model": "bench.nowhere:X"}), policy=None)
+    with pytest.raises(ConfigError, match="skills.chat_model: "):
+        build_analyzer(TrainConfig(skills={**skills, "chat_model_kwargs": {"style": 7}}), policy=None)
+    for bad, says in (({"source": "self"}, "needs skills.source external"),
+                      ({"analyzer": {"kind": "local"}}, "keep one"),
+                      ({"chat_model": None}, "chat_model_kwargs without")):
+        with pytest.raises(ValidationError, match=says):
+            TrainConfig(skills={**skills, **bad})

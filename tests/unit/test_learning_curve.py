@@ -65,6 +65,22 @@ def test_grpo_and_seed_differ_only_in_the_skills_and_the_distillation(tmp_path):
     same = {k for k in grpo if grpo[k] == seed[k]}
     assert same == set(grpo) - {"skills", "trainer", "out"}
     assert grpo["eval"]["num_tasks"] == 80 and grpo["eval"]["temperature"] == 0.0 and grpo["seed"] == 1
+    # the oracle bound is SEED with the manifest's skills: the same run but for who writes them
+    oracle = train_config(args, "seed-oracle", 1, tmp_path / "t.jsonl", tmp_path / "h.jsonl", 200, 80, tmp_path / "seed")
+    assert oracle["skills"] == {"source": "external", "chat_model": "bench.atlas_skills:OracleSkills",
+                                "chat_model_kwargs": {"style": "specific"}, "max_tokens": 64}
+    assert {k for k in oracle if oracle[k] != seed[k]} == {"skills"}
+
+
+def test_every_skill_method_is_paired_with_grpo_by_seed():
+    n = 40
+    gain = {s: _run([False] * n, [i % 2 == 0 for i in range(n)]) for s in range(3)}
+    flat = {s: _run([i % 4 == 0 for i in range(n)], [i % 4 == 0 for i in range(n)]) for s in range(3)}
+    a = analyse({"grpo": flat, "seed": flat, "seed-oracle": gain})
+    assert a["seed_minus_grpo"]["mean"] == pytest.approx(0.0) and a["seed_minus_grpo"]["equal"] == 3
+    d = a["seed_oracle_minus_grpo"]
+    assert d["n"] == 3 and d["mean"] == pytest.approx(0.5 - 0.25) and d["higher"] == 3
+    assert "seed_oracle_minus_grpo" not in analyse({"seed-oracle": gain, "seed": flat})
 
 
 def test_a_run_packs_into_the_result_file_and_unpacks_unchanged():

@@ -203,21 +203,29 @@ def test_the_writer_is_stable_portable_and_works_outside_a_checkout(tmp_path):
     assert strip(a.read_text()) == strip(first)
 
 
-def test_fractions_of_a_ceiling_measured_on_another_cpu_are_refused():
+def test_fractions_are_read_against_the_roofline_of_the_runs_cpu_and_refused_without_one():
     import dataclasses
 
     results = {p.stem: load_result(p) for p in (ROOT / "docs" / "results").glob("*.json")}
+    results = {n: r for n, r in results.items() if not n.startswith("roofline_")}
     readme = "<!-- results:update_throughput -->\n<!-- /results:update_throughput -->\n"
-    roof_flags = results["roofline"].results["cpu_flags"]
-    other = ["avx2"] if roof_flags != ["avx2"] else ["avx2", "avx512f"]
-    same = dataclasses.replace(results["update_throughput"], machine={"cpu_flags": roof_flags})
+    roof = results["roofline"]
+    other = ["avx2"] if roof.results["cpu_flags"] != ["avx2"] else ["avx2", "avx512f"]
+    same = dataclasses.replace(results["update_throughput"], machine={"cpu_flags": roof.results["cpu_flags"]})
     assert "GFLOP/s" in tables.render(readme, {**results, "update_throughput": same})
     moved = dataclasses.replace(results["update_throughput"], machine={"cpu_flags": other})
-    with pytest.raises(tables.TablesError, match="re-run one of them on the other's machine"):
+    with pytest.raises(tables.TablesError, match="measure that CPU's"):
         tables.render(readme, {**results, "update_throughput": moved})
+    # that CPU's roofline kept beside roofline.json: the run is read against it, not refused
+    ceilings = json.loads(json.dumps(roof.results))
+    ceilings["matmul_gflops"]["fp32"]["mlp_prefill_2048"]["best"] *= 2
+    theirs = dataclasses.replace(roof, name="roofline_other", results={**ceilings, "cpu_flags": other})
+    for_moved = {**results, "update_throughput": moved, "roofline_other": theirs}
+    assert tables.roofline_for(for_moved, moved) is theirs
+    assert tables.render(readme, for_moved) != tables.render(readme, {**results, "update_throughput": same})
 
 
-def test_a_benchmark_refuses_a_roofline_from_another_cpu_or_none(tmp_path):
+def test_a_benchmark_refuses_a_roofline_from_another_cpu_or_none(tmp_path, monkeypatch):
     from bench import results
 
     with pytest.raises(results.RooflineMismatch, match="run bench/roofline.py on this machine first"):
@@ -225,8 +233,15 @@ def test_a_benchmark_refuses_a_roofline_from_another_cpu_or_none(tmp_path):
     write_result("roofline", {}, {"cpu_flags": ["amx_tile", "not-this-cpu"]}, results_dir=tmp_path)
     with pytest.raises(results.RooflineMismatch, match="run bench/roofline.py here first"):
         results.load_roofline(tmp_path / "roofline.json")
+    # without a path: the roofline*.json of a CPU like this one, beside another CPU's roofline.json
+    monkeypatch.setattr(results, "RESULTS_DIR", tmp_path)
+    with pytest.raises(results.RooflineMismatch, match="--result-name roofline_<machine>"):
+        results.load_roofline()
+    write_result("roofline_here", {}, {"cpu_flags": results.ceiling_flags()}, results_dir=tmp_path)
+    assert results.load_roofline().name == "roofline_here"
     write_result("roofline", {}, {"cpu_flags": results.ceiling_flags()}, results_dir=tmp_path)
     assert results.load_roofline(tmp_path / "roofline.json").results["cpu_flags"] == results.ceiling_flags()
+    assert results.load_roofline().name == "roofline"  # roofline.json first when both fit
     assert json.loads((tmp_path / "roofline.json").read_text())["machine"]["cpu_flags"] == results.ceiling_flags()
 
 

@@ -210,14 +210,26 @@ def test_sft_prints_progress_between_epochs(capsys):
     assert capsys.readouterr().out == ""  # within the interval: silent
 
 
-def test_bf16_sft_trains_fp32_master_weights_and_says_so(tmp_path, tiny_model_dir, capsys):
-    """``precision: bfloat16`` runs the SFT's matmuls under autocast: the loss still falls and
-    the saved model keeps fp32 weights (what `train` loads)."""
+def test_bf16_sft_trains_fp32_master_weights_and_says_so(tmp_path, tiny_model_dir, capsys, monkeypatch):
+    """``precision: bfloat16`` runs the SFT's matmuls under autocast (seen from inside every
+    loss the trainer computes): the loss still falls and the saved model keeps fp32 weights
+    (what `train` loads)."""
+    from seed_agents.stage1.completion_sft import CompletionOnlySFTTrainer
+
+    seen: list[tuple[bool, torch.dtype]] = []
+    compute_loss = CompletionOnlySFTTrainer.compute_loss
+
+    def spy(self, *args, **kwargs):
+        seen.append((torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu")))
+        return compute_loss(self, *args, **kwargs)
+
+    monkeypatch.setattr(CompletionOnlySFTTrainer, "compute_loss", spy)
     path = write(tmp_path / "examples.jsonl", [example(i, f"t{i // 2}") for i in range(6)])
     cfg = SFTRunConfig(examples=[path], model=tiny_model_dir, out=tmp_path / "run", epochs=2, learning_rate=5e-3,
                        batch_size=4, eval_max_tokens=12, seed=0, precision="bfloat16")
     s = run_sft(cfg)
     assert "SFT computes in bfloat16 (asked for)" in capsys.readouterr().out
+    assert seen and set(seen) == {(True, torch.bfloat16)}
     assert s["heldout_loss"]["after"] < s["heldout_loss"]["before"]
     trained = AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "model")
     assert {p.dtype for p in trained.parameters()} == {torch.float32}
