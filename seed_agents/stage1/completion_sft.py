@@ -53,8 +53,11 @@ class CompletionOnlySFTTrainer(SFTTrainer):
         if return_outputs or self.aux_loss_enabled or "shift_labels" in inputs or scaled:
             return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
         kwargs = {k: v for k, v in inputs.items() if k not in ("labels", "use_cache")}
-        hidden = lm.get_decoder()(**kwargs, use_cache=False).last_hidden_state
-        nll, n = completion_nll(hidden, inputs["labels"], lm.get_output_embeddings())
+        # the decoder and the head are called here, not through the model's forward, which is
+        # where accelerate puts the mixed-precision autocast: enter it ourselves (bf16 SFT)
+        with self.accelerator.autocast():
+            hidden = lm.get_decoder()(**kwargs, use_cache=False).last_hidden_state
+            nll, n = completion_nll(hidden, inputs["labels"], lm.get_output_embeddings())
         # normalized as TRL's SFT loss is: by the label tokens of the whole accumulated batch when the
         # Trainer counts them (num_items_in_batch), else by this batch's, never by zero
         count = n if num_items_in_batch is None else num_items_in_batch

@@ -216,20 +216,31 @@ def test_bf16_sft_trains_fp32_master_weights_and_says_so(tmp_path, tiny_model_di
     (what `train` loads)."""
     from seed_agents.stage1.completion_sft import CompletionOnlySFTTrainer
 
-    seen: list[tuple[bool, torch.dtype]] = []
-    compute_loss = CompletionOnlySFTTrainer.compute_loss
+    seen: list[torch.dtype] = []  # the output dtype of every linear layer inside a training loss
+    in_loss: list[bool] = []
+    compute_loss, linear = CompletionOnlySFTTrainer.compute_loss, torch.nn.Linear.forward
 
-    def spy(self, *args, **kwargs):
-        seen.append((torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu")))
-        return compute_loss(self, *args, **kwargs)
+    def loss_spy(self, *args, **kwargs):
+        in_loss.append(True)
+        try:
+            return compute_loss(self, *args, **kwargs)
+        finally:
+            in_loss.pop()
 
-    monkeypatch.setattr(CompletionOnlySFTTrainer, "compute_loss", spy)
+    def linear_spy(self, x):
+        out = linear(self, x)
+        if in_loss:
+            seen.append(out.dtype)
+        return out
+
+    monkeypatch.setattr(CompletionOnlySFTTrainer, "compute_loss", loss_spy)
+    monkeypatch.setattr(torch.nn.Linear, "forward", linear_spy)
     path = write(tmp_path / "examples.jsonl", [example(i, f"t{i // 2}") for i in range(6)])
     cfg = SFTRunConfig(examples=[path], model=tiny_model_dir, out=tmp_path / "run", epochs=2, learning_rate=5e-3,
                        batch_size=4, eval_max_tokens=12, seed=0, precision="bfloat16")
     s = run_sft(cfg)
     assert "SFT computes in bfloat16 (asked for)" in capsys.readouterr().out
-    assert seen and set(seen) == {(True, torch.bfloat16)}
+    assert seen and set(seen) == {torch.bfloat16}
     assert s["heldout_loss"]["after"] < s["heldout_loss"]["before"]
     trained = AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "model")
     assert {p.dtype for p in trained.parameters()} == {torch.float32}
