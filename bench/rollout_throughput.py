@@ -110,7 +110,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--note", default="", help="What else ran on the machine.")
-    parser.add_argument("--roofline", default=None, help="The ceilings' file (default: the docs/results/roofline*.json measured on a CPU like this one).")
+    parser.add_argument("--roofline", default=None,
+                        help="The ceilings' file (default: the docs/results/roofline*.json measured on a CPU like this one).")
     bench_results.add_results_args(parser)
     args = parser.parse_args(argv)
     started = bench_results.now()
