@@ -746,17 +746,34 @@ def _gains(r: Result, method: str) -> dict[str, float]:
     return (r.results.get("methods", {}).get(method) or {}).get("gain_per_seed") or {}
 
 
+def _paired_gains(me: Result, other: Result, method: str) -> tuple[dict[str, float], dict[str, float]]:
+    """``method``'s gain per seed in both curves, over the seeds both ran, leaving out a seed
+    whose run is the same in both (read back from one file into the other by its digest:
+    no difference to report)."""
+    def digests(r: Result) -> dict[str, str]:
+        runs = r.results.get("runs") or {}
+        return {n.rsplit("-s", 1)[1]: run["digest"] for n, run in runs.items()
+                if n.rsplit("-s", 1)[0] == method and run.get("digest")}
+
+    theirs_digests = digests(other)
+    same = {s for s, d in digests(me).items() if theirs_digests.get(s) == d}
+    mine, theirs = _gains(me, method), _gains(other, method)
+    common = (set(mine) & set(theirs)) - same
+    return {s: mine[s] for s in common}, {s: theirs[s] for s in common}
+
+
 def nearest_curve(results: dict[str, Result], name: str, method: str) -> str | None:
     """The other learning curve to pair ``name`` with: one that measures the same thing
     (no ``_MEASURE`` setting differs) and shares a seed, differing in the fewest settings;
-    ties go to more common seeds, then to the main curve."""
+    ties go to more common seeds, then to the main curve. A curve holding only this one's own
+    runs (read back by digest) is no partner."""
     me = results[name]
     candidates = []
     for other, r in results.items():
         if other == name or not (other == "learning_curve" or other.startswith("learning_curve_")):
             continue
         changed = _changed(me, r)
-        common = set(_gains(me, method)) & set(_gains(r, method))
+        common = _paired_gains(me, r, method)[0]
         if common and not _MEASURE & set(changed):
             candidates.append((len(changed), -len(common), other != "learning_curve", other))
     return min(candidates)[-1] if candidates else None
@@ -775,7 +792,7 @@ def against_nearest_curve(results: dict[str, Result], name: str) -> list[str]:
         other = nearest_curve(results, name, method)
         if other is None:
             continue
-        mine, theirs = _gains(results[name], method), _gains(results[other], method)
+        mine, theirs = _paired_gains(results[name], results[other], method)
         p = compare(mine, theirs)
         per_seed = ", ".join(f"seed {s} {mine[s] - theirs[s]:+.3f}" for s in sorted(set(mine) & set(theirs), key=int))
         settings = "; ".join(f"{k} {_setting(results[other], k)} -> {_setting(results[name], k)}"

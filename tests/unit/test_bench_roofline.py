@@ -32,3 +32,13 @@ def test_bf16_is_sampled_once_cold_only_where_it_is_emulated(flags, monkeypatch,
     assert {c for c in calls if c[0] == torch.bfloat16} == {(torch.bfloat16, 1, False) if emulated else (torch.bfloat16, 4, True)}
     doc = json.loads((tmp_path / "roofline.json").read_text())
     assert doc["results"]["bf16_emulated"] is emulated
+
+
+def test_another_machines_roofline_is_kept_under_its_own_name(monkeypatch, tmp_path):
+    monkeypatch.setattr(roofline, "cpu_flags", lambda: ["avx2"])
+    monkeypatch.setattr(roofline, "matmul_gflops", lambda m, k, n, dtype, repeats, warm_up=True: {"best": 1.0, "median": 1.0})
+    monkeypatch.setattr(roofline, "copy_gbps", lambda mb, repeats: {"best": 20.0, "median": 19.0})
+    roofline.main(["--repeats", "1", "--results-dir", str(tmp_path), "--result-name", "roofline_avx2"])
+    assert [p.name for p in tmp_path.iterdir()] == ["roofline_avx2.json"]
+    with pytest.raises(SystemExit):  # any other name would not be found as a roofline
+        roofline.main(["--results-dir", str(tmp_path), "--result-name", "ceilings"])

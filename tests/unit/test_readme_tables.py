@@ -292,6 +292,16 @@ def test_a_variant_is_paired_by_seed_with_its_nearest_curve_and_names_what_diffe
     # the main curve is the reference; a curve that scores another thing (free first turn) pairs with none
     assert tables.against_nearest_curve(results, "learning_curve") == []
     assert tables.against_nearest_curve(results, "learning_curve_guided") == []
+    # a variant that read its grpo run back from the main file by digest is not that run's difference
+    runs = {"runs": {"grpo-s0": {"digest": "d0"}, "grpo-s1": {"digest": "d1"}}}
+    main.results.update(runs)
+    copy = curve("learning_curve_copy", {"0": 0.10, "1": 0.2})
+    copy.results["runs"] = {"grpo-s0": {"digest": "d0"}, "grpo-s1": {"digest": "other"}}
+    text = " ".join(tables.against_nearest_curve({**results, "learning_curve_copy": copy}, "learning_curve_copy"))
+    assert "n=1" in text and "+0.250 (one seed: no interval)" in text
+    copy.results["runs"]["grpo-s1"]["digest"] = "d1"  # both runs are the main file's: pair with the next curve
+    text = " ".join(tables.against_nearest_curve({**results, "learning_curve_copy": copy}, "learning_curve_copy"))
+    assert "learning_curve_t05.json's" in text and "learning_curve.json's" not in text
 
 
 def test_the_atlas_demo_table_reads_a_small_gain_or_no_promotion_as_a_miss(tmp_path):
