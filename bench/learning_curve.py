@@ -69,9 +69,10 @@ MIN_SEEDS = 3  # the issue's CI is over seeds as well as held-out tasks
 AGENT_MAX_TURNS = 4  # examples.atlas_tasks.build_agent's default; `train` builds the graph with it
 GOAL = 0.10  # GRPO: held-out answer success up by >= 10 points, 95% CI excluding 0 (issue 22)
 PAPER = {"model": "Qwen2.5-3B-Instruct", "updates": 150, "tasks_per_update": 16, "group": 8, "max_turns": 30,
-         "max_tokens": 512, "lr": 1e-6}
+         "max_tokens": 512, "lr": 1e-6, "opd_coef": 0.01}
 LABELS = {"model": "model", "updates": "updates", "tasks_per_update": "tasks/update", "group": "group size",
-          "max_turns": "max turns", "max_tokens": "max response tokens", "lr": "learning rate"}
+          "max_turns": "max turns", "max_tokens": "max response tokens", "lr": "learning rate",
+          "opd_coef": "OPD weight (lambda)"}
 
 
 # -- the runs ---------------------------------------------------------------------------
@@ -108,7 +109,8 @@ def train_config(args: argparse.Namespace, method: str, seed: int, tasks: Path, 
         "skills": {**(ORACLE if method == "seed-oracle" else {"source": "self" if method == "seed" else "none"}),
                    "max_tokens": args.skill_tokens},
         "trainer": {"learning_rate": args.lr, "lora_r": args.lora_r, "lora_alpha": 2 * args.lora_r,
-                    "opd_coef": 0.0 if method == "grpo" else COEF.lam, "kl_coef": args.kl_coef,
+                    "opd_coef": 0.0 if method == "grpo" else (COEF.lam if args.opd_coef is None else args.opd_coef),
+                    "kl_coef": args.kl_coef,
                     # only when on: runs without it keep the digests (and stored runs) they had
                     **({"guide_share": args.guide_share} if args.guide_share else {}),
                     **({"lr_schedule": args.lr_schedule} if args.lr_schedule != "linear" else {})},
@@ -356,6 +358,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--lr-schedule", choices=["linear", "constant"], default="linear",
                    help="linear (TRL's default, every stored curve): decays to 0 over --updates; constant: every "
                         "update at --lr.")
+    p.add_argument("--opd-coef", type=float, default=None,
+                   help="The skill methods' OPD weight (lambda; default the paper's 0.01). Another weight is "
+                        "another run: give it its own --work and --result-name.")
     p.add_argument("--kl-coef", type=float, default=0.001, help="KL to the start (the LoRA's base); also logged.")
     p.add_argument("--work", type=Path, default=ROOT / "runs" / "learning_curve", help="Run folders (resumable).")
     p.add_argument("--guide-share", type=float, default=0.0,
@@ -370,6 +375,8 @@ def main(argv: list[str] | None = None) -> None:
         p.error("--guide-share: a share in [0, 1]")
     if args.guide_share and args.first_turn != "auto":
         p.error("--guide-share steers free first turns: it needs --first-turn auto")
+    if args.opd_coef is not None and not args.opd_coef >= 0:
+        p.error("--opd-coef: a weight >= 0")
     if not args.result_name.replace("_", "").replace("-", "").isalnum():
         p.error("--result-name: letters, digits, '-' and '_' only")
     methods = [m for m in args.methods.split(",") if m]
@@ -460,7 +467,10 @@ def main(argv: list[str] | None = None) -> None:
         print(f"goal: GRPO held-out gain >= +{GOAL:.2f} with its 95% CI (seeds x tasks) excluding 0: "
               f"{analysis['goal']['verdict']}")
     print(f"wall: {sum(walls.values()) / 60:.1f} min of training runs this invocation (finished runs count their own)")
-    config = {**config_of(args), "work": args.work.name, "max_turns": AGENT_MAX_TURNS, "model": Path(str(args.model)).name,
+    from seed_agents.config.core import PAPER as COEF
+
+    config = {**config_of(args), "opd_coef": COEF.lam if args.opd_coef is None else args.opd_coef,
+              "work": args.work.name, "max_turns": AGENT_MAX_TURNS, "model": Path(str(args.model)).name,
               "seeds": seeds, "methods": methods, "train_tasks": n_train, "heldout": n_heldout}
     write_result(args.result_name, config,
                  {**analysis, "wall_s": walls, "note": args.note, "runs": packed},

@@ -57,7 +57,8 @@ def test_grpo_and_seed_differ_only_in_the_skills_and_the_distillation(tmp_path):
 
     args = argparse.Namespace(tasks_per_update=4, updates=30, group=8, first_turn="forced", model="smollm2-135m",
                               max_tokens=64, temperature=0.7, skill_tokens=64, lr=1e-4, lora_r=8, kl_coef=0.001,
-                              eval_every=5, guide_share=0.0, lr_schedule="linear", precision="float32")
+                              eval_every=5, guide_share=0.0, lr_schedule="linear", precision="float32",
+                              opd_coef=None)
     grpo, seed = (train_config(args, m, 1, tmp_path / "t.jsonl", tmp_path / "h.jsonl", 200, 80, tmp_path / m)
                   for m in ("grpo", "seed"))
     assert grpo["skills"]["source"] == "none" and grpo["trainer"]["opd_coef"] == 0.0
@@ -70,6 +71,12 @@ def test_grpo_and_seed_differ_only_in_the_skills_and_the_distillation(tmp_path):
     assert oracle["skills"] == {"source": "external", "chat_model": "bench.atlas_skills:OracleSkills",
                                 "chat_model_kwargs": {"style": "specific"}, "max_tokens": 64}
     assert {k for k in oracle if oracle[k] != seed[k]} == {"skills"}
+    # another OPD weight moves the skill methods only: GRPO's run (and its stored digest) stays as it was
+    heavier = argparse.Namespace(**{**vars(args), "opd_coef": 0.1})
+    assert train_config(heavier, "grpo", 1, tmp_path / "t.jsonl", tmp_path / "h.jsonl", 200, 80, tmp_path / "grpo") == grpo
+    assert train_config(heavier, "seed-oracle", 1, tmp_path / "t.jsonl", tmp_path / "h.jsonl", 200, 80,
+                        tmp_path / "seed")["trainer"]["opd_coef"] == 0.1
+    assert seed["trainer"]["opd_coef"] == 0.01  # the default is the paper's lambda
 
 
 def test_every_skill_method_is_paired_with_grpo_by_seed():
@@ -146,7 +153,8 @@ def test_the_run_digest_ignores_where_the_files_live_but_not_what_they_hold(tmp_
 
     args = argparse.Namespace(tasks_per_update=4, updates=30, group=8, first_turn="forced", model="smollm2-135m",
                               max_tokens=64, temperature=0.7, skill_tokens=64, lr=1e-4, lora_r=8, kl_coef=0.001,
-                              eval_every=5, guide_share=0.0, lr_schedule="linear", precision="float32")
+                              eval_every=5, guide_share=0.0, lr_schedule="linear", precision="float32",
+                              opd_coef=None)
     for d in ("a", "b"):
         (tmp_path / d).mkdir()
         (tmp_path / d / "t.jsonl").write_text("t\n")
@@ -176,7 +184,8 @@ def test_a_guide_share_changes_the_run_only_when_on_and_needs_a_free_first_turn(
 
     args = argparse.Namespace(tasks_per_update=4, updates=30, group=8, first_turn="auto", model="smollm2-135m",
                               max_tokens=64, temperature=0.7, skill_tokens=64, lr=1e-4, lora_r=8, kl_coef=0.001,
-                              eval_every=5, guide_share=0.0, lr_schedule="linear", precision="float32")
+                              eval_every=5, guide_share=0.0, lr_schedule="linear", precision="float32",
+                              opd_coef=None)
     (tmp_path / "t.jsonl").write_text("t\n")
     (tmp_path / "h.jsonl").write_text("h\n")
 
@@ -194,7 +203,7 @@ def test_a_guide_share_changes_the_run_only_when_on_and_needs_a_free_first_turn(
                                                                                             tmp_path / "h.jsonl")
     for argv, message in ((["--guide-share", "0.5"], "needs --first-turn auto"),
                           (["--first-turn", "auto", "--guide-share", "2"], "a share in"),
-                          (["--result-name", "../x"], "--result-name")):
+                          (["--result-name", "../x"], "--result-name"), (["--opd-coef", "-1"], "a weight >= 0")):
         with pytest.raises(SystemExit):
             lc.main([*argv, "--work", str(tmp_path / "w")])
         assert message in capsys.readouterr().err
