@@ -62,3 +62,29 @@ def test_completion_nll_projects_only_the_scored_rows():
     logp = torch.log_softmax(head(hidden), -1)
     expect = -(logp[0, 2, 1] + logp[0, 3, 2] + logp[1, 3, 6])
     torch.testing.assert_close(nll, expect)
+
+
+def test_soft_capped_logits_take_trls_own_path(tiny_model_dir, tmp_path, monkeypatch):
+    """A model whose logits are soft-capped (Gemma 2) is scored by TRL's path: the plain head
+    reproduced here would drop the cap and train on another loss."""
+    import seed_agents.stage1.completion_sft as sft
+    from transformers import Gemma2Config, Gemma2ForCausalLM
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    torch.manual_seed(0)
+    config = Gemma2Config(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                          num_attention_heads=2, num_key_value_heads=1, head_dim=32, final_logit_softcapping=0.5,
+                          pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
+    capped = tmp_path / "capped"
+    model = Gemma2ForCausalLM(config)
+    with torch.no_grad():  # logits of a random init are ~0, where the cap changes nothing: make them large
+        model.get_output_embeddings().weight.mul_(50)
+    model.save_pretrained(capped)
+    tok.save_pretrained(capped)
+    ref_loss, ref_grads = loss_and_grads(SFTTrainer, capped, tmp_path)
+    loss, grads = loss_and_grads(CompletionOnlySFTTrainer, capped, tmp_path)
+    torch.testing.assert_close(loss, ref_loss)
+    assert grads.keys() == ref_grads.keys() and all(torch.equal(grads[k], ref_grads[k]) for k in grads)
+    monkeypatch.setattr(sft, "_SCALED", ())  # without the fallback the cap is lost: another loss
+    uncapped, _ = loss_and_grads(CompletionOnlySFTTrainer, capped, tmp_path)
+    assert not torch.allclose(uncapped, ref_loss, rtol=1e-3)
