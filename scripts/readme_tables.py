@@ -537,6 +537,21 @@ def rollout_throughput(results: dict[str, Result]) -> list[str]:
                    rows)]
 
 
+def page_faults(results: dict[str, Result]) -> list[str]:
+    r = one(results, "page_faults")
+    c, x = r.config, r.results
+    what = (f"a synthetic LoRA update step of {c['model']} (fp32, {c['rows']} x {c['tokens']} tokens), "
+            f"{c['threads'] or 'default'} thread(s), median of {c['repeats']} x {c['steps']} steps, variants "
+            f"interleaved" + (f"; {x['note']}" if x.get("note") else ""))
+    base = x["median"].get("default")
+    rows = [[v, f"{m['faults']:.0f}", f"{m['user_s']:.1f}", f"{m['sys_s']:.2f}",
+             f"{m['sys_s'] / (m['user_s'] + m['sys_s']):.3f}", f"{m['wall_s']:.1f}",
+             "-" if base is None else f"{m['wall_s'] / base['wall_s']:.2f}"] for v, m in x["median"].items()]
+    return [source_line(r, what), "",
+            *table(["allocator setting", "minor faults / step", "user s", "kernel s", "kernel share", "wall s",
+                    "wall vs default"], rows)]
+
+
 def skill_scoring_speed(results: dict[str, Result]) -> list[str]:
     r = one(results, "skill_scoring_speed")
     c, x = r.config, r.results
@@ -816,7 +831,7 @@ RENDERERS: dict[str, Callable[[dict[str, Result]], list[str]]] = {
     "skill_usefulness": skill_usefulness, "roofline": roofline, "logprob_gap": logprob_gap,
     "rollout_throughput": rollout_throughput, "atlas_band": atlas_band, "continual_atlas": continual_atlas,
     "update_throughput": update_throughput, "learning_curve": learning_curve, "skill_scoring_speed": skill_scoring_speed,
-    "atlas_skills": atlas_skills}
+    "atlas_skills": atlas_skills, "page_faults": page_faults}
 
 #: Benchmarks that write variants under another name (``--result-name NAME_variant``): a
 #: marker ``results:NAME_variant`` renders that file with its family's table.
