@@ -27,7 +27,9 @@ run's held-out scores (per task, per level, per evaluation) and per-update metri
 kept in the result file, keyed by a digest of its settings and tasks: a later invocation
 (another machine, a fresh checkout without ``runs/``) reads a run from there instead of
 training it again, so SEED's seeds can be added beside GRPO's in another session and still
-be paired with them. It prints last:
+be paired with them. A run with the same digest in another ``learning_curve*.json`` of the
+results folder serves as well (a variant pairs with the GRPO seeds the main curve trained;
+``read_from`` in the file names where each came from). It prints last:
 each method's held-out answer success from start to end with a 95% bootstrap CI over seeds
 and held-out tasks, GRPO's gain against the goal (>= +10 points, CI excluding 0), SEED minus
 GRPO paired by seed with its CI and the seeds a paired test needs. Writes
@@ -232,6 +234,25 @@ def stored_runs(path: Path) -> dict[str, dict[str, Any]]:
         raise SystemExit(f"error: {path} is not a learning_curve result ({e}); move it away") from None
 
 
+def stored_elsewhere(results_dir: Path, own: str) -> dict[str, tuple[str, dict[str, Any]]]:
+    """Finished runs the other learning-curve files in ``results_dir`` keep: digest -> (file
+    stem, packed run). A digest names the settings and the task files, so a run another
+    variant trained (GRPO's seeds beside an oracle's) serves this one as it is. A file that
+    is not a result is passed over here: it is not this invocation's to judge."""
+    found: dict[str, tuple[str, dict[str, Any]]] = {}
+    for path in sorted(results_dir.glob("learning_curve*.json")):
+        if path.stem == own:
+            continue
+        try:
+            runs = stored_runs(path)
+        except SystemExit:
+            continue
+        for run in runs.values():
+            if isinstance(run, dict) and isinstance(run.get("digest"), str):
+                found.setdefault(run["digest"], (path.stem, run))
+    return found
+
+
 # -- analysis (pure) --------------------------------------------------------------------
 
 def hierarchical_ci(per_seed: dict[int, dict[str, float]], *, confidence: float = 0.95, resamples: int = 10_000,
@@ -296,7 +317,8 @@ def analyse(runs: dict[str, dict[int, dict[str, Any]]]) -> dict[str, Any]:
     # the goal's CI is over seeds and tasks: with fewer than MIN_SEEDS it spans tasks only
     out["goal"] = {"gain_at_least": GOAL, "min_seeds": MIN_SEEDS, "seeds": seeds,
                    "verdict": ("met" if met else "missed") if seeds >= MIN_SEEDS else
-                   f"not decided: {seeds} seed(s), the goal needs {MIN_SEEDS}" + (" (the gain over these seeds clears it)" if met else "")}
+                   f"not decided: {seeds} seed(s), the goal needs {MIN_SEEDS}"
+                   + (" (the gain over these seeds clears it)" if met else "")}
     return out
 
 
@@ -393,18 +415,28 @@ def main(argv: list[str] | None = None) -> None:
     runs: dict[str, dict[int, dict[str, Any]]] = {}
     walls: dict[str, float] = {}
     kept = stored_runs(Path(args.results_dir) / f"{args.result_name}.json")
+    elsewhere = stored_elsewhere(Path(args.results_dir), args.result_name)
     packed: dict[str, dict[str, Any]] = {}
+    read_from: dict[str, str] = {}
     for s in seeds:  # seeds outermost: a benchmark stopped early still has paired runs
         for method in methods:
             name = f"{method}-s{s}"
             out = args.work / name
             config = train_config(args, method, s, tasks, heldout, n_train, n_heldout, out)
             digest = run_digest(config, tasks, heldout)
-            if not (out / "benchmark-done.json").exists() and kept.get(name, {}).get("digest") == digest:
-                packed[name] = kept[name]
-                walls[name] = float(kept[name]["wall_s"])
-                runs.setdefault(method, {})[s] = unpack_run(kept[name])
-                print(f"{name}: finished in an earlier invocation ({walls[name]:.0f} s), read from the result file", flush=True)
+            fresh = not (out / "benchmark-done.json").exists()
+            if fresh and kept.get(name, {}).get("digest") == digest:
+                source, stored = args.result_name, kept[name]
+            elif fresh and digest in elsewhere:
+                source, stored = elsewhere[digest]
+            else:
+                source, stored = None, None
+            if stored is not None:
+                packed[name] = stored
+                walls[name] = float(stored["wall_s"])
+                runs.setdefault(method, {})[s] = unpack_run(stored)
+                read_from[name] = source
+                print(f"{name}: finished in an earlier invocation ({walls[name]:.0f} s), read from {source}.json", flush=True)
                 continue
             print(f"{name}: training ({args.updates} updates of {args.tasks_per_update} tasks x {args.group})", flush=True)
             walls[name] = run_one(config, out, log)
@@ -473,7 +505,7 @@ def main(argv: list[str] | None = None) -> None:
               "work": args.work.name, "max_turns": AGENT_MAX_TURNS, "model": Path(str(args.model)).name,
               "seeds": seeds, "methods": methods, "train_tasks": n_train, "heldout": n_heldout}
     write_result(args.result_name, config,
-                 {**analysis, "wall_s": walls, "note": args.note, "runs": packed},
+                 {**analysis, "wall_s": walls, "note": args.note, "runs": packed, "read_from": read_from},
                  paper=PAPER, labels=LABELS, started_at=started, results_dir=args.results_dir)
 
 

@@ -276,3 +276,37 @@ def test_a_benchmark_killed_with_sigterm_stops_the_training_run_it_started(tmp_p
                 os.kill(child, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+
+def test_a_run_another_curve_file_holds_is_read_from_there_by_its_digest(tmp_path, monkeypatch):
+    import bench.learning_curve as lc
+
+    argv = ["--methods", "grpo", "--seeds", "0", "--updates", "2", "--train-tasks", "4", "--heldout", "3",
+            "--work", str(tmp_path / "work"), "--results-dir", str(tmp_path / "results")]
+    trained = []
+
+    def fake_run_one(config, out, log):
+        trained.append(out.name)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "metrics.jsonl").write_text("".join(json.dumps({"iteration": i, "success_rate": 0.25,
+                                                                "zero_variance_groups": 0.5}) + "\n" for i in range(2)))
+        return 7.0
+
+    scores = {u: {f"atlas-heldout-L0-00{i}": {"parsed": True, "right_calls": u > 0, "right_answer": u > 0 and i > 0,
+                                              "fault": False} for i in range(3)} for u in (0, 2)}
+    monkeypatch.setattr(lc, "run_one", fake_run_one)
+    monkeypatch.setattr(lc, "heldout_scores", lambda out, heldout: scores)
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "learning_curve_broken.json").write_text("{")  # another file's damage is not ours
+    lc.main([*argv, "--result-name", "learning_curve_a"])
+    import shutil
+
+    shutil.rmtree(tmp_path / "work")  # a fresh checkout: only the result files
+    lc.main([*argv, "--result-name", "learning_curve_b"])
+    b = json.loads((tmp_path / "results" / "learning_curve_b.json").read_text())["results"]
+    a = json.loads((tmp_path / "results" / "learning_curve_a.json").read_text())["results"]
+    assert trained == ["grpo-s0"] and b["read_from"] == {"grpo-s0": "learning_curve_a"} and b["runs"] == a["runs"]
+    lc.main([*argv, "--result-name", "learning_curve_c", "--lr", "3e-4"])  # another digest: trained, not read
+    assert trained == ["grpo-s0", "grpo-s0"]
+    c = json.loads((tmp_path / "results" / "learning_curve_c.json").read_text())["results"]
+    assert c["read_from"] == {}
