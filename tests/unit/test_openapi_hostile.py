@@ -42,7 +42,10 @@ from seed_agents.tools.openapi import AuthConfig, SpecError, load_spec, openapi_
 
 CANARY = "canary-hostile-3e9d0b7c51"
 KEY_ENV = "HOSTILE_API_KEY"
-SLACK_S = 1.0  # scheduling on a loaded 2-core machine; a drip that defeats the timeout runs for ever, not 1 s over
+# scheduling on a loaded 2-core machine: at 1 s both gzip-bomb cases (50 MB inflated) failed once in a unit-tier
+# run beside a training job, where only their time bound can vary. A drip that defeats the timeout runs for
+# ever, and a Retry-After of 5 s obeyed would still exceed the 2 s + this that its case allows
+SLACK_S = 2.0
 FUZZ = settings(deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
 
 @dataclass
