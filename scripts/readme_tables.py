@@ -744,7 +744,9 @@ _MEASURE = {"level", "first_turn", "heldout", "model", "max_tokens"}
 
 
 #: Flags added to bench/learning_curve.py after curves were stored: what an older file without them ran.
-_ADDED_LATER = {"guide_share": 0.0, "lr_schedule": "linear", "precision": "float32"}
+_ADDED_LATER = {"guide_share": 0.0, "lr_schedule": "linear", "precision": "float32", "opd_coef": 0.01}
+#: Settings a method's runs do not read: GRPO trains without the distillation term at any weight.
+_UNREAD = {"grpo": {"opd_coef"}}
 
 
 def _setting(r: Result, key: str) -> Any:
@@ -752,9 +754,9 @@ def _setting(r: Result, key: str) -> Any:
     return _ADDED_LATER.get(key) if value is None else value
 
 
-def _changed(a: Result, b: Result) -> list[str]:
+def _changed(a: Result, b: Result, method: str | None = None) -> list[str]:
     return sorted(k for k in set(a.config) | set(b.config)
-                  if k not in _BOOKKEEPING and _setting(a, k) != _setting(b, k))
+                  if k not in _BOOKKEEPING | _UNREAD.get(method or "", set()) and _setting(a, k) != _setting(b, k))
 
 
 def _gains(r: Result, method: str) -> dict[str, float]:
@@ -787,7 +789,7 @@ def nearest_curve(results: dict[str, Result], name: str, method: str) -> str | N
     for other, r in results.items():
         if other == name or not (other == "learning_curve" or other.startswith("learning_curve_")):
             continue
-        changed = _changed(me, r)
+        changed = _changed(me, r, method)
         common = _paired_gains(me, r, method)[0]
         if common and not _MEASURE & set(changed):
             candidates.append((len(changed), -len(common), other != "learning_curve", other))
@@ -811,7 +813,7 @@ def against_nearest_curve(results: dict[str, Result], name: str) -> list[str]:
         p = compare(mine, theirs)
         per_seed = ", ".join(f"seed {s} {mine[s] - theirs[s]:+.3f}" for s in sorted(set(mine) & set(theirs), key=int))
         settings = "; ".join(f"{k} {_setting(results[other], k)} -> {_setting(results[name], k)}"
-                             for k in _changed(results[other], results[name])) or "no setting"
+                             for k in _changed(results[other], results[name], method)) or "no setting"
         head = (f"{method} held-out gain minus {other}.json's, paired by seed (n={p.n}; differs in: {settings}): "
                 f"{f(p.mean, '+.3f')}")
         if p.n < 2:

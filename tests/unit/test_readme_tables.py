@@ -304,6 +304,22 @@ def test_a_variant_is_paired_by_seed_with_its_nearest_curve_and_names_what_diffe
     assert "learning_curve_t05.json's" in text and "learning_curve.json's" not in text
 
 
+def test_the_opd_weight_is_a_difference_for_the_skill_methods_only():
+    def curve(name: str, **config) -> "tables.Result":
+        gains = {"gain_per_seed": {"0": 0.1}}
+        return tables.Result(name=name, config={"seeds": [0], "temperature": 0.5, **config},
+                             results={"methods": {"grpo": dict(gains), "seed-oracle": dict(gains)}})
+
+    older, heavier = curve("learning_curve_a"), curve("learning_curve_b", opd_coef=0.1)  # older files lack the key
+    results = {c.name: c for c in (older, heavier)}
+    heavier.results["methods"]["seed-oracle"]["gain_per_seed"] = {"0": 0.3}
+    lines = tables.against_nearest_curve(results, "learning_curve_b")
+    oracle = next(x for x in lines if x.startswith("seed-oracle"))
+    grpo = next(x for x in lines if x.startswith("grpo"))
+    assert "opd_coef 0.01 -> 0.1" in oracle and "+0.200" in oracle
+    assert "opd_coef" not in grpo and "differs in: no setting" in grpo  # GRPO trains without the term
+
+
 def test_the_atlas_demo_table_reads_a_small_gain_or_no_promotion_as_a_miss(tmp_path):
     """The committed run met issue 22's target; the same file with a gain under +0.10, or
     an interval reaching 0, or nothing promoted must say missed, never met."""
