@@ -94,10 +94,15 @@ def write_tasks(work: Path, level: int, train: int | None, heldout: int | None) 
     return train_path, heldout_path, n_train, n_heldout
 
 
-def train_config(args: argparse.Namespace, method: str, seed: int, tasks: Path, heldout: Path, n_train: int,
-                 n_heldout: int, out: Path) -> dict[str, Any]:
+def skill_opd_coef(args: argparse.Namespace) -> float:
+    """The skill methods' OPD weight: ``--opd-coef``, else the paper's lambda."""
     from seed_agents.config.core import PAPER as COEF
 
+    return COEF.lam if args.opd_coef is None else args.opd_coef
+
+
+def train_config(args: argparse.Namespace, method: str, seed: int, tasks: Path, heldout: Path, n_train: int,
+                 n_heldout: int, out: Path) -> dict[str, Any]:
     return {
         "num_tasks": n_train, "tasks_per_iteration": args.tasks_per_update, "iterations": args.updates, "seed": seed,
         "out": str(out),
@@ -111,7 +116,7 @@ def train_config(args: argparse.Namespace, method: str, seed: int, tasks: Path, 
         "skills": {**(ORACLE if method == "seed-oracle" else {"source": "self" if method == "seed" else "none"}),
                    "max_tokens": args.skill_tokens},
         "trainer": {"learning_rate": args.lr, "lora_r": args.lora_r, "lora_alpha": 2 * args.lora_r,
-                    "opd_coef": 0.0 if method == "grpo" else (COEF.lam if args.opd_coef is None else args.opd_coef),
+                    "opd_coef": 0.0 if method == "grpo" else skill_opd_coef(args),
                     "kl_coef": args.kl_coef,
                     # only when on: runs without it keep the digests (and stored runs) they had
                     **({"guide_share": args.guide_share} if args.guide_share else {}),
@@ -499,9 +504,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"goal: GRPO held-out gain >= +{GOAL:.2f} with its 95% CI (seeds x tasks) excluding 0: "
               f"{analysis['goal']['verdict']}")
     print(f"wall: {sum(walls.values()) / 60:.1f} min of training runs this invocation (finished runs count their own)")
-    from seed_agents.config.core import PAPER as COEF
-
-    config = {**config_of(args), "opd_coef": COEF.lam if args.opd_coef is None else args.opd_coef,
+    config = {**config_of(args), "opd_coef": skill_opd_coef(args),
               "work": args.work.name, "max_turns": AGENT_MAX_TURNS, "model": Path(str(args.model)).name,
               "seeds": seeds, "methods": methods, "train_tasks": n_train, "heldout": n_heldout}
     write_result(args.result_name, config,
