@@ -19,9 +19,16 @@ skill did not parse get a fixed placeholder skill), which is SEED's worst case; 
 untrained SmolLM2 writes few parsable skills, and with ``collected`` the ratio would
 mostly measure the rows that happened to parse.
 
+``--injectors system,last_turn`` times SEED once per skill placement on the same batch
+(interleaved with GRPO and each other): ``system`` puts the skill in the system message, so
+a teacher prompt shares almost nothing with its row's prompt; ``last_turn`` puts it after
+the whole prompt, so the teacher rows share what the reference rows share. The first
+placement is the headline figure; every one is in ``placements``.
+
     .venv/bin/python bench/seed_overhead.py                        # SmolLM2, TextWorld
     .venv/bin/python bench/seed_overhead.py --env fake --repeats 2 # scripted env, quick
     .venv/bin/python bench/seed_overhead.py --model PATH --tasks 4 --group 8
+    .venv/bin/python bench/seed_overhead.py --injectors system,last_turn  # where the skill sits
 
 Prints the two update times, their ratio SEED/GRPO (goal <= 1.15) and the analyzer share,
 and writes every repeat to ``docs/results/seed_overhead.json`` (``seed_overhead_fake.json``
@@ -64,6 +71,14 @@ def _union_s(intervals: list[tuple[float, float]]) -> float:
     return total
 
 
+def shared_len(a: list[int], b: list[int]) -> int:
+    """How many leading ids two prompts share."""
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
+
+
 def build(args: argparse.Namespace) -> tuple[Any, Any, list[Any]]:
     """The policy, its graph with the hindsight node, a rollout and a SEED trainer."""
     import datasets
@@ -75,6 +90,7 @@ def build(args: argparse.Namespace) -> tuple[Any, Any, list[Any]]:
     from seed_agents.graphs.hindsight import with_hindsight
     from seed_agents.models import resolve_model
     from seed_agents.runner import EpisodeRunner, RunnerConfig
+    from seed_agents.skills import make_injector
     from seed_agents.trainers.rollout import GraphRollout
     from seed_agents.trainers.seed_trainer import SEEDConfig, SEEDTrainer
     from seed_agents.types import SamplingParams, Task
@@ -101,7 +117,7 @@ def build(args: argparse.Namespace) -> tuple[Any, Any, list[Any]]:
     graph = with_hindsight(graph, llm, max_tokens=args.analyzer_tokens)
     runner = EpisodeRunner(graph, RunnerConfig(group_size=args.group, concurrency=args.tasks * args.group, progress=False),
                            make_env=make_env)
-    rollout = GraphRollout(runner, llm, skills="self")
+    rollout = GraphRollout(runner, llm, skills="self", injector=make_injector(args.injectors[0]))
     ds = datasets.Dataset.from_list([{"prompt": t.model_dump_json()} for t in tasks])
     out = tempfile.mkdtemp(prefix="seed-overhead-")  # save_strategy "no": TRL only needs the folder to exist
     atexit.register(shutil.rmtree, out, True)
@@ -169,8 +185,15 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--skill-coverage", choices=["full", "collected"], default="full")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--injectors", default="system",
+                    help="Comma list of skill placements to time SEED with (skills.injector); the first is the headline.")
     bench_results.add_results_args(ap)
     args = ap.parse_args(argv)
+    from seed_agents.skills import INJECTORS, make_injector
+
+    args.injectors = [n.strip() for n in args.injectors.split(",") if n.strip()]
+    if not args.injectors or set(args.injectors) - set(INJECTORS) or len(set(args.injectors)) < len(args.injectors):
+        ap.error(f"--injectors: distinct names from {', '.join(INJECTORS)}")
     started = bench_results.now()
 
     trainer, rollout, tasks = build(args)
@@ -181,25 +204,37 @@ def main(argv: list[str] | None = None) -> None:
     t_collect = time.perf_counter() - t0
     analyzer = [c for t in batch.trajectories for c in t.calls if c.purpose == "analyzer"]
     parsed = sum(1 for t in batch.trajectories if t.skill is not None and t.skill.valid)
-    if args.skill_coverage == "full":
-        batch = fill_skills(rollout, batch)
+    batches = {}  # the same episodes and skills; only where the skill sits differs
+    for name in args.injectors:
+        rollout.injector = make_injector(name)
+        batches[name] = fill_skills(rollout, batch) if args.skill_coverage == "full" else rollout.build(batch.trajectories)
+    batch = batches[args.injectors[0]]
     with_skill = sum(p is not None for p in batch.teacher_prompt_ids)
 
-    # -- the update on that batch: SEED vs GRPO, interleaved ------------------------------
+    # -- the update on that batch: SEED (per placement) vs GRPO, interleaved --------------
     update = Updater(trainer)
-    update(batch, args.opd_coef)  # warm-up (allocations, thread pools)
+    for name in args.injectors:  # warm-up (allocations, thread pools), each side once
+        update(batches[name], args.opd_coef)
     update(batch, 0.0)
-    times: dict[str, list[tuple[float, float]]] = {"seed": [], "grpo": []}
+    sides = [*args.injectors, "grpo"]
+    times: dict[str, list[tuple[float, float]]] = {side: [] for side in sides}
     for r in range(args.repeats):
-        order = ("seed", "grpo") if r % 2 == 0 else ("grpo", "seed")
-        for side in order:
-            times[side].append(update(batch, args.opd_coef if side == "seed" else 0.0))
-        print(f"repeat {r}: SEED {times['seed'][-1][1]:.2f} s (score {times['seed'][-1][0]:.2f})   "
-              f"GRPO {times['grpo'][-1][1]:.2f} s (score {times['grpo'][-1][0]:.2f})", flush=True)
-    seed_s = statistics.median(t for _, t in times["seed"])
-    grpo_s = statistics.median(t for _, t in times["grpo"])
-    seed_score = statistics.median(s for s, _ in times["seed"])
-    grpo_score = statistics.median(s for s, _ in times["grpo"])
+        for side in sides[r % len(sides):] + sides[:r % len(sides)]:  # each side leads in turn
+            times[side].append(update(batches.get(side, batch), 0.0 if side == "grpo" else args.opd_coef))
+        print(f"repeat {r}: " + "   ".join(f"{'GRPO' if side == 'grpo' else f'SEED ({side})'} {times[side][-1][1]:.2f} s "
+                                           f"(score {times[side][-1][0]:.2f})" for side in sides), flush=True)
+    med = {side: (statistics.median(s for s, _ in times[side]), statistics.median(t for _, t in times[side]))
+           for side in sides}
+    grpo_score, grpo_s = med["grpo"]
+    seed_score, seed_s = med[args.injectors[0]]
+    placements = {}
+    for name in args.injectors:
+        pairs = [(p, r.prompt_ids) for p, r in zip(batches[name].teacher_prompt_ids, batches[name].rows) if p is not None]
+        placements[name] = {
+            "seed_score_s": med[name][0], "seed_update_s": med[name][1], "ratio": med[name][1] / grpo_s,
+            "repeats": [{"seed_score_s": s, "seed_update_s": t} for s, t in times[name]],
+            "teacher_prompt_tokens_per_row": statistics.fmean(len(p) for p, _ in pairs) if pairs else 0.0,
+            "shared_with_row_prompt_per_row": statistics.fmean(shared_len(p, q) for p, q in pairs) if pairs else 0.0}
 
     # -- the analyzer's share of one SEED iteration (collect + update; in-process sync ~0) --
     iteration_s = t_collect + seed_s
@@ -214,8 +249,11 @@ def main(argv: list[str] | None = None) -> None:
           f"skills parsed {parsed}/{len(batch.trajectories)}, rows with a teacher prompt {with_skill}/{len(rows)} "
           f"(coverage: {args.skill_coverage})")
     print(f"GRPO update : {grpo_s:.2f} s (scoring {grpo_score:.2f} s: reference)")
-    print(f"SEED update : {seed_s:.2f} s (scoring {seed_score:.2f} s: teacher + reference)")
-    print(f"ratio SEED/GRPO: {seed_s / grpo_s:.3f}   (goal <= {GOAL})")
+    for name, x in placements.items():
+        print(f"SEED update : {x['seed_update_s']:.2f} s (scoring {x['seed_score_s']:.2f} s: teacher + reference), "
+              f"skill placement {name}: teacher prompts {x['teacher_prompt_tokens_per_row']:.0f} tokens, "
+              f"{x['shared_with_row_prompt_per_row']:.0f} shared with the row's prompt")
+        print(f"ratio SEED/GRPO ({name}): {x['ratio']:.3f}   (goal <= {GOAL})")
     print(f"iteration: collect {t_collect:.2f} s + SEED update {seed_s:.2f} s = {iteration_s:.2f} s")
     print(f"analyzer: {len(analyzer)} calls, {sum(len(c.completion_ids) for c in analyzer)} tokens; "
           f"busy {busy:.2f} s ({busy / iteration_s:.1%} of the iteration), "
@@ -224,7 +262,8 @@ def main(argv: list[str] | None = None) -> None:
         "seed_overhead" if args.env == "textworld" else f"seed_overhead_{args.env}",
         {**bench_results.config_of(args), "model": Path(str(args.model)).name},
         {"repeats": [{"seed_score_s": ss, "seed_update_s": st, "grpo_score_s": gs, "grpo_update_s": gt}
-                     for (ss, st), (gs, gt) in zip(times["seed"], times["grpo"])],
+                     for (ss, st), (gs, gt) in zip(times[args.injectors[0]], times["grpo"])],
+         "placements": placements,
          "seed_update_s": seed_s, "grpo_update_s": grpo_s, "seed_score_s": seed_score, "grpo_score_s": grpo_score,
          "ratio": seed_s / grpo_s, "goal": GOAL, "collect_s": t_collect, "episodes": len(batch.trajectories),
          "rows": len(rows), "skills_parsed": parsed, "rows_with_teacher": with_skill,

@@ -129,6 +129,8 @@ def capture_overhead(results: dict[str, Result]) -> list[str]:
 
 
 SEED_GRPO_GOAL = 1.15  # issue 21's; runs before it stored the script's older goal (1.3) in their file
+PLACEMENTS = {"system": "skill in the system message", "task_line": "skill after the task line",
+              "last_turn": "skill after the prompt"}  # skills.injector
 
 
 def seed_overhead(results: dict[str, Result]) -> list[str]:
@@ -137,12 +139,23 @@ def seed_overhead(results: dict[str, Result]) -> list[str]:
     n = len(x["repeats"])
     what = (f"{c['env']}, {c['tasks']} tasks x {c['group']} episodes, {c['max_turns']} turns, "
             f"{x['rows']} rows, teacher prompts on {x['rows_with_teacher']}/{x['rows']} rows ({c['skill_coverage']})")
+    placed = x.get("placements", {})
+    if len(placed) > 1:  # one SEED row and ratio per skill placement, all against the one GRPO
+        rows = [["GRPO (lambda 0)", f"{x['grpo_update_s']:.1f}", f"{x['grpo_score_s']:.1f} (reference)"]]
+        for name, p in placed.items():
+            where = f"{PLACEMENTS.get(name, name)}: teacher prompt shares {p['shared_with_row_prompt_per_row']:.0f} " \
+                    f"of its {p['teacher_prompt_tokens_per_row']:.0f} tokens with the row's"
+            rows += [[f"SEED (lambda {c['opd_coef']:g}), {where}", f"{p['seed_update_s']:.1f}",
+                      f"{p['seed_score_s']:.1f} (teacher + reference)"],
+                     [f"ratio SEED/GRPO, {PLACEMENTS.get(name, name)}", f"{p['ratio']:.3f}",
+                      goal_words(p["ratio"], SEED_GRPO_GOAL, at_most=True)]]
+    else:
+        rows = [["GRPO (lambda 0)", f"{x['grpo_update_s']:.1f}", f"{x['grpo_score_s']:.1f} (reference)"],
+                [f"SEED (lambda {c['opd_coef']:g})", f"{x['seed_update_s']:.1f}",
+                 f"{x['seed_score_s']:.1f} (teacher + reference)"],
+                ["ratio SEED/GRPO", f"{x['ratio']:.3f}", goal_words(x["ratio"], SEED_GRPO_GOAL, at_most=True)]]
     return [source_line(r, what), "",
-            *table(["update (median of %d, interleaved)" % n, "seconds", "of which scoring"],
-                   [["GRPO (lambda 0)", f"{x['grpo_update_s']:.1f}", f"{x['grpo_score_s']:.1f} (reference)"],
-                    [f"SEED (lambda {c['opd_coef']:g})", f"{x['seed_update_s']:.1f}",
-                     f"{x['seed_score_s']:.1f} (teacher + reference)"],
-                    ["ratio SEED/GRPO", f"{x['ratio']:.3f}", goal_words(x["ratio"], SEED_GRPO_GOAL, at_most=True)]]),
+            *table(["update (median of %d, interleaved)" % n, "seconds", "of which scoring"], rows),
             "", f"Analyzer: {x['analyzer_calls']} calls, busy {x['analyzer_busy_s']:.1f} s summed over its concurrent "
                 f"calls ({x['analyzer_busy_s'] / x['iteration_s']:.0%} of the iteration's {x['iteration_s']:.1f} s: "
                 f"collect {x['collect_s']:.1f} s + SEED update); a call in flight for "

@@ -278,6 +278,47 @@ class TaskLineInjector:
         return SystemBlockInjector(self.header).inject(messages, skill)
 
 
+class LastTurnInjector:
+    """The block goes after everything the step's prompt already holds, right before the
+    model's turn: appended to the last message when it is the user's, else as a new user
+    message (after a tool result, whose content is the tool's and is left as it was).
+
+    Why it exists: with the skill this late, a teacher prompt shares every prompt token
+    before the model's turn with its row's own prompt, and the teacher rows of a group
+    share their system prompt, tool schemas and task, so the teacher pass's shared-prefix
+    scoring computes them once per group, as the reference pass does (with the system
+    block each episode's skill splits them early); and a teacher scored on top of the
+    training forward's own prompt becomes possible (``bench/seed_overhead.py
+    --injectors``). It is also the placement nearest the action,
+    which a small model may follow more readily; whether it teaches as well as the system
+    block is a learning question, not a given.
+    """
+
+    def __init__(self, header: str = SKILL_HEADER) -> None:
+        self.header = header
+
+    def inject(self, messages: list[BaseMessage], skill: str) -> list[BaseMessage]:
+        block = skill_block(skill, self.header)
+        out = list(messages)
+        if out and out[-1].type == "human" and isinstance(out[-1].content, str):
+            last = out[-1].content.rstrip()
+            out[-1] = _with_content(out[-1], f"{last}\n\n{block}" if last else block)
+            return out
+        return [*out, HumanMessage(block)]
+
+
+INJECTORS: dict[str, type[SystemBlockInjector] | type[TaskLineInjector] | type[LastTurnInjector]] = {
+    "system": SystemBlockInjector, "task_line": TaskLineInjector, "last_turn": LastTurnInjector}
+
+
+def make_injector(name: str) -> SkillInjector:
+    """The injector a config names (``skills.injector``, ``skills eval``'s ``injector``)."""
+    try:
+        return INJECTORS[name]()
+    except KeyError:
+        raise ValueError(f"unknown skill injector {name!r}; choose from {', '.join(INJECTORS)}") from None
+
+
 # -- teacher prompts ----------------------------------------------------------------
 
 def messages_from_dicts(dicts: Sequence[dict[str, Any]]) -> list[BaseMessage]:

@@ -83,7 +83,7 @@ from seed_agents.graphs.hindsight import with_hindsight
 from seed_agents.graphs.tool_agent import build_tool_agent
 from seed_agents.imports import load_object, load_reward
 from seed_agents.runner import EpisodeRunner
-from seed_agents.skills import SystemBlockInjector, TaskLineInjector
+from seed_agents.skills import make_injector
 from seed_agents.store import (
     CycleRecord,
     ModelVersionRecord,
@@ -340,7 +340,7 @@ class ContinualLoop:
         policy = build_policy(tcfg, out)
         if base.path:
             load_adapter_weights(policy.model, base.path)
-        injector = TaskLineInjector() if self.cfg.skills.injector == "task_line" else SystemBlockInjector()
+        injector = make_injector(self.cfg.skills.injector)
         batch = GraphRollout(None, policy.llm, skills=self.cfg.skills.source, injector=injector,  # type: ignore[arg-type]
                              merge_rows=self.cfg.trainer.merge_rows).build(trajs)
 

@@ -38,7 +38,7 @@ from seed_agents.imports import load_object
 from seed_agents.metrics import summarize
 from seed_agents.preflight import check_backend, check_out, load_suite, suite_tasks
 from seed_agents.runner import EpisodeRunner, check_fault_budget, default_reward
-from seed_agents.skills import SystemBlockInjector, TaskLineInjector
+from seed_agents.skills import make_injector
 from seed_agents.store import RewardPolicy, StoreError, TraceStore
 from seed_agents.trainers.rollout import GraphRollout
 from seed_agents.trainers.seed_trainer import SEEDTrainer
@@ -289,7 +289,7 @@ def build_rollout(cfg: TrainConfig, src: TaskSource, policy: Policy, out: Path) 
     """The ``Rollout`` the trainer calls each iteration: the agent graph wrapped by the
     hindsight node and played by the runner, or (``--from-store``) recorded sessions."""
     skills = cfg.skills
-    injector = TaskLineInjector() if skills.injector == "task_line" else SystemBlockInjector()
+    injector = make_injector(skills.injector)
     analyzer = build_analyzer(cfg, policy, src.suite)
     if src.store is not None:
 

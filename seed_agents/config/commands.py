@@ -52,7 +52,7 @@ class SkillConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     source: Literal["self", "external", "frozen", "rule_based", "none"] = Field("self", description="self: SEED; none: plain GRPO; external: another model writes skills (OPID-style); frozen: the initial policy, never synced; rule_based: the env suite's offline analyzer (EnvSuite.offline_analyzer: skills read off the trajectory, an ablation).")
-    injector: Literal["system", "task_line"] = Field("system", description="system: a delimited block in the system message; task_line: after 'Your task is to:' (ALFWorld).")
+    injector: Literal["system", "task_line", "last_turn"] = Field("system", description="system: a delimited block in the system message; task_line: after 'Your task is to:' (ALFWorld); last_turn: after the whole prompt, right before the model's turn (the teacher then shares the row's prompt).")
     min_words: int = Field(5, ge=1, description="Shorter skills are rejected.")
     max_words: int = Field(120, ge=5, description="Longer skills are rejected.")
     max_tokens: int = Field(256, ge=16, le=8192, description="Analyzer completion budget.")

@@ -67,7 +67,7 @@ class UsefulnessConfig(BaseModel):
     trajectories: Path | None = Field(None, description="trajectories.jsonl of a collect run (Trajectory records with token ids).")
     examples: list[Path] = Field(default_factory=list, description="examples.jsonl files, one per analyzer (SkillExample.analyzer names it).")
     model: str = Field("smollm2-135m", description="The policy that scores (alias, folder or hub id); its tokenizer must be the one that recorded the episodes.")
-    injector: Literal["system", "task_line"] = Field("system", description="Where the skill goes, as in training (skills.injector).")
+    injector: Literal["system", "task_line", "last_turn"] = Field("system", description="Where the skill goes, as in training (skills.injector).")
     tasks_from: Path | None = Field(None, description="Keep only these tasks: a JSON list of task ids, or a file with 'heldout_task_ids' (sft_summary.json).")
     split: str | None = Field(None, description="Keep only episodes of this split.")
     out: Path = Field(Path("runs/skills_eval"), description="Output directory (usefulness.json).")
@@ -444,7 +444,7 @@ def run_usefulness(cfg: UsefulnessConfig) -> dict[str, Any]:
     from seed_agents.chat_model import SeedChatModel
     from seed_agents.models import check_model_folder, resolve_model
     from seed_agents.preflight import check_out, load_suite
-    from seed_agents.skills import SystemBlockInjector, TaskLineInjector
+    from seed_agents.skills import make_injector
 
     # -- checks: inputs, --out, the model and the re-run's env, before the slow scoring ------
     t0 = time.perf_counter()
@@ -455,7 +455,7 @@ def run_usefulness(cfg: UsefulnessConfig) -> dict[str, Any]:
     suite = load_suite(cfg.rerun.env, seed=cfg.seed, options=cfg.rerun.env_options) if cfg.rerun.enabled else None
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    injector = TaskLineInjector() if cfg.injector == "task_line" else SystemBlockInjector()
+    injector = make_injector(cfg.injector)
     result = evaluate_skills(model, tokenizer, trajs, by_analyzer, injector=injector, paired=cfg.paired,
                              max_episodes=cfg.max_episodes, batch_size=cfg.batch_size, share_prefix=cfg.share_prefix)
     result["counts"] = {**counts, **result["counts"]}

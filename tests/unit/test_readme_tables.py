@@ -165,6 +165,16 @@ def test_seed_overhead_table_header_names_the_departures_and_the_miss(tmp_path):
             "group size 2 (paper 8); max turns 2 (paper 30); max response tokens 16 (paper 512).") in text
     # judged against issue 21's goal (1.15), whatever goal the run stored
     assert "| ratio SEED/GRPO | 1.304 | goal <= 1.15: missed by 0.15 |" in text
+    # several skill placements: a SEED row and a ratio each, against the one GRPO
+    place = {"seed_score_s": 20.0, "seed_update_s": 54.9, "ratio": 54.9 / 42.1, "repeats": [{}, {}],
+             "teacher_prompt_tokens_per_row": 290.0, "shared_with_row_prompt_per_row": 4.0}
+    res["placements"] = {"system": place, "last_turn": {**place, "seed_update_s": 46.0, "ratio": 46.0 / 42.1,
+                                                        "shared_with_row_prompt_per_row": 229.0}}
+    write_result("seed_overhead", config, res, paper=so.PAPER, labels=so.LABELS, results_dir=tmp_path / "results")
+    text = render(tmp_path, "seed_overhead")
+    assert text.count("| GRPO (lambda 0) |") == 1 and "| ratio SEED/GRPO, skill in the system message | 1.304 |" in text
+    assert ("| SEED (lambda 0.01), skill after the prompt: teacher prompt shares 229 of its 290 tokens with the row's "
+            "| 46.0 |") in text and "| ratio SEED/GRPO, skill after the prompt | 1.093 | goal <= 1.15: met |" in text
 
 
 def test_update_memory_and_skill_usefulness_render_from_their_scripts_keys(tmp_path):

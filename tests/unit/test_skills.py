@@ -12,11 +12,13 @@ from seed_agents.graphs.env_agent import build_env_agent
 from seed_agents.graphs.tool_agent import build_tool_agent
 from seed_agents.skills import (
     SKILL_HEADER,
+    LastTurnInjector,
     SystemBlockInjector,
     TaskLineInjector,
     build_analyzer_messages,
     episode_steps,
     format_trajectory,
+    make_injector,
     messages_from_dicts,
     parse_skill,
     teacher_prompt_ids,
@@ -192,6 +194,25 @@ def test_task_line_injector_fallbacks():
     assert only_sys[0].content == SystemBlockInjector().inject([SystemMessage("sys")], SKILL)[0].content
 
 
+def test_last_turn_injector_goes_after_the_whole_prompt():
+    msgs = [SystemMessage("sys"), HumanMessage("What is 3 + 4?\n")]
+    out = LastTurnInjector().inject(msgs, SKILL)
+    assert out[0] is msgs[0] and msgs[1].content == "What is 3 + 4?\n"  # pure
+    assert out[1].content == f"What is 3 + 4?\n\n{SKILL_HEADER}\n<skill>\n{SKILL}\n</skill>"
+    # after a tool result the result stays the tool's: the block is a user message of its own
+    tool = [*msgs, AIMessage("", tool_calls=[{"name": "add", "args": {}, "id": "c1"}]),
+            ToolMessage("7.0", tool_call_id="c1", name="add")]
+    out = LastTurnInjector().inject(tool, SKILL)
+    assert out[:4] == tool and out[4].type == "human" and out[4].content == f"{SKILL_HEADER}\n<skill>\n{SKILL}\n</skill>"
+
+
+def test_make_injector_names_each_placement_and_rejects_others():
+    assert {type(make_injector(n)) for n in ("system", "task_line", "last_turn")} == {
+        SystemBlockInjector, TaskLineInjector, LastTurnInjector}
+    with pytest.raises(ValueError, match="unknown skill injector 'end'; choose from system, task_line, last_turn"):
+        make_injector("end")
+
+
 # -- teacher prompts ----------------------------------------------------------------------
 
 class Identity:
@@ -228,6 +249,26 @@ def test_teacher_prompt_round_trips_and_holds_the_skill(tokenizer, history):
             assert text.endswith("<|im_start|>assistant\n")  # still a generation prompt
         assert call.completion_ids == before  # only the prompt side changes
     assert SKILL in tokenizer.decode(teacher_prompt_ids(llm, calls[0], SKILL))  # default injector
+
+
+def _shared(a, b):
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
+
+
+@pytest.mark.parametrize("history", ["window", "chat"])
+def test_last_turn_teacher_prompt_shares_the_whole_prompt_before_the_turn(tokenizer, history):
+    """What the placement is for: the teacher prompt is the row's prompt with the skill
+    where the last message ends, so all but the closing tokens are shared; the system
+    block shares almost nothing."""
+    llm = make_llm(tokenizer, ["unused"])
+    turn = len(tokenizer("<|im_end|>\n<|im_start|>assistant\n")["input_ids"])
+    for call in env_calls(tokenizer, history):
+        last = _shared(teacher_prompt_ids(llm, call, SKILL, LastTurnInjector()), call.prompt_ids)
+        assert last >= len(call.prompt_ids) - turn
+        assert _shared(teacher_prompt_ids(llm, call, SKILL, SystemBlockInjector()), call.prompt_ids) < last
 
 
 @pytest.mark.parametrize("tool_format", ["hermes", "native"])
