@@ -51,6 +51,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import re
 import statistics
 import sys
 from pathlib import Path
@@ -189,6 +190,32 @@ def quoted_answers(out: Path) -> dict[str, float]:
             answer = (traj.policy_calls[-1].text or "").lstrip()
             quoted.setdefault(int(traj.metadata["iteration"]) + 1, []).append(answer.startswith("<tool_response>"))
     return {str(u): statistics.fmean(v) for u, v in sorted(quoted.items())}
+
+
+def _says(text: str, value: Any) -> bool:
+    """``value`` appears in ``text`` as a word of its own (not inside a longer word or number)."""
+    return re.search(rf"(?<![\w.]){re.escape(str(value))}(?![\w])", text, flags=re.IGNORECASE) is not None
+
+
+def skill_content(out: Path, tasks: Path) -> dict[str, float]:
+    """What the run's valid skills name about the task they were written for: the tool its
+    calls need, every argument of those calls, the answer. A 135M model can copy a call a
+    skill names (the oracle names it, in every skill); a skill that names none of them gives
+    the teacher nothing about this task's action to carry. Shares of the valid skills."""
+    by_id = {t["task_id"]: t["data"] for t in read_jsonl(tasks)}
+    valid = [r for r in read_jsonl(out / "skills.jsonl") if r.get("valid") and r.get("task_id") in by_id]
+    if not valid:
+        return {}
+
+    def names(r: dict[str, Any]) -> tuple[bool, bool, bool]:
+        data, text = by_id[r["task_id"]], r.get("skill") or ""
+        calls = data.get("calls", [])
+        return (bool(calls) and all(_says(text, c["name"]) for c in calls),
+                bool(calls) and all(_says(text, v) for c in calls for v in c["args"].values()),
+                _says(text, data["answer"]))
+    seen = [names(r) for r in valid]
+    return {"valid": float(len(valid)), **{key: statistics.fmean(x[i] for x in seen)
+                                           for i, key in enumerate(("names_tool", "names_args", "names_answer"))}}
 
 
 def per_update(out: Path) -> list[dict[str, Any]]:
@@ -455,6 +482,11 @@ def main(argv: list[str] | None = None) -> None:
             run["quoted_answers"] = quoted_answers(args.work / name)
     analysis["quoted_answers"] = {name: run["quoted_answers"] for name, run in sorted(packed.items())
                                   if run.get("quoted_answers")}
+    for name, run in packed.items():  # likewise: what the skills named, where the run wrote any
+        if "skill_content" not in run and (args.work / name / "skills.jsonl").exists():
+            run["skill_content"] = skill_content(args.work / name, tasks)
+    analysis["skill_content"] = {name: run["skill_content"] for name, run in sorted(packed.items())
+                                 if run.get("skill_content")}
     # one optimizer step per batch: the tokens outside the PPO clip are those whose recorded old
     # log-prob and the trainer's already disagree by more than the clip: bf16's rounding gap, and
     # in any precision tokens sampled under a grammar (their old log-prob is the masked one,
@@ -496,6 +528,9 @@ def main(argv: list[str] | None = None) -> None:
     for name, shares in analysis["quoted_answers"].items():
         print(f"{name}: final held-out answers that copy a tool's response whole, per evaluation: "
               + ", ".join(f"update {u} {v:.2f}" for u, v in shares.items()))
+    for name, c in analysis["skill_content"].items():
+        print(f"{name}: of {c['valid']:.0f} valid training skills, {c['names_tool']:.2f} name the tool the task needs, "
+              f"{c['names_args']:.2f} every argument of its calls, {c['names_answer']:.2f} the answer")
     if analysis["clip_frac"]:
         print("tokens outside the PPO clip at their one step, mean over updates: "
               + ", ".join(f"{name} {v:.4f}" for name, v in analysis["clip_frac"].items()))

@@ -716,6 +716,12 @@ def learning_curve(results: dict[str, Result], name: str = "learning_curve") -> 
                     "the verifier when the number is in it), first and last evaluation: " + "; ".join(
                         f"{run} {shares[min(shares, key=int)]:.2f} -> {shares[max(shares, key=int)]:.2f}"
                         for run, shares in quoted.items()) + "."]
+    named = x.get("skill_content") or {}
+    if named:  # a skill gives the teacher something to carry only if it names this task's action
+        out += ["", "What the valid training skills name about their own task (the tool its calls need / every "
+                    "argument / the answer): " + "; ".join(
+                        f"{run} {c['names_tool']:.2f} / {c['names_args']:.2f} / {c['names_answer']:.2f} "
+                        f"of {c['valid']:.0f}" for run, c in named.items()) + "."]
     out += against_nearest_curve(results, name)
     for key, label in (("seed_minus_grpo", "SEED"), ("seed_oracle_minus_grpo", "SEED with oracle skills (seed-oracle)")):
         d = x.get(key)

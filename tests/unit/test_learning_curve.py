@@ -231,6 +231,29 @@ def test_quoted_answers_counts_final_answers_that_copy_a_tool_response(tmp_path)
     assert quoted_answers(tmp_path) == {"0": 0.0, "8": pytest.approx(2 / 3)}
 
 
+def test_skill_content_counts_what_valid_skills_name_about_their_own_task(tmp_path):
+    """The oracle's skill names the tool and every argument; a skill about another task, or
+    a number inside a longer one, names nothing; invalid skills are not counted."""
+    from bench.atlas_skills import oracle_skill
+    from bench.learning_curve import skill_content
+
+    lookup = {"question": "What is the population of Zixpis?", "answer": 36375,
+              "calls": [{"name": "lookup", "args": {"place": "Zixpis", "field": "population"}}]}
+    add = {"question": "What is 12 + 30?", "answer": 42, "calls": [{"name": "add", "args": {"a": 12, "b": 30}}]}
+    tasks = tmp_path / "train.jsonl"
+    tasks.write_text(json.dumps({"task_id": "a", "data": lookup}) + "\n" + json.dumps({"task_id": "b", "data": add}) + "\n")
+    skills = [("a", oracle_skill(lookup, "specific"), True),   # tool + args
+              ("a", "The population of Zixpis is 36375.", True),  # args + answer, no tool
+              ("b", "Call add with 12 and 300 to get 4200.", True),  # tool; 300 is not 30, 4200 not 42
+              ("b", "Use lookup for Zixpis population.", True),  # another task's words: nothing
+              ("a", "call lookup with place Zixpis and field population", False)]  # invalid: not counted
+    (tmp_path / "skills.jsonl").write_text("".join(json.dumps({"task_id": t, "skill": k, "valid": v}) + "\n"
+                                                   for t, k, v in skills))
+    assert skill_content(tmp_path, tasks) == {"valid": 4.0, "names_tool": 0.5, "names_args": 0.5, "names_answer": 0.25}
+    (tmp_path / "skills.jsonl").write_text("")
+    assert skill_content(tmp_path, tasks) == {}
+
+
 def test_a_benchmark_killed_with_sigterm_stops_the_training_run_it_started(tmp_path):
     """``kill PID`` on the benchmark reaches only it; its training child must not run on alone."""
     import os

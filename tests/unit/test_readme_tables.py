@@ -390,6 +390,16 @@ def test_a_curve_whose_answers_copy_the_tool_response_says_so():
     assert "copy a tool's response whole" in text and "first and last evaluation: grpo-s0 0.00 -> 1.00." in text
 
 
+def test_a_curve_says_what_its_skills_named():
+    pilot = load_result(ROOT / "docs" / "results" / "learning_curve_guided.json")
+    x = json.loads(json.dumps(pilot.results))
+    assert "What the valid training skills name" not in "\n".join(tables.learning_curve({pilot.name: pilot}, pilot.name))
+    x["skill_content"] = {"seed-s0": {"valid": 86.0, "names_tool": 0.0, "names_args": 0.128, "names_answer": 0.081}}
+    pilot = dataclasses.replace(pilot, results=x)
+    text = "\n".join(tables.learning_curve({pilot.name: pilot}, pilot.name))
+    assert "(the tool its calls need / every argument / the answer): seed-s0 0.00 / 0.13 / 0.08 of 86." in text
+
+
 def test_a_bf16_layout_reads_against_the_bf16_ceiling():
     """A layout's achieved rate is read against the ceiling of the number format it computed
     in: the same GFLOP/s are a smaller share of the bf16 ceiling than of the fp32 one."""
