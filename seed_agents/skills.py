@@ -80,7 +80,8 @@ def episode_steps(calls: Sequence[LLMCall]) -> list[tuple[str, str]]:
 
     The observation is the content of the last user or tool message the model saw (with
     a history window it also holds the recent history; with a growing chat it is the
-    newest turn); the response is the decoded completion. Works for any captured graph.
+    newest turn); the response is the decoded completion, after the prefill it continued
+    where the call had one. Works for any captured graph.
     """
     steps = []
     for call in calls:
@@ -89,7 +90,12 @@ def episode_steps(calls: Sequence[LLMCall]) -> list[tuple[str, str]]:
         observation = next(
             (str(m.get("content") or "") for m in reversed(call.messages) if m.get("role") in ("user", "tool")), ""
         )
-        steps.append((observation, call.text))
+        # a prefill the model continued (a forced or guided call's opening, the last,
+        # assistant message) is part of the action: without it the analyzer reads a call
+        # that starts mid-JSON ('lookup", "arguments": ...') and cannot tell what was done
+        last = call.messages[-1] if call.messages else {}
+        prefill = str(last.get("content") or "") if last.get("role") == "assistant" else ""
+        steps.append((observation, prefill + call.text))
     return steps
 
 

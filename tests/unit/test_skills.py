@@ -155,6 +155,10 @@ def test_episode_steps_take_policy_calls_and_the_last_user_or_tool_message():
         call([{"role": "user", "content": "analyze"}], "{}", purpose="analyzer"),
     ]
     assert episode_steps(calls) == [("obs 0", "act 0"), ("7.0", "act 1")]
+    # a forced call's opening (the prompt's last, assistant message) is part of the action
+    forced = call([{"role": "user", "content": "q"}, {"role": "assistant", "content": '<tool_call>\n{"name": "'}],
+                  'lookup", "arguments": {}}\n</tool_call>')
+    assert episode_steps([forced]) == [("q", '<tool_call>\n{"name": "lookup", "arguments": {}}\n</tool_call>')]
 
 
 # -- injectors --------------------------------------------------------------------------
