@@ -47,6 +47,7 @@ import asyncio
 import json
 import os
 import random
+import re
 import subprocess
 import sys
 import time
@@ -117,6 +118,58 @@ class OracleSkills(BaseChatModel):
 
 
 _QUESTIONS = _questions()
+
+
+# -- hindsight read off the episode: what a rule can say without the manifest ---------------
+
+_RESPONSE = re.compile(r"^Response: (.*?)(?=\n\nStep \d+\n|\n\n\[\.\.\. \d+ steps omitted|\Z)", re.DOTALL | re.MULTILINE)
+
+
+def call_phrase(call: dict[str, Any]) -> str:
+    """A parsed call in words: 'lookup with place "Malam" and field "area"'."""
+    args = call.get("args") or {}
+    return f"{call['name']} with " + " and ".join(f'{k} "{v}"' for k, v in args.items()) if args else call["name"]
+
+
+def episode_skill(prompt: str, failures: Literal["name", "none"]) -> str:
+    """The skill a rule reads off the analyzer prompt's episode: on a success, the calls it
+    made as a workflow (for a lookup task, the oracle's sentence when the call was right);
+    on a failure, the calls that did not answer (``name``) or nothing, which the parser
+    rejects and counts (``none``); without a call that parsed, that none did."""
+    from seed_agents.tool_calls import parse_tool_calls
+
+    success = "- episode_success: success" in prompt
+    trajectory = prompt.split("- Interaction trajectory:", 1)[-1]
+    calls = [c for r in _RESPONSE.findall(trajectory) for c in parse_tool_calls(r)[1]]
+    if success and calls:
+        text = ", then ".join(f"call {call_phrase(c)}" for c in calls) + ", then give the number it returns as the final answer."
+        return text[0].upper() + text[1:]
+    if failures == "none":
+        return ""
+    if not calls:
+        return "The episode made no tool call that parsed."
+    return "Calling " + ", then ".join(call_phrase(c) for c in calls) + " did not answer this question."
+
+
+class EpisodeSkills(BaseChatModel):
+    """A LangChain chat model that answers the analyzer prompt with hindsight read off the
+    episode it shows (the calls the agent made, the outcome), by rule: no manifest, no
+    model. Between the oracle (the task's own call in every skill) and the policy's own
+    skills (a 135M writer): what one episode's hindsight can carry when it is written well."""
+
+    failures: Literal["name", "none"] = "name"
+
+    @property
+    def _llm_type(self) -> str:
+        return f"atlas-episode-{self.failures}"
+
+    def _generate(self, messages: list[BaseMessage], stop: Any = None, run_manager: Any = None,
+                  **kwargs: Any) -> ChatResult:
+        prompt = "\n".join(str(m.content) for m in messages)
+        if "- Interaction trajectory:" not in prompt:
+            raise ValueError("not an analyzer prompt: no '- Interaction trajectory:' section")
+        reply = {"episode_summary": "Read off the episode by rule.", "episode_skill": episode_skill(prompt, self.failures)}
+        return ChatResult(generations=[ChatGeneration(message=AIMessage(content=json.dumps(reply)))])
 
 
 # -- the three steps -------------------------------------------------------------------------

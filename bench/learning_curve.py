@@ -12,7 +12,11 @@ periodic held-out evaluation), so the curve is the product's, not a re-implement
   from the task manifest (``bench.atlas_skills:OracleSkills`` as ``skills.chat_model``): not a
   method (no analyzer in training has the manifest) but the bound on what the distillation
   term can do at this scale with a skill the model can copy (its margin: +0.11 nat/token,
-  docs/results/atlas_skills.json).
+  docs/results/atlas_skills.json);
+- ``seed-episode``: SEED whose skills are read off each episode by rule
+  (``bench.atlas_skills:EpisodeSkills``): on a success the calls it made, on a failure the calls
+  that did not answer. No manifest and no model: what one episode's hindsight can carry when
+  it is written well, between the oracle and the policy's own skills.
 
 Every ``--eval-every`` updates (and before the first) the whole held-out set is played
 greedily (disjoint places: a gain is a gain in using the tools, not a remembered fact) and
@@ -65,8 +69,9 @@ from bench.children import run_logged, stop_children_on_sigterm  # noqa: E402
 from bench.results import add_results_args, config_of, now, write_result  # noqa: E402
 from bench.stats import compare, seeds_needed  # noqa: E402
 
-METHODS = ("grpo", "seed", "seed-oracle")
+METHODS = ("grpo", "seed", "seed-oracle", "seed-episode")
 ORACLE = {"source": "external", "chat_model": "bench.atlas_skills:OracleSkills", "chat_model_kwargs": {"style": "specific"}}
+EPISODE = {"source": "external", "chat_model": "bench.atlas_skills:EpisodeSkills", "chat_model_kwargs": {"failures": "name"}}
 LEVELS = ("parsed", "right_calls", "right_answer")
 MIN_SEEDS = 3  # the issue's CI is over seeds as well as held-out tasks
 AGENT_MAX_TURNS = 4  # examples.atlas_tasks.build_agent's default; `train` builds the graph with it
@@ -114,7 +119,7 @@ def train_config(args: argparse.Namespace, method: str, seed: int, tasks: Path, 
                     **({"precision": args.precision} if args.precision != "float32" else {})},
         "sampling": {"max_tokens": args.max_tokens, "temperature": args.temperature},
         "runner": {"group_size": args.group, "concurrency": args.tasks_per_update * args.group, "progress": False},
-        "skills": {**(ORACLE if method == "seed-oracle" else {"source": "self" if method == "seed" else "none"}),
+        "skills": {**{"seed-oracle": ORACLE, "seed-episode": EPISODE, "seed": {"source": "self"}}.get(method, {"source": "none"}),
                    "max_tokens": args.skill_tokens},
         "trainer": {"learning_rate": args.lr, "lora_r": args.lora_r, "lora_alpha": 2 * args.lora_r,
                     "opd_coef": 0.0 if method == "grpo" else skill_opd_coef(args),
@@ -389,7 +394,7 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--methods", default="grpo,seed",
-                   help=f"Comma list of {', '.join(METHODS)} (seed-oracle: the bound with manifest-written skills).")
+                   help=f"Comma list of {', '.join(METHODS)} (seed-oracle: the bound with manifest-written skills; seed-episode: skills read off each episode by rule).")
     p.add_argument("--seeds", default="0,1,2", help="Comma list of seeds (each method runs every seed).")
     p.add_argument("--level", type=int, default=0, help="Atlas level (0: one lookup; docs/results/atlas_band.json).")
     p.add_argument("--first-turn", choices=["forced", "auto"], default="forced")

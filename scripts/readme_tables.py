@@ -723,7 +723,8 @@ def learning_curve(results: dict[str, Result], name: str = "learning_curve") -> 
                         f"{run} {c['names_tool']:.2f} / {c['names_args']:.2f} / {c['names_answer']:.2f} "
                         f"of {c['valid']:.0f}" for run, c in named.items()) + "."]
     out += against_nearest_curve(results, name)
-    for key, label in (("seed_minus_grpo", "SEED"), ("seed_oracle_minus_grpo", "SEED with oracle skills (seed-oracle)")):
+    for key, label in (("seed_minus_grpo", "SEED"), ("seed_oracle_minus_grpo", "SEED with oracle skills (seed-oracle)"),
+                       ("seed_episode_minus_grpo", "SEED with skills read off each episode (seed-episode)")):
         d = x.get(key)
         if d:
             out += ["", f"{label} - GRPO, final held-out answer success paired by seed (n={d['n']}): "

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from bench.atlas_skills import OracleSkills, bootstrap_margin, oracle_skill
+from bench.atlas_skills import EpisodeSkills, OracleSkills, bootstrap_margin, oracle_skill
 from examples.atlas_tasks import make_tasks
-from seed_agents.skills import build_analyzer_messages, parse_skill
+from seed_agents.skills import build_analyzer_messages, episode_steps, parse_skill
+from seed_agents.types import LLMCall
 
 
 @pytest.mark.parametrize("style", ["specific", "generic"])
@@ -32,6 +33,48 @@ def test_oracle_skills_read_the_manifest_not_the_outcome():
     data = {"calls": [{"name": "lookup", "args": {"place": "Malam", "field": "area"}}]}
     assert oracle_skill(data, "specific") == ('Call lookup with place "Malam" and field "area", '
                                               "then give the number it returns as the final answer.")
+
+
+def _forced(question: str, *continuations: str) -> list[LLMCall]:
+    """Policy calls as capture records them with a forced first turn: the opening
+    ('<tool_call>\\n{"name": "') is the prompt's last message, the completion continues it."""
+    opening = '<tool_call>\n{"name": "'
+    calls = []
+    for i, text in enumerate(continuations):
+        messages = [{"role": "user", "content": question}]
+        if i == 0:
+            messages.append({"role": "assistant", "content": opening})
+        else:
+            messages.append({"role": "tool", "content": "<tool_response>\n7\n</tool_response>", "tool_call_id": "c"})
+        calls.append(LLMCall(messages=messages, prompt_ids=[1], completion_ids=[2], logprobs=[-0.1], text=text))
+    return calls
+
+
+def _episode_skill(calls: list[LLMCall], success: bool, failures: str = "name") -> tuple[str, str | None]:
+    messages = build_analyzer_messages(calls[0].messages[0]["content"], success, episode_steps(calls))
+    _, skill, reason = parse_skill(EpisodeSkills(failures=failures).invoke(messages).content)
+    return skill, reason
+
+
+def test_episode_skills_read_the_calls_and_the_outcome_off_the_episode():
+    """No manifest: a success's skill is the calls it made (for a right lookup, the oracle's
+    own sentence); a failure's names the calls that did not answer, or is left out."""
+    task = make_tasks("train", per_level=1, levels=[0])[0]
+    args = task.data["calls"][0]["args"]
+    right = f'lookup", "arguments": {{"place": "{args["place"]}", "field": "{args["field"]}"}}}}\n</tool_call>'
+    episode = _forced(task.data["question"], right, "It is 7.")
+    assert _episode_skill(episode, True) == (oracle_skill(task.data, "specific"), None)
+    assert _episode_skill(episode, False) == (
+        f'Calling lookup with place "{args["place"]}" and field "{args["field"]}" did not answer this question.', None)
+    skill, reason = _episode_skill(episode, False, failures="none")
+    assert skill == "" and reason.startswith("skill too short")
+    two = _forced("What is 3 + 4 squared?", 'add", "arguments": {"a": 3, "b": 4}}\n</tool_call>',
+                  '<tool_call>\n{"name": "multiply", "arguments": {"a": 7, "b": 7}}\n</tool_call>', "49")
+    assert _episode_skill(two, True)[0] == ('Call add with a "3" and b "4", then call multiply with a "7" and b "7", '
+                                            "then give the number it returns as the final answer.")
+    assert _episode_skill(_forced("Q?", "not a call"), False)[0] == "The episode made no tool call that parsed."
+    with pytest.raises(ValueError, match="not an analyzer prompt"):
+        EpisodeSkills().invoke("What is the area of Malam?")
 
 
 def _episode(task, success, delta):
@@ -72,6 +115,14 @@ def test_training_can_take_its_skills_from_the_oracle_as_a_langchain_chat_model(
     task = make_tasks("train", per_level=1, levels=[0])[0]
     skill = asyncio.run(write_skill(analyzer, [], task.data["question"], False, trajectory_id="t", task_id="k"))
     assert skill.valid and f'"{task.data["calls"][0]["args"]["place"]}"' in skill.skill
+    # the episode-rule analyzer takes the same road, and reads the calls the hindsight node passes it
+    ruled = build_analyzer(TrainConfig(skills={**skills, "chat_model": "bench.atlas_skills:EpisodeSkills",
+                                               "chat_model_kwargs": {"failures": "name"}}), policy=None)
+    args = task.data["calls"][0]["args"]
+    right = f'lookup", "arguments": {{"place": "{args["place"]}", "field": "{args["field"]}"}}}}\n</tool_call>'
+    skill = asyncio.run(write_skill(ruled, _forced(task.data["question"], right, "7"), task.data["question"], True,
+                                    trajectory_id="t", task_id="k"))
+    assert skill.valid and skill.skill == oracle_skill(task.data, "specific")
     with pytest.raises(ConfigError, match="skills.chat_model: cannot import 'bench.nowhere'"):
         build_analyzer(TrainConfig(skills={**skills, "chat_model": "bench.nowhere:X"}), policy=None)
     with pytest.raises(ConfigError, match="skills.chat_model: "):

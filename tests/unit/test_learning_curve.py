@@ -71,6 +71,11 @@ def test_grpo_and_seed_differ_only_in_the_skills_and_the_distillation(tmp_path):
     assert oracle["skills"] == {"source": "external", "chat_model": "bench.atlas_skills:OracleSkills",
                                 "chat_model_kwargs": {"style": "specific"}, "max_tokens": 64}
     assert {k for k in oracle if oracle[k] != seed[k]} == {"skills"}
+    # so is the episode-rule method: its skills read off each episode, no manifest
+    episode = train_config(args, "seed-episode", 1, tmp_path / "t.jsonl", tmp_path / "h.jsonl", 200, 80, tmp_path / "seed")
+    assert episode["skills"] == {"source": "external", "chat_model": "bench.atlas_skills:EpisodeSkills",
+                                 "chat_model_kwargs": {"failures": "name"}, "max_tokens": 64}
+    assert {k for k in episode if episode[k] != seed[k]} == {"skills"}
     # another OPD weight moves the skill methods only: GRPO's run (and its stored digest) stays as it was
     heavier = argparse.Namespace(**{**vars(args), "opd_coef": 0.1})
     assert train_config(heavier, "grpo", 1, tmp_path / "t.jsonl", tmp_path / "h.jsonl", 200, 80, tmp_path / "grpo") == grpo
@@ -88,6 +93,7 @@ def test_every_skill_method_is_paired_with_grpo_by_seed():
     d = a["seed_oracle_minus_grpo"]
     assert d["n"] == 3 and d["mean"] == pytest.approx(0.5 - 0.25) and d["higher"] == 3
     assert "seed_oracle_minus_grpo" not in analyse({"seed-oracle": gain, "seed": flat})
+    assert analyse({"grpo": flat, "seed-episode": gain})["seed_episode_minus_grpo"]["higher"] == 3
 
 
 def test_a_run_packs_into_the_result_file_and_unpacks_unchanged():
