@@ -287,7 +287,9 @@ class TaskLineInjector:
 class LastTurnInjector:
     """The block goes after everything the step's prompt already holds, right before the
     model's turn: appended to the last message when it is the user's, else as a new user
-    message (after a tool result, whose content is the tool's and is left as it was).
+    message (after a tool result, whose content is the tool's and is left as it was). A
+    prefill the model continued (a forced call's opening, the last, assistant message) stays
+    last, with the skill before it.
 
     Why it exists: with the skill this late, a teacher prompt shares every prompt token
     before the model's turn with its row's own prompt, and the teacher rows of a group
@@ -304,6 +306,8 @@ class LastTurnInjector:
         self.header = header
 
     def inject(self, messages: list[BaseMessage], skill: str) -> list[BaseMessage]:
+        if messages and messages[-1].type == "ai":  # a prefill the model continues: it stays last
+            return [*self.inject(list(messages[:-1]), skill), messages[-1]]
         block = skill_block(skill, self.header)
         out = list(messages)
         if out and out[-1].type == "human" and isinstance(out[-1].content, str):

@@ -208,6 +208,10 @@ def test_last_turn_injector_goes_after_the_whole_prompt():
             ToolMessage("7.0", tool_call_id="c1", name="add")]
     out = LastTurnInjector().inject(tool, SKILL)
     assert out[:4] == tool and out[4].type == "human" and out[4].content == f"{SKILL_HEADER}\n<skill>\n{SKILL}\n</skill>"
+    # a forced call's opening stays last: the skill goes before it, where the turn began
+    forced = [*msgs, AIMessage('<tool_call>\n{"name": "')]
+    out = LastTurnInjector().inject(forced, SKILL)
+    assert out[-1] is forced[-1] and out[1].content.endswith(f"{SKILL_HEADER}\n<skill>\n{SKILL}\n</skill>")
 
 
 def test_make_injector_names_each_placement_and_rejects_others():
@@ -273,6 +277,24 @@ def test_last_turn_teacher_prompt_shares_the_whole_prompt_before_the_turn(tokeni
         last = _shared(teacher_prompt_ids(llm, call, SKILL, LastTurnInjector()), call.prompt_ids)
         assert last >= len(call.prompt_ids) - turn
         assert _shared(teacher_prompt_ids(llm, call, SKILL, SystemBlockInjector()), call.prompt_ids) < last
+
+
+def test_last_turn_keeps_a_forced_calls_opening_last(tokenizer):
+    """A forced first turn's prompt ends in the call's opening, which the completion
+    continues: the last_turn teacher prompt ends in the same ids, with the skill before them."""
+    import asyncio
+
+    call_text = '<tool_call>\n{"name": "add", "arguments": {"a": 3, "b": 4}}\n</tool_call>'
+    llm = make_llm(tokenizer, [call_text, "It is 7."])
+    graph = build_tool_agent(llm, TOOLS, system_prompt="Use the tools.", max_turns=4, first_tool_choice="any")
+    with capture() as cap:
+        asyncio.run(graph.ainvoke({"task": Task(task_id="c", data={"question": "What is 3 + 4?"})}))
+    forced = cap.calls[0]
+    assert forced.messages[-1]["role"] == "assistant"  # the opening, continued by the completion
+    ids = teacher_prompt_ids(llm, forced, SKILL, LastTurnInjector())
+    tail = len(tokenizer(forced.messages[-1]["content"])["input_ids"]) + 3  # the opening and its turn header
+    assert ids[-tail:] == forced.prompt_ids[-tail:] and SKILL in tokenizer.decode(ids[:-tail])
+    assert tokenizer.decode(ids).count("<|im_start|>assistant") == tokenizer.decode(forced.prompt_ids).count("<|im_start|>assistant")
 
 
 @pytest.mark.parametrize("tool_format", ["hermes", "native"])
