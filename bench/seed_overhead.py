@@ -79,6 +79,15 @@ def shared_len(a: list[int], b: list[int]) -> int:
     return n
 
 
+def scored_tokens(prompts: list[list[int]], completion_lens: list[int], args: Any) -> int:
+    """Tokens a no-grad scoring pass computes over these rows, as the trainer chunks them
+    (shared prefixes once, padding within a chunk): a figure the machine's load cannot move."""
+    from seed_agents.trainers.seed_trainer import _chunk_cost, prefix_chunks
+
+    chunks = prefix_chunks(prompts, completion_lens, args.chunk_tokens, max_rows=args.score_batch_size)
+    return sum(_chunk_cost(prompts, completion_lens, rows) for rows in chunks)
+
+
 def build(args: argparse.Namespace) -> tuple[Any, Any, list[Any]]:
     """The policy, its graph with the hindsight node, a rollout and a SEED trainer."""
     import datasets
@@ -227,14 +236,19 @@ def main(argv: list[str] | None = None) -> None:
            for side in sides}
     grpo_score, grpo_s = med["grpo"]
     seed_score, seed_s = med[args.injectors[0]]
+    completion_lens = [len(r.completion_ids) for r in batch.rows]
+    reference_tokens = scored_tokens([r.prompt_ids for r in batch.rows], completion_lens, trainer.args)
     placements = {}
     for name in args.injectors:
-        pairs = [(p, r.prompt_ids) for p, r in zip(batches[name].teacher_prompt_ids, batches[name].rows) if p is not None]
+        pairs = [(p, r) for p, r in zip(batches[name].teacher_prompt_ids, batches[name].rows) if p is not None]
         placements[name] = {
             "seed_score_s": med[name][0], "seed_update_s": med[name][1], "ratio": med[name][1] / grpo_s,
             "repeats": [{"seed_score_s": s, "seed_update_s": t} for s, t in times[name]],
             "teacher_prompt_tokens_per_row": statistics.fmean(len(p) for p, _ in pairs) if pairs else 0.0,
-            "shared_with_row_prompt_per_row": statistics.fmean(shared_len(p, q) for p, q in pairs) if pairs else 0.0}
+            "shared_with_row_prompt_per_row": statistics.fmean(shared_len(p, r.prompt_ids) for p, r in pairs)
+            if pairs else 0.0,
+            "teacher_tokens_scored": scored_tokens([p for p, _ in pairs], [len(r.completion_ids) for _, r in pairs],
+                                                   trainer.args)}
 
     # -- the analyzer's share of one SEED iteration (collect + update; in-process sync ~0) --
     iteration_s = t_collect + seed_s
@@ -252,7 +266,8 @@ def main(argv: list[str] | None = None) -> None:
     for name, x in placements.items():
         print(f"SEED update : {x['seed_update_s']:.2f} s (scoring {x['seed_score_s']:.2f} s: teacher + reference), "
               f"skill placement {name}: teacher prompts {x['teacher_prompt_tokens_per_row']:.0f} tokens, "
-              f"{x['shared_with_row_prompt_per_row']:.0f} shared with the row's prompt")
+              f"{x['shared_with_row_prompt_per_row']:.0f} shared with the row's prompt; the teacher pass computes "
+              f"{x['teacher_tokens_scored']} tokens, the reference pass {reference_tokens}")
         print(f"ratio SEED/GRPO ({name}): {x['ratio']:.3f}   (goal <= {GOAL})")
     print(f"iteration: collect {t_collect:.2f} s + SEED update {seed_s:.2f} s = {iteration_s:.2f} s")
     print(f"analyzer: {len(analyzer)} calls, {sum(len(c.completion_ids) for c in analyzer)} tokens; "
@@ -263,7 +278,7 @@ def main(argv: list[str] | None = None) -> None:
         {**bench_results.config_of(args), "model": Path(str(args.model)).name},
         {"repeats": [{"seed_score_s": ss, "seed_update_s": st, "grpo_score_s": gs, "grpo_update_s": gt}
                      for (ss, st), (gs, gt) in zip(times[args.injectors[0]], times["grpo"])],
-         "placements": placements,
+         "placements": placements, "reference_tokens_scored": reference_tokens,
          "seed_update_s": seed_s, "grpo_update_s": grpo_s, "seed_score_s": seed_score, "grpo_score_s": grpo_score,
          "ratio": seed_s / grpo_s, "goal": GOAL, "collect_s": t_collect, "episodes": len(batch.trajectories),
          "rows": len(rows), "skills_parsed": parsed, "rows_with_teacher": with_skill,

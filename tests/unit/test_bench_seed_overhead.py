@@ -1,0 +1,32 @@
+"""bench/seed_overhead.py's own parts: the placements it accepts, and the load-free token
+count beside its timings."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from bench.seed_overhead import main, scored_tokens, shared_len
+
+
+def test_shared_len_counts_the_leading_ids_two_prompts_share():
+    assert shared_len([1, 2, 3], [1, 2, 4, 5]) == 2 and shared_len([1], [1]) == 1 and shared_len([], [1]) == 0
+
+
+def test_scored_tokens_counts_a_shared_prefix_once():
+    """What the trainer's scoring pass computes: rows that begin alike share their prefix
+    (computed once), rows that do not are computed whole."""
+    args = SimpleNamespace(chunk_tokens=8192, score_batch_size=16)
+    prefix = list(range(100, 140))
+    alike = [prefix + [1], prefix + [2], prefix + [3]]
+    apart = [[i] + prefix for i in (1, 2, 3)]
+    assert scored_tokens(apart, [5, 5, 5], args) == 3 * (41 + 5)
+    assert scored_tokens(alike, [5, 5, 5], args) == 40 + 3 * (1 + 5)
+
+
+@pytest.mark.parametrize("bad", ["end", "system,system", ","])
+def test_injectors_must_be_distinct_known_placements(bad, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["--injectors", bad])
+    assert e.value.code == 2 and "--injectors: distinct names from system, task_line, last_turn" in capsys.readouterr().err
