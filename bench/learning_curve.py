@@ -120,7 +120,9 @@ def train_config(args: argparse.Namespace, method: str, seed: int, tasks: Path, 
         "sampling": {"max_tokens": args.max_tokens, "temperature": args.temperature},
         "runner": {"group_size": args.group, "concurrency": args.tasks_per_update * args.group, "progress": False},
         "skills": {**{"seed-oracle": ORACLE, "seed-episode": EPISODE, "seed": {"source": "self"}}.get(method, {"source": "none"}),
-                   "max_tokens": args.skill_tokens},
+                   "max_tokens": args.skill_tokens,
+                   # only when moved: runs with the system block keep their digests (and stored runs)
+                   **({"injector": args.injector} if args.injector != "system" and method != "grpo" else {})},
         "trainer": {"learning_rate": args.lr, "lora_r": args.lora_r, "lora_alpha": 2 * args.lora_r,
                     "opd_coef": 0.0 if method == "grpo" else skill_opd_coef(args),
                     "kl_coef": args.kl_coef,
@@ -422,6 +424,9 @@ def main(argv: list[str] | None = None) -> None:
                         "another run: give it its own --work and --result-name.")
     p.add_argument("--kl-coef", type=float, default=0.001, help="KL to the start (the LoRA's base); also logged.")
     p.add_argument("--work", type=Path, default=ROOT / "runs" / "learning_curve", help="Run folders (resumable).")
+    p.add_argument("--injector", choices=["system", "task_line", "last_turn"], default="system",
+                   help="Where the skill sits in the teacher's prompt (skills.injector; GRPO writes none). Another "
+                        "placement is another run: give it its own --work and --result-name.")
     p.add_argument("--guide-share", type=float, default=0.0,
                    help="With --first-turn auto: share of each group's training episodes steered into a tool call "
                         "at their first free choice (guided openings; held-out episodes stay free).")

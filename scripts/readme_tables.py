@@ -764,9 +764,10 @@ _MEASURE = {"level", "first_turn", "heldout", "model", "max_tokens"}
 
 
 #: Flags added to bench/learning_curve.py after curves were stored: what an older file without them ran.
-_ADDED_LATER = {"guide_share": 0.0, "lr_schedule": "linear", "precision": "float32", "opd_coef": 0.01}
-#: Settings a method's runs do not read: GRPO trains without the distillation term at any weight.
-_UNREAD = {"grpo": {"opd_coef"}}
+_ADDED_LATER = {"guide_share": 0.0, "lr_schedule": "linear", "precision": "float32", "opd_coef": 0.01,
+                "injector": "system"}
+#: Settings a method's runs do not read: GRPO trains without the distillation term and writes no skill.
+_UNREAD = {"grpo": {"opd_coef", "injector"}}
 
 
 def _setting(r: Result, key: str) -> Any:

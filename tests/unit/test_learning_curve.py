@@ -58,7 +58,7 @@ def test_grpo_and_seed_differ_only_in_the_skills_and_the_distillation(tmp_path):
     args = argparse.Namespace(tasks_per_update=4, updates=30, group=8, first_turn="forced", model="smollm2-135m",
                               max_tokens=64, temperature=0.7, skill_tokens=64, lr=1e-4, lora_r=8, kl_coef=0.001,
                               eval_every=5, guide_share=0.0, lr_schedule="linear", precision="float32",
-                              opd_coef=None)
+                              opd_coef=None, injector="system")
     grpo, seed = (train_config(args, m, 1, tmp_path / "t.jsonl", tmp_path / "h.jsonl", 200, 80, tmp_path / m)
                   for m in ("grpo", "seed"))
     assert grpo["skills"]["source"] == "none" and grpo["trainer"]["opd_coef"] == 0.0
@@ -82,6 +82,12 @@ def test_grpo_and_seed_differ_only_in_the_skills_and_the_distillation(tmp_path):
     assert train_config(heavier, "seed-oracle", 1, tmp_path / "t.jsonl", tmp_path / "h.jsonl", 200, 80,
                         tmp_path / "seed")["trainer"]["opd_coef"] == 0.1
     assert seed["trainer"]["opd_coef"] == 0.01  # the default is the paper's lambda
+    # so does another skill placement, and the system block (the default) keeps the digests it had
+    moved = argparse.Namespace(**{**vars(args), "injector": "last_turn"})
+    assert train_config(moved, "grpo", 1, tmp_path / "t.jsonl", tmp_path / "h.jsonl", 200, 80, tmp_path / "grpo") == grpo
+    assert train_config(moved, "seed", 1, tmp_path / "t.jsonl", tmp_path / "h.jsonl", 200, 80,
+                        tmp_path / "seed")["skills"] == {**seed["skills"], "injector": "last_turn"}
+    assert "injector" not in seed["skills"]
 
 
 def test_every_skill_method_is_paired_with_grpo_by_seed():
@@ -160,7 +166,7 @@ def test_the_run_digest_ignores_where_the_files_live_but_not_what_they_hold(tmp_
     args = argparse.Namespace(tasks_per_update=4, updates=30, group=8, first_turn="forced", model="smollm2-135m",
                               max_tokens=64, temperature=0.7, skill_tokens=64, lr=1e-4, lora_r=8, kl_coef=0.001,
                               eval_every=5, guide_share=0.0, lr_schedule="linear", precision="float32",
-                              opd_coef=None)
+                              opd_coef=None, injector="system")
     for d in ("a", "b"):
         (tmp_path / d).mkdir()
         (tmp_path / d / "t.jsonl").write_text("t\n")
@@ -191,7 +197,7 @@ def test_a_guide_share_changes_the_run_only_when_on_and_needs_a_free_first_turn(
     args = argparse.Namespace(tasks_per_update=4, updates=30, group=8, first_turn="auto", model="smollm2-135m",
                               max_tokens=64, temperature=0.7, skill_tokens=64, lr=1e-4, lora_r=8, kl_coef=0.001,
                               eval_every=5, guide_share=0.0, lr_schedule="linear", precision="float32",
-                              opd_coef=None)
+                              opd_coef=None, injector="system")
     (tmp_path / "t.jsonl").write_text("t\n")
     (tmp_path / "h.jsonl").write_text("h\n")
 
