@@ -248,7 +248,7 @@ def test_bad_inputs_give_one_clear_error(tmp_path, episodes, capsys):
     with pytest.raises(ConfigError, match="heldout_task_ids"):
         run_usefulness(UsefulnessConfig(trajectories=tp, examples=files, tasks_from=tmp_path / "bad.json"))
     assert main(["skills", "eval", "--trajectories", str(tp), "--examples", str(files[0]), "--injector", "nope"]) == 2
-    assert "injector: Input should be 'system' or 'task_line'" in capsys.readouterr().err  # the field, the choices
+    assert "injector: Input should be 'system', 'task_line' or 'last_turn'" in capsys.readouterr().err  # the field, the choices
     assert main(["skills", "eval", "--trajectories", str(tmp_path / "x.jsonl"), "--examples", str(files[0])]) == 2
     assert "does not exist" in capsys.readouterr().err
 
