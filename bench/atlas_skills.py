@@ -92,7 +92,20 @@ def oracle_skill(data: dict[str, Any], style: Literal["specific", "generic"]) ->
     return text[0].upper() + text[1:]
 
 
-class OracleSkills(BaseChatModel):
+class _RuleWriter(BaseChatModel):
+    """An analyzer answered by a rule: a subclass turns the analyzer prompt's text into the
+    reply the analyzer contract asks for (``reply``); LangChain's plumbing is here once."""
+
+    def reply(self, prompt: str) -> dict[str, str]:
+        raise NotImplementedError
+
+    def _generate(self, messages: list[BaseMessage], stop: Any = None, run_manager: Any = None,
+                  **kwargs: Any) -> ChatResult:
+        reply = self.reply("\n".join(str(m.content) for m in messages))
+        return ChatResult(generations=[ChatGeneration(message=AIMessage(content=json.dumps(reply)))])
+
+
+class OracleSkills(_RuleWriter):
     """A LangChain chat model that answers the analyzer prompt with the task's own solution.
 
     It finds the atlas question inside the analyzer's prompt (the episode's task is quoted
@@ -106,15 +119,12 @@ class OracleSkills(BaseChatModel):
     def _llm_type(self) -> str:
         return f"atlas-oracle-{self.style}"
 
-    def _generate(self, messages: list[BaseMessage], stop: Any = None, run_manager: Any = None,
-                  **kwargs: Any) -> ChatResult:
-        text = "\n".join(str(m.content) for m in messages)
-        found = [(q, d) for q, d in _QUESTIONS.items() if q in text]
+    def reply(self, prompt: str) -> dict[str, str]:
+        found = [(q, d) for q, d in _QUESTIONS.items() if q in prompt]
         if len(found) != 1:
             raise ValueError(f"the analyzer prompt quotes {len(found)} atlas questions, expected 1")
         question, data = found[0]
-        reply = {"episode_summary": f"The task asked: {question}", "episode_skill": oracle_skill(data, self.style)}
-        return ChatResult(generations=[ChatGeneration(message=AIMessage(content=json.dumps(reply)))])
+        return {"episode_summary": f"The task asked: {question}", "episode_skill": oracle_skill(data, self.style)}
 
 
 _QUESTIONS = _questions()
@@ -151,7 +161,7 @@ def episode_skill(prompt: str, failures: Literal["name", "none"]) -> str:
     return "Calling " + ", then ".join(call_phrase(c) for c in calls) + " did not answer this question."
 
 
-class EpisodeSkills(BaseChatModel):
+class EpisodeSkills(_RuleWriter):
     """A LangChain chat model that answers the analyzer prompt with hindsight read off the
     episode it shows (the calls the agent made, the outcome), by rule: no manifest, no
     model. Between the oracle (the task's own call in every skill) and the policy's own
@@ -163,13 +173,10 @@ class EpisodeSkills(BaseChatModel):
     def _llm_type(self) -> str:
         return f"atlas-episode-{self.failures}"
 
-    def _generate(self, messages: list[BaseMessage], stop: Any = None, run_manager: Any = None,
-                  **kwargs: Any) -> ChatResult:
-        prompt = "\n".join(str(m.content) for m in messages)
+    def reply(self, prompt: str) -> dict[str, str]:
         if "- Interaction trajectory:" not in prompt:
             raise ValueError("not an analyzer prompt: no '- Interaction trajectory:' section")
-        reply = {"episode_summary": "Read off the episode by rule.", "episode_skill": episode_skill(prompt, self.failures)}
-        return ChatResult(generations=[ChatGeneration(message=AIMessage(content=json.dumps(reply)))])
+        return {"episode_summary": "Read off the episode by rule.", "episode_skill": episode_skill(prompt, self.failures)}
 
 
 # -- the three steps -------------------------------------------------------------------------
