@@ -295,9 +295,9 @@ class LastTurnInjector:
     before the model's turn with its row's own prompt, and the teacher rows of a group
     share their system prompt, tool schemas and task, so the teacher pass's shared-prefix
     scoring computes them once per group, as the reference pass does (with the system
-    block each episode's skill splits them early); and a teacher scored on top of the
-    training forward's own prompt becomes possible (``bench/seed_overhead.py
-    --injectors``). It is also the placement nearest the action,
+    block, each episode's skill splits them where the system message ends); and a teacher
+    scored on top of the training forward's own prompt becomes possible
+    (``bench/seed_overhead.py --injectors``). It is also the placement nearest the action,
     which a small model may follow more readily; whether it teaches as well as the system
     block is a learning question, not a given.
     """
