@@ -168,13 +168,17 @@ def test_seed_overhead_table_header_names_the_departures_and_the_miss(tmp_path):
     # several skill placements: a SEED row and a ratio each, against the one GRPO
     place = {"seed_score_s": 20.0, "seed_update_s": 54.9, "ratio": 54.9 / 42.1, "repeats": [{}, {}],
              "teacher_prompt_tokens_per_row": 290.0, "shared_with_row_prompt_per_row": 4.0}
-    res["placements"] = {"system": place, "last_turn": {**place, "seed_update_s": 46.0, "ratio": 46.0 / 42.1,
-                                                        "shared_with_row_prompt_per_row": 229.0}}
+    res["placements"] = {"last_turn": {**place, "seed_update_s": 46.0, "ratio": 46.0 / 42.1, "teacher_tokens_scored": 1726,
+                                       "shared_with_row_prompt_per_row": 229.0}, "system": {**place, "teacher_tokens_scored": 2217}}
+    res["reference_tokens_scored"] = 1308
+    config["injectors"] = ["system", "last_turn"]
     write_result("seed_overhead", config, res, paper=so.PAPER, labels=so.LABELS, results_dir=tmp_path / "results")
     text = render(tmp_path, "seed_overhead")
     assert text.count("| GRPO (lambda 0) |") == 1 and "| ratio SEED/GRPO, skill in the system message | 1.304 |" in text
     assert ("| SEED (lambda 0.01), skill after the prompt: teacher prompt shares 229 of its 290 tokens with the row's "
             "| 46.0 |") in text and "| ratio SEED/GRPO, skill after the prompt | 1.093 | goal <= 1.15: met |" in text
+    assert text.index("skill in the system message") < text.index("skill after the prompt")  # the run's order
+    assert "reference 1308; teacher skill in the system message 2217, skill after the prompt 1726." in text
 
 
 def test_update_memory_and_skill_usefulness_render_from_their_scripts_keys(tmp_path):
