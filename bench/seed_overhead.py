@@ -20,9 +20,9 @@ untrained SmolLM2 writes few parsable skills, and with ``collected`` the ratio w
 mostly measure the rows that happened to parse.
 
 ``--injectors system,last_turn`` times SEED once per skill placement on the same batch
-(interleaved with GRPO and each other): ``system`` puts the skill in the system message, so
-a teacher prompt shares almost nothing with its row's prompt; ``last_turn`` puts it after
-the whole prompt, so the teacher rows share what the reference rows share. The first
+(interleaved with GRPO and each other): ``system`` puts the skill in the system message,
+where on TextWorld a teacher prompt shares almost nothing with its row's prompt;
+``last_turn`` puts it after the whole prompt, so it shares all but the turn's closing tokens. The first
 placement is the headline figure; every one is in ``placements``.
 
     .venv/bin/python bench/seed_overhead.py                        # SmolLM2, TextWorld
@@ -69,14 +69,6 @@ def _union_s(intervals: list[tuple[float, float]]) -> float:
             total += b - max(a, end)
             end = b
     return total
-
-
-def shared_len(a: list[int], b: list[int]) -> int:
-    """How many leading ids two prompts share."""
-    n = 0
-    while n < min(len(a), len(b)) and a[n] == b[n]:
-        n += 1
-    return n
 
 
 def scored_tokens(prompts: list[list[int]], completion_lens: list[int], args: Any) -> int:
@@ -198,6 +190,7 @@ def main(argv: list[str] | None = None) -> None:
                     help="Comma list of skill placements to time SEED with (skills.injector); the first is the headline.")
     bench_results.add_results_args(ap)
     args = ap.parse_args(argv)
+    from seed_agents.backends.prefix import common_prefix_len
     from seed_agents.skills import INJECTORS, make_injector
 
     args.injectors = [n.strip() for n in args.injectors.split(",") if n.strip()]
@@ -228,7 +221,7 @@ def main(argv: list[str] | None = None) -> None:
     sides = [*args.injectors, "grpo"]
     times: dict[str, list[tuple[float, float]]] = {side: [] for side in sides}
     for r in range(args.repeats):
-        for side in sides[r % len(sides):] + sides[:r % len(sides)]:  # each side leads in turn
+        for side in sides[r % len(sides):] + sides[:r % len(sides)]:  # the order rotates between repeats
             times[side].append(update(batches.get(side, batch), 0.0 if side == "grpo" else args.opd_coef))
         print(f"repeat {r}: " + "   ".join(f"{'GRPO' if side == 'grpo' else f'SEED ({side})'} {times[side][-1][1]:.2f} s "
                                            f"(score {times[side][-1][0]:.2f})" for side in sides), flush=True)
@@ -245,7 +238,7 @@ def main(argv: list[str] | None = None) -> None:
             "seed_score_s": med[name][0], "seed_update_s": med[name][1], "ratio": med[name][1] / grpo_s,
             "repeats": [{"seed_score_s": s, "seed_update_s": t} for s, t in times[name]],
             "teacher_prompt_tokens_per_row": statistics.fmean(len(p) for p, _ in pairs) if pairs else 0.0,
-            "shared_with_row_prompt_per_row": statistics.fmean(shared_len(p, r.prompt_ids) for p, r in pairs)
+            "shared_with_row_prompt_per_row": statistics.fmean(common_prefix_len([p, r.prompt_ids]) for p, r in pairs)
             if pairs else 0.0,
             "teacher_tokens_scored": scored_tokens([p for p, _ in pairs], [len(r.completion_ids) for _, r in pairs],
                                                    trainer.args)}

@@ -140,9 +140,9 @@ def seed_overhead(results: dict[str, Result]) -> list[str]:
     what = (f"{c['env']}, {c['tasks']} tasks x {c['group']} episodes, {c['max_turns']} turns, "
             f"{x['rows']} rows, teacher prompts on {x['rows_with_teacher']}/{x['rows']} rows ({c['skill_coverage']})")
     placed = x.get("placements", {})
-    order = [n for n in c.get("injectors") or [] if n in placed] or list(placed)  # the run's order
+    order = [name for name in c.get("injectors") or [] if name in placed] or list(placed)  # the run's order
+    rows = [["GRPO (lambda 0)", f"{x['grpo_update_s']:.1f}", f"{x['grpo_score_s']:.1f} (reference)"]]
     if len(placed) > 1:  # one SEED row and ratio per skill placement, all against the one GRPO
-        rows = [["GRPO (lambda 0)", f"{x['grpo_update_s']:.1f}", f"{x['grpo_score_s']:.1f} (reference)"]]
         for name in order:
             p = placed[name]
             where = f"{PLACEMENTS.get(name, name)}: teacher prompt shares {p['shared_with_row_prompt_per_row']:.0f} " \
@@ -152,15 +152,14 @@ def seed_overhead(results: dict[str, Result]) -> list[str]:
                      [f"ratio SEED/GRPO, {PLACEMENTS.get(name, name)}", f"{p['ratio']:.3f}",
                       goal_words(p["ratio"], SEED_GRPO_GOAL, at_most=True)]]
     else:
-        rows = [["GRPO (lambda 0)", f"{x['grpo_update_s']:.1f}", f"{x['grpo_score_s']:.1f} (reference)"],
-                [f"SEED (lambda {c['opd_coef']:g})", f"{x['seed_update_s']:.1f}",
-                 f"{x['seed_score_s']:.1f} (teacher + reference)"],
-                ["ratio SEED/GRPO", f"{x['ratio']:.3f}", goal_words(x["ratio"], SEED_GRPO_GOAL, at_most=True)]]
+        rows += [[f"SEED (lambda {c['opd_coef']:g})", f"{x['seed_update_s']:.1f}",
+                  f"{x['seed_score_s']:.1f} (teacher + reference)"],
+                 ["ratio SEED/GRPO", f"{x['ratio']:.3f}", goal_words(x["ratio"], SEED_GRPO_GOAL, at_most=True)]]
     return [source_line(r, what), "",
             *table(["update (median of %d, interleaved)" % n, "seconds", "of which scoring"], rows),
             *(["", "Tokens each scoring pass computes, as the trainer chunks its rows (load cannot move them): "
                    f"reference {x['reference_tokens_scored']}; teacher " + ", ".join(
-                       f"{PLACEMENTS.get(n, n)} {placed[n]['teacher_tokens_scored']}" for n in order) + "."]
+                       f"{PLACEMENTS.get(name, name)} {placed[name]['teacher_tokens_scored']}" for name in order) + "."]
               if "reference_tokens_scored" in x else []),
             "", f"Analyzer: {x['analyzer_calls']} calls, busy {x['analyzer_busy_s']:.1f} s summed over its concurrent "
                 f"calls ({x['analyzer_busy_s'] / x['iteration_s']:.0%} of the iteration's {x['iteration_s']:.1f} s: "

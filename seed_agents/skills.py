@@ -23,7 +23,7 @@ import json
 import re
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage, ToolMessage
@@ -317,7 +317,7 @@ class LastTurnInjector:
         return [*out, HumanMessage(block)]
 
 
-INJECTORS: dict[str, type[SystemBlockInjector] | type[TaskLineInjector] | type[LastTurnInjector]] = {
+INJECTORS: dict[str, Callable[[], SkillInjector]] = {
     "system": SystemBlockInjector, "task_line": TaskLineInjector, "last_turn": LastTurnInjector}
 
 

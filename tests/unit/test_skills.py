@@ -5,6 +5,7 @@ import json
 import pytest
 from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, ToolMessage
 
+from seed_agents.backends.prefix import common_prefix_len
 from seed_agents.capture import capture
 from seed_agents.chat_model import SeedChatModel
 from seed_agents.graphs.calculator import TOOLS
@@ -259,13 +260,6 @@ def test_teacher_prompt_round_trips_and_holds_the_skill(tokenizer, history):
     assert SKILL in tokenizer.decode(teacher_prompt_ids(llm, calls[0], SKILL))  # default injector
 
 
-def _shared(a, b):
-    n = 0
-    while n < min(len(a), len(b)) and a[n] == b[n]:
-        n += 1
-    return n
-
-
 @pytest.mark.parametrize("history", ["window", "chat"])
 def test_last_turn_teacher_prompt_shares_the_whole_prompt_before_the_turn(tokenizer, history):
     """What the placement is for: the teacher prompt is the row's prompt with the skill
@@ -274,9 +268,9 @@ def test_last_turn_teacher_prompt_shares_the_whole_prompt_before_the_turn(tokeni
     llm = make_llm(tokenizer, ["unused"])
     turn = len(tokenizer("<|im_end|>\n<|im_start|>assistant\n")["input_ids"])
     for call in env_calls(tokenizer, history):
-        last = _shared(teacher_prompt_ids(llm, call, SKILL, LastTurnInjector()), call.prompt_ids)
+        last = common_prefix_len([teacher_prompt_ids(llm, call, SKILL, LastTurnInjector()), call.prompt_ids])
         assert last >= len(call.prompt_ids) - turn
-        assert _shared(teacher_prompt_ids(llm, call, SKILL, SystemBlockInjector()), call.prompt_ids) < last
+        assert common_prefix_len([teacher_prompt_ids(llm, call, SKILL, SystemBlockInjector()), call.prompt_ids]) < last
 
 
 def test_last_turn_keeps_a_forced_calls_opening_last(tokenizer):
