@@ -28,8 +28,9 @@ variance (no outcome gradient), the skill parse rate and the KL to the start.
 Runs live under ``--work``; a killed benchmark resumes without redoing finished runs
 (``seed-agents train --resume`` continues a run from its last checkpoint). Each finished
 run's held-out scores (per task, per level, per evaluation) and per-update metrics are also
-kept in the result file, keyed by a digest of its settings and tasks: a later invocation
-(another machine, a fresh checkout without ``runs/``) reads a run from there instead of
+kept in the result file, keyed by a digest of its settings, tasks and the method's code
+revision (``REVISIONS``: a fix that changes what a method does retires its runs): a later
+invocation (another machine, a fresh checkout without ``runs/``) reads a run from there instead of
 training it again, so SEED's seeds can be added beside GRPO's in another session and still
 be paired with them. A run with the same digest in another ``learning_curve*.json`` of the
 results folder serves as well (a variant pairs with the GRPO seeds the main curve trained;
@@ -72,6 +73,12 @@ from bench.stats import compare, seeds_needed  # noqa: E402
 METHODS = ("grpo", "seed", "seed-oracle", "seed-episode")
 ORACLE = {"source": "external", "chat_model": "bench.atlas_skills:OracleSkills", "chat_model_kwargs": {"style": "specific"}}
 EPISODE = {"source": "external", "chat_model": "bench.atlas_skills:EpisodeSkills", "chat_model_kwargs": {"failures": "name"}}
+# A digest names a run's settings and tasks, not the code that trained it. When a change of
+# code changes what a method's runs do, its revision goes up: the digest then carries it, so
+# runs trained before are not read back (here or from another file) as this code's.
+#   seed 2: the policy's analyzer sees each forced call whole (908393e: episode_steps puts the
+#           prefill back; before, every atlas first turn reached it mid-JSON)
+REVISIONS = {"seed": 2}
 LEVELS = ("parsed", "right_calls", "right_answer")
 MIN_SEEDS = 3  # the issue's CI is over seeds as well as held-out tasks
 AGENT_MAX_TURNS = 4  # examples.atlas_tasks.build_agent's default; `train` builds the graph with it
@@ -135,15 +142,18 @@ def train_config(args: argparse.Namespace, method: str, seed: int, tasks: Path, 
     }
 
 
-def run_one(config: dict[str, Any], out: Path, log: Path) -> float:
+def run_one(config: dict[str, Any], out: Path, log: Path, revision: int = 1) -> float:
     """Train one (method, seed) to the end, resuming a run a killed benchmark left; the
-    seconds it took (this process's share). A finished run is not run again."""
-    digest = hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:16]
+    seconds it took (this process's share). A finished run is not run again, unless its
+    settings or its method's revision differ (then it is refused)."""
+    identity = config if revision == 1 else {**config, "revision": revision}
+    digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
     done = out / "benchmark-done.json"
     if done.exists():
         record = json.loads(done.read_text())
         if record["config"] != digest:
-            raise SystemExit(f"error: {out} finished with other settings; move it away or use another --work")
+            raise SystemExit(f"error: {out} finished with other settings or an older revision of its method; "
+                             "move it away or use another --work")
         return float(record["wall_s"])
     cfg_path = out.parent / f"{out.name}.json"
     # `train` refuses a folder that holds a run unless resumed; a run killed before its first
@@ -233,10 +243,13 @@ def per_update(out: Path) -> list[dict[str, Any]]:
     return [{"update": int(m["iteration"]) + 1, **{k: m[k] for k in keep if k in m}} for m in read_jsonl(out / "metrics.jsonl")]
 
 
-def run_digest(config: dict[str, Any], tasks: Path, heldout: Path) -> str:
+def run_digest(config: dict[str, Any], tasks: Path, heldout: Path, revision: int = 1) -> str:
     """A run's identity across machines: its settings without the paths (which name this
-    checkout's folders), and the contents of its task files instead."""
+    checkout's folders), the contents of its task files instead, and its method's revision
+    (``REVISIONS``; only past 1, so runs of an unchanged method keep their digests)."""
     portable = json.loads(json.dumps(config))
+    if revision != 1:
+        portable["revision"] = revision
     portable.pop("out", None)
     portable["graph"].pop("tasks", None)
     portable["eval"].pop("tasks", None)
@@ -275,10 +288,14 @@ def stored_runs(path: Path) -> dict[str, dict[str, Any]]:
 
 def stored_elsewhere(results_dir: Path, own: str) -> dict[str, tuple[str, dict[str, Any]]]:
     """Finished runs the other learning-curve files in ``results_dir`` keep: digest -> (file
-    stem, packed run). A digest names the settings and the task files, so a run another
-    variant trained (GRPO's seeds beside an oracle's) serves this one as it is. A file that
-    is not a result is passed over here: it is not this invocation's to judge."""
+    stem, packed run). A digest names the settings, the task files and the method's revision,
+    so a run another variant trained (GRPO's seeds beside an oracle's) serves this one as it
+    is; several files commonly hold one run, copied. Two files holding one digest with
+    different scores mean the same settings trained twice and disagreed: neither is read
+    (the run is trained here) and the line says which files. A file that is not a result is
+    passed over here: it is not this invocation's to judge."""
     found: dict[str, tuple[str, dict[str, Any]]] = {}
+    conflicts: set[str] = set()
     for path in sorted(results_dir.glob("learning_curve*.json")):
         if path.stem == own:
             continue
@@ -287,9 +304,14 @@ def stored_elsewhere(results_dir: Path, own: str) -> dict[str, tuple[str, dict[s
         except SystemExit:
             continue
         for run in runs.values():
-            if isinstance(run, dict) and isinstance(run.get("digest"), str):
-                found.setdefault(run["digest"], (path.stem, run))
-    return found
+            if not (isinstance(run, dict) and isinstance(run.get("digest"), str)):
+                continue
+            first = found.setdefault(run["digest"], (path.stem, run))
+            if first[1].get("scores") != run.get("scores") and run["digest"] not in conflicts:
+                conflicts.add(run["digest"])
+                print(f"note: {first[0]}.json and {path.stem}.json hold run {run['digest']} with different scores; "
+                      "reading neither", flush=True)
+    return {d: v for d, v in found.items() if d not in conflicts}
 
 
 # -- analysis (pure) --------------------------------------------------------------------
@@ -465,7 +487,7 @@ def main(argv: list[str] | None = None) -> None:
             name = f"{method}-s{s}"
             out = args.work / name
             config = train_config(args, method, s, tasks, heldout, n_train, n_heldout, out)
-            digest = run_digest(config, tasks, heldout)
+            digest = run_digest(config, tasks, heldout, REVISIONS.get(method, 1))
             fresh = not (out / "benchmark-done.json").exists()
             if fresh and kept.get(name, {}).get("digest") == digest:
                 source, stored = args.result_name, kept[name]
@@ -481,9 +503,11 @@ def main(argv: list[str] | None = None) -> None:
                 print(f"{name}: finished in an earlier invocation ({walls[name]:.0f} s), read from {source}.json", flush=True)
                 continue
             print(f"{name}: training ({args.updates} updates of {args.tasks_per_update} tasks x {args.group})", flush=True)
-            walls[name] = run_one(config, out, log)
+            walls[name] = run_one(config, out, log, REVISIONS.get(method, 1))
             runs.setdefault(method, {})[s] = {"scores": heldout_scores(out, heldout), "metrics": per_update(out)}
             packed[name] = pack_run(runs[method][s], digest, walls[name])
+            if REVISIONS.get(method, 1) != 1:
+                packed[name]["revision"] = REVISIONS[method]
             print(f"{name}: done in {walls[name]:.0f} s", flush=True)
 
     analysis = analyse(runs)

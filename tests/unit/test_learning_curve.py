@@ -50,6 +50,9 @@ def test_a_finished_run_is_not_run_again_and_other_settings_are_refused(tmp_path
     assert run_one(config, out, tmp_path / "log") == 12.5  # no subprocess: there is no train config to run
     with pytest.raises(SystemExit, match="other settings"):
         run_one({**config, "iterations": 4}, out, tmp_path / "log")
+    # the same settings finished by an older revision of the method are not this code's run
+    with pytest.raises(SystemExit, match="older revision"):
+        run_one(config, out, tmp_path / "log", revision=2)
 
 
 def test_grpo_and_seed_differ_only_in_the_skills_and_the_distillation(tmp_path):
@@ -120,7 +123,7 @@ def test_a_run_kept_in_the_result_file_is_read_not_trained_again(tmp_path, monke
             "--work", str(tmp_path / "work"), "--results-dir", str(tmp_path / "results")]
     trained = []
 
-    def fake_run_one(config, out, log):  # what training leaves: eval trajectories and metrics
+    def fake_run_one(config, out, log, revision=1):  # what training leaves: eval trajectories and metrics
         trained.append(out.name)
         out.mkdir(parents=True, exist_ok=True)
         (out / "metrics.jsonl").write_text("".join(json.dumps({"iteration": i, "success_rate": 0.25,
@@ -320,7 +323,7 @@ def test_a_run_another_curve_file_holds_is_read_from_there_by_its_digest(tmp_pat
             "--work", str(tmp_path / "work"), "--results-dir", str(tmp_path / "results")]
     trained = []
 
-    def fake_run_one(config, out, log):
+    def fake_run_one(config, out, log, revision=1):
         trained.append(out.name)
         out.mkdir(parents=True, exist_ok=True)
         (out / "metrics.jsonl").write_text("".join(json.dumps({"iteration": i, "success_rate": 0.25,
@@ -345,3 +348,53 @@ def test_a_run_another_curve_file_holds_is_read_from_there_by_its_digest(tmp_pat
     assert trained == ["grpo-s0", "grpo-s0"]
     c = json.loads((tmp_path / "results" / "learning_curve_c.json").read_text())["results"]
     assert c["read_from"] == {}
+
+
+def test_a_revised_method_does_not_read_runs_its_older_code_trained(tmp_path, monkeypatch, capsys):
+    """A digest names settings and tasks, not code: a method whose code changed what it does
+    (REVISIONS) must train again, not read a stored run of the same settings back, while an
+    unrevised method's stored runs stay readable. Two files that disagree on one digest are
+    both passed over, loudly."""
+    import shutil
+
+    import bench.learning_curve as lc
+
+    argv = ["--methods", "grpo,seed", "--seeds", "0", "--updates", "2", "--train-tasks", "4", "--heldout", "3",
+            "--work", str(tmp_path / "work"), "--results-dir", str(tmp_path / "results")]
+    trained = []
+
+    def fake_run_one(config, out, log, revision=1):
+        trained.append((out.name, revision))
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "metrics.jsonl").write_text(json.dumps({"iteration": 0, "success_rate": 0.25}) + "\n")
+        return 7.0
+
+    right = [True]
+    monkeypatch.setattr(lc, "run_one", fake_run_one)
+    monkeypatch.setattr(lc, "heldout_scores", lambda out, heldout: {
+        u: {f"t{i}": {"parsed": True, "right_calls": True, "right_answer": right[0] and u > 0, "fault": False}
+            for i in range(3)} for u in (0, 2)})
+    monkeypatch.setattr(lc, "REVISIONS", {})  # as the code stood before the fix
+    lc.main([*argv, "--result-name", "learning_curve_old"])
+    shutil.rmtree(tmp_path / "work")
+    monkeypatch.setattr(lc, "REVISIONS", {"seed": 2})
+    lc.main([*argv, "--result-name", "learning_curve_new"])
+    new = json.loads((tmp_path / "results" / "learning_curve_new.json").read_text())["results"]
+    assert trained == [("grpo-s0", 1), ("seed-s0", 1), ("seed-s0", 2)]
+    assert new["read_from"] == {"grpo-s0": "learning_curve_old"} and new["runs"]["seed-s0"]["revision"] == 2
+    assert "revision" not in new["runs"]["grpo-s0"]
+
+    # a GRPO run of the same digest that scored otherwise in a third file: neither copy is read
+    right[0] = False
+    shutil.rmtree(tmp_path / "work")
+    lc.main([*argv, "--methods", "grpo", "--result-name", "learning_curve_other", "--lr", "3e-4"])
+    other = json.loads((tmp_path / "results" / "learning_curve_other.json").read_text())
+    other["results"]["runs"]["grpo-s0"] = {**new["runs"]["grpo-s0"],
+                                          "scores": other["results"]["runs"]["grpo-s0"]["scores"]}
+    (tmp_path / "results" / "learning_curve_other.json").write_text(json.dumps(other))
+    shutil.rmtree(tmp_path / "work")
+    capsys.readouterr()
+    lc.main([*argv, "--methods", "grpo", "--result-name", "learning_curve_third"])
+    assert trained[-1] == ("grpo-s0", 1) and len(trained) == 5
+    out = capsys.readouterr().out
+    assert "learning_curve_new.json and learning_curve_other.json hold run" in out and "reading neither" in out
