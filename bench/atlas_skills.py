@@ -1,10 +1,10 @@
-"""Can a hindsight skill move SmolLM2 on the atlas? `skills eval` margins for three analyzers.
+"""Can a hindsight skill move SmolLM2 on the atlas? `skills eval` margins for four analyzers.
 
 SEED's distillation signal is the shift in the policy's log-probability of its own sampled
 actions when the episode's skill is put into its prompt (``skills eval``'s docstring). On
 TextWorld every analyzer's margin was below zero (docs/results/skill_usefulness.json). This
 script asks the same question on the task family the learning curve trains on (atlas level
-0, first turn forced, ``bench/learning_curve.py``'s rollout settings), with three analyzers
+0, first turn forced, ``bench/learning_curve.py``'s rollout settings), with four analyzers
 writing a skill about each of the *same* episodes:
 
 - ``policy``: the base policy itself, greedy under the skill grammar, with the learning
@@ -15,6 +15,10 @@ writing a skill about each of the *same* episodes:
   model can copy;
 - ``oracle-generic``: the same workflow without the arguments ("Call lookup with the place
   and the field the question names, ..."): does naming the arguments matter?
+- ``episode``: hindsight read off each episode by rule (``EpisodeSkills``, the learning
+  curve's ``seed-episode``): a success's own calls as a workflow, a failure's calls as what
+  did not answer. Not in the default list (the stored result predates it): ``--analyzers
+  episode,oracle-specific --result-name atlas_skills_episode``.
 
 The policy (base SmolLM2, fp32) plays ``--tasks`` training tasks x ``--group`` episodes;
 each analyzer writes its skills with ``seed-agents skills collect --from-trajectories``;
@@ -63,7 +67,7 @@ from langchain_core.language_models.chat_models import BaseChatModel  # noqa: E4
 from langchain_core.messages import AIMessage, BaseMessage  # noqa: E402
 from langchain_core.outputs import ChatGeneration, ChatResult  # noqa: E402
 
-ANALYZERS = ("policy", "oracle-specific", "oracle-generic")
+ANALYZERS = ("policy", "oracle-specific", "oracle-generic", "episode")
 NOUN = {"population": "population", "area": "area", "founded": "founding year"}
 
 
@@ -221,6 +225,9 @@ def analyzer_config(name: str, args: argparse.Namespace) -> dict[str, Any]:
     if name == "policy":  # as the hindsight node: greedy, under the skill grammar, the curve's budget
         return {"kind": "policy", "name": "policy", "model": args.model, "max_tokens": args.skill_tokens,
                 "max_concurrency": args.tasks * args.group}
+    if name == "episode":  # learning_curve's seed-episode: the rule reads each episode's own calls
+        return {"kind": "langchain", "name": name, "spec": "bench.atlas_skills:EpisodeSkills",
+                "kwargs": {"failures": "name"}}
     return {"kind": "langchain", "name": name, "spec": "bench.atlas_skills:OracleSkills",
             "kwargs": {"style": name.removeprefix("oracle-")}}
 
@@ -295,7 +302,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--work", type=Path, default=ROOT / "runs" / "atlas_skills")
-    p.add_argument("--analyzers", default=",".join(ANALYZERS), help=f"Comma list of {', '.join(ANALYZERS)}.")
+    p.add_argument("--analyzers", default=",".join(ANALYZERS[:3]), help=f"Comma list of {', '.join(ANALYZERS)}.")
     p.add_argument("--paired", action=argparse.BooleanOptionalAction, default=True,
                    help="Also score each skill on its whole group (costs most of the scoring time).")
     p.add_argument("--note", default="", help="What else ran on the machine.")

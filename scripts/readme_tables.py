@@ -301,8 +301,8 @@ def skill_usefulness(results: dict[str, Result]) -> list[str]:
                     "paired wins (pairs)", "re-run success with / without"], rows)]
 
 
-def atlas_skills(results: dict[str, Result]) -> list[str]:
-    r = one(results, "atlas_skills")
+def atlas_skills(results: dict[str, Result], name: str = "atlas_skills") -> list[str]:
+    r = one(results, name)
     c, x = r.config, r.results
     rows = []
     for name, s in x["summary"].items():
@@ -865,7 +865,7 @@ RENDERERS: dict[str, Callable[[dict[str, Result]], list[str]]] = {
 #: marker ``results:NAME_variant`` renders that file with its family's table.
 FAMILIES: dict[str, Callable[[dict[str, Result], str], list[str]]] = {
     "learning_curve": learning_curve, "atlas_band": atlas_band, "update_throughput": update_throughput,
-    "demo_speed": demo_speed, "roofline": roofline}
+    "demo_speed": demo_speed, "roofline": roofline, "atlas_skills": atlas_skills}
 
 
 def renderer(name: str) -> Callable[[dict[str, Result]], list[str]] | None:

@@ -77,6 +77,23 @@ def test_episode_skills_read_the_calls_and_the_outcome_off_the_episode():
         EpisodeSkills().invoke("What is the area of Malam?")
 
 
+def test_the_bench_offers_the_episode_rule_as_an_analyzer_that_skills_collect_can_load(capsys):
+    """``--analyzers episode``: the learning curve's seed-episode writer, through the same
+    LangChain spec ``skills collect`` imports; the default list keeps the stored result's
+    three, and a name outside the list is one clear line."""
+    from bench.atlas_skills import analyzer_config, build_parser, main
+    from seed_agents.imports import load_object
+
+    args = build_parser().parse_args(["--analyzers", "episode"])
+    cfg = analyzer_config("episode", args)
+    assert cfg["kind"] == "langchain" and load_object(cfg["spec"]) is EpisodeSkills
+    assert EpisodeSkills(**cfg["kwargs"]).failures == "name"
+    assert build_parser().parse_args([]).analyzers == "policy,oracle-specific,oracle-generic"
+    with pytest.raises(SystemExit):
+        main(["--analyzers", "episodes"])
+    assert "--analyzers: a comma list of policy, oracle-specific, oracle-generic, episode" in capsys.readouterr().err
+
+
 def _episode(task, success, delta):
     return {"task_id": task, "success": success, "delta": delta}
 
