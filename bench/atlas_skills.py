@@ -343,6 +343,16 @@ def main(argv: list[str] | None = None) -> int:
                 for n in names}
     skills = {n: [{"task_id": e["task_id"], "success": e["success"], "valid": e["valid"], "skill": e["skill"]}
                   for e in sorted(ex, key=lambda e: (e["task_id"], e["trajectory_id"]))] for n, ex in examples.items()}
+    from bench.learning_curve import skill_names
+    from examples.atlas_tasks import make_tasks
+
+    by_id = {t.task_id: t.data for t in make_tasks("train", per_level=args.tasks, levels=[0])}
+    for n in names:  # what each analyzer's valid skills name about their task (the tool, its arguments, the answer)
+        summary[n]["names"] = skill_names(skills[n], by_id)
+        if summary[n]["names"]:
+            print(f"{n}: of {summary[n]['names']['valid']:.0f} valid skills, {summary[n]['names']['names_tool']:.2f} "
+                  f"name the tool, {summary[n]['names']['names_args']:.2f} every argument, "
+                  f"{summary[n]['names']['names_answer']:.2f} the answer")
     write_result(args.result_name, {**config_of(args), "level": 0, "first_turn": "forced"},
                  {"summary": summary, "episodes": usefulness.get("episodes"), "pairs": usefulness.get("pairs"),
                   "counts": usefulness.get("counts"), "skills": skills, "wall_s": walls,

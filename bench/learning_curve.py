@@ -215,12 +215,19 @@ def _says(text: str, value: Any) -> bool:
 
 
 def skill_content(out: Path, tasks: Path) -> dict[str, float]:
-    """What the run's valid skills name about the task they were written for: the tool its
-    calls need, every argument of those calls, the answer. A 135M model can copy a call a
-    skill names (the oracle names it, in every skill); a skill that names none of them gives
-    the teacher nothing about this task's action to carry. Shares of the valid skills."""
+    """What the run's valid skills name about the task they were written for
+    (``skill_names``), read from its skills.jsonl."""
     by_id = {t["task_id"]: t["data"] for t in read_jsonl(tasks)}
-    valid = [r for r in read_jsonl(out / "skills.jsonl") if r.get("valid") and r.get("task_id") in by_id]
+    return skill_names(read_jsonl(out / "skills.jsonl"), by_id)
+
+
+def skill_names(skills: list[dict[str, Any]], by_id: dict[str, dict[str, Any]]) -> dict[str, float]:
+    """What valid skills (``task_id``, ``skill``, ``valid``) name about the atlas task they
+    were written for: the tool its calls need, every argument of those calls, the answer. A
+    135M model can copy a call a skill names (the oracle names it, in every skill); a skill
+    that names none of them gives the teacher nothing about this task's action to carry.
+    Shares of the valid skills; {} without any."""
+    valid = [r for r in skills if r.get("valid") and r.get("task_id") in by_id]
     if not valid:
         return {}
 

@@ -425,3 +425,14 @@ def test_a_bf16_layout_reads_against_the_bf16_ceiling():
     row = next(line for line in out.splitlines() if "`shared-bf16`" in line)
     assert f"| 200 | {200 / bf16:.0%} of bf16 | {400 / bf16:.0%} |" in row
     assert f"{200 / bf16:.0%} of the bf16 matmul ceiling" in out and f"fp32 {fp32:.0f}, bf16 {bf16:.0f} GFLOP/s" in out
+
+
+def test_the_skill_margins_say_what_each_analyzers_skills_named_where_the_file_has_it():
+    r = load_result(ROOT / "docs" / "results" / "atlas_skills.json")
+    rows = [line for line in tables.atlas_skills({r.name: r}) if line.startswith("| oracle-specific")]
+    assert rows and rows[0].rstrip(" |").endswith("-")  # written before the figure: no count made up
+    x = json.loads(json.dumps(r.results))
+    x["summary"]["oracle-specific"]["names"] = {"valid": 128.0, "names_tool": 1.0, "names_args": 1.0, "names_answer": 0.0}
+    variant = dataclasses.replace(r, name="atlas_skills_episode", results=x)
+    text = "\n".join(tables.renderer("atlas_skills_episode")({variant.name: variant}))
+    assert "| 1.00 / 1.00 / 0.00 |" in text
