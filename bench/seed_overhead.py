@@ -23,12 +23,17 @@ mostly measure the rows that happened to parse.
 (interleaved with GRPO and each other): ``system`` puts the skill in the system message,
 where on TextWorld a teacher prompt shares almost nothing with its row's prompt;
 ``last_turn`` puts it after the whole prompt, so it shares all but the turn's closing tokens. The first
-placement is the headline figure; every one is in ``placements``.
+placement is the headline figure; every one is in ``placements``. A placement named with
+``+fused`` (``last_turn+fused``) scores the teacher on top of the prompt keys and values the
+loss forward computes (``SEEDConfig.fuse_teacher``): it computes the skill and the
+completion, not the prompt it shares with its row; its teacher time is then inside the loss,
+not the scoring.
 
     .venv/bin/python bench/seed_overhead.py                        # SmolLM2, TextWorld
     .venv/bin/python bench/seed_overhead.py --env fake --repeats 2 # scripted env, quick
     .venv/bin/python bench/seed_overhead.py --model PATH --tasks 4 --group 8
     .venv/bin/python bench/seed_overhead.py --injectors system,last_turn  # where the skill sits
+    .venv/bin/python bench/seed_overhead.py --injectors last_turn+fused,last_turn,system+fused,system
 
 Prints the two update times, their ratio SEED/GRPO (goal <= 1.15) and the analyzer share,
 and writes every repeat to ``docs/results/seed_overhead.json`` (``seed_overhead_fake.json``
@@ -118,7 +123,7 @@ def build(args: argparse.Namespace) -> tuple[Any, Any, list[Any]]:
     graph = with_hindsight(graph, llm, max_tokens=args.analyzer_tokens)
     runner = EpisodeRunner(graph, RunnerConfig(group_size=args.group, concurrency=args.tasks * args.group, progress=False),
                            make_env=make_env)
-    rollout = GraphRollout(runner, llm, skills="self", injector=make_injector(args.injectors[0]))
+    rollout = GraphRollout(runner, llm, skills="self", injector=make_injector(args.injectors[0].removesuffix("+fused")))
     ds = datasets.Dataset.from_list([{"prompt": t.model_dump_json()} for t in tasks])
     out = tempfile.mkdtemp(prefix="seed-overhead-")  # save_strategy "no": TRL only needs the folder to exist
     atexit.register(shutil.rmtree, out, True)
@@ -151,9 +156,10 @@ class Updater:
         self.weights = {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}
         self.coef = trainer.coef
 
-    def __call__(self, batch: Any, lam: float) -> tuple[float, float]:
-        """Seconds of (scoring, whole update)."""
+    def __call__(self, batch: Any, lam: float, fuse: bool = False) -> tuple[float, float]:
+        """Seconds of (scoring, whole update); ``fuse``: the teacher scored in the loss forward."""
         tr = self.trainer
+        tr.args.fuse_teacher = fuse
         with torch.no_grad():
             tr.model.load_state_dict(self.weights)
         tr.optimizer.state.clear()  # Adam re-initializes its moments on the first step
@@ -194,8 +200,9 @@ def main(argv: list[str] | None = None) -> None:
     from seed_agents.skills import INJECTORS, make_injector
 
     args.injectors = [n.strip() for n in args.injectors.split(",") if n.strip()]
-    if not args.injectors or set(args.injectors) - set(INJECTORS) or len(set(args.injectors)) < len(args.injectors):
-        ap.error(f"--injectors: distinct names from {', '.join(INJECTORS)}")
+    if (not args.injectors or {n.removesuffix("+fused") for n in args.injectors} - set(INJECTORS)
+            or len(set(args.injectors)) < len(args.injectors)):
+        ap.error(f"--injectors: distinct names from {', '.join(INJECTORS)}, each optionally with +fused")
     started = bench_results.now()
 
     trainer, rollout, tasks = build(args)
@@ -208,7 +215,7 @@ def main(argv: list[str] | None = None) -> None:
     parsed = sum(1 for t in batch.trajectories if t.skill is not None and t.skill.valid)
     batches = {}  # the same episodes and skills; only where the skill sits differs
     for name in args.injectors:
-        rollout.injector = make_injector(name)
+        rollout.injector = make_injector(name.removesuffix("+fused"))
         batches[name] = fill_skills(rollout, batch) if args.skill_coverage == "full" else rollout.build(batch.trajectories)
     batch = batches[args.injectors[0]]
     with_skill = sum(p is not None for p in batch.teacher_prompt_ids)
@@ -216,13 +223,14 @@ def main(argv: list[str] | None = None) -> None:
     # -- the update on that batch: SEED (per placement) vs GRPO, interleaved --------------
     update = Updater(trainer)
     for name in args.injectors:  # warm-up (allocations, thread pools), each side once
-        update(batches[name], args.opd_coef)
+        update(batches[name], args.opd_coef, name.endswith("+fused"))
     update(batch, 0.0)
     sides = [*args.injectors, "grpo"]
     times: dict[str, list[tuple[float, float]]] = {side: [] for side in sides}
     for r in range(args.repeats):
         for side in sides[r % len(sides):] + sides[:r % len(sides)]:  # the order rotates between repeats
-            times[side].append(update(batches.get(side, batch), 0.0 if side == "grpo" else args.opd_coef))
+            times[side].append(update(batches.get(side, batch), 0.0 if side == "grpo" else args.opd_coef,
+                                      side.endswith("+fused")))
         print(f"repeat {r}: " + "   ".join(f"{'GRPO' if side == 'grpo' else f'SEED ({side})'} {times[side][-1][1]:.2f} s "
                                            f"(score {times[side][-1][0]:.2f})" for side in sides), flush=True)
     med = {side: (statistics.median(s for s, _ in times[side]), statistics.median(t for _, t in times[side]))
@@ -241,7 +249,11 @@ def main(argv: list[str] | None = None) -> None:
             "shared_with_row_prompt_per_row": statistics.fmean(common_prefix_len([p, r.prompt_ids]) for p, r in pairs)
             if pairs else 0.0,
             "teacher_tokens_scored": scored_tokens([p for p, _ in pairs], [len(r.completion_ids) for _, r in pairs],
-                                                   trainer.args)}
+                                                   trainer.args) if not name.endswith("+fused")
+            # fused: each teacher computes what follows the prompt it shares with its row
+            else sum(len(p) - common_prefix_len([p, r.prompt_ids]) + len(r.completion_ids) for p, r in pairs)}
+        if name.endswith("+fused"):
+            placements[name]["fused_rows"] = trainer._metrics["train"]["teacher/fused_rows"][-1]
 
     # -- the analyzer's share of one SEED iteration (collect + update; in-process sync ~0) --
     iteration_s = t_collect + seed_s
@@ -257,10 +269,14 @@ def main(argv: list[str] | None = None) -> None:
           f"(coverage: {args.skill_coverage})")
     print(f"GRPO update : {grpo_s:.2f} s (scoring {grpo_score:.2f} s: reference)")
     for name, x in placements.items():
-        print(f"SEED update : {x['seed_update_s']:.2f} s (scoring {x['seed_score_s']:.2f} s: teacher + reference), "
+        fused = "fused_rows" in x
+        print(f"SEED update : {x['seed_update_s']:.2f} s (scoring {x['seed_score_s']:.2f} s: "
+              f"{'reference; the teacher inside the loss' if fused else 'teacher + reference'}), "
               f"skill placement {name}: teacher prompts {x['teacher_prompt_tokens_per_row']:.0f} tokens, "
-              f"{x['shared_with_row_prompt_per_row']:.0f} shared with the row's prompt; the teacher pass computes "
-              f"{x['teacher_tokens_scored']} tokens, the reference pass {reference_tokens}")
+              f"{x['shared_with_row_prompt_per_row']:.0f} shared with the row's prompt; the "
+              f"{'fused teacher' if fused else 'teacher pass'} computes {x['teacher_tokens_scored']} tokens"
+              + (f" ({x['fused_rows']:.0%} of its rows on the loss forward's keys and values)" if fused else "")
+              + f", the reference pass {reference_tokens}")
         print(f"ratio SEED/GRPO ({name}): {x['ratio']:.3f}   (goal <= {GOAL})")
     print(f"iteration: collect {t_collect:.2f} s + SEED update {seed_s:.2f} s = {iteration_s:.2f} s")
     print(f"analyzer: {len(analyzer)} calls, {sum(len(c.completion_ids) for c in analyzer)} tokens; "

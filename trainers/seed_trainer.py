@@ -10,7 +10,9 @@ Where it departs from stock GRPO, and why:
   ``view(-1, G)``.
 - The loss is ``seed_objective``: PPO-clip + entropy + KL(k3) + lambda * gated OPD, whose
   teacher log-probs are the *pre-update* policy re-scoring the sampled completion with
-  the episode's hindsight skill injected into the prompt.
+  the episode's hindsight skill injected into the prompt (with ``fuse_teacher``, on top of
+  the prompt keys and values the loss forward itself computes: the weights are still the
+  pre-update ones there when one optimizer step uses the batch).
 - Log-probs are scored at temperature 1 (``temperature=1.0`` is forced for scoring):
   backends return raw log-softmax, and both sides of every ratio must agree.
 - The task order of each epoch is a function of (seed, epoch) (``EpochSeededSampler``):
@@ -30,11 +32,11 @@ import torch
 from trl import GRPOConfig, GRPOTrainer
 from trl.trainer.utils import RepeatSampler
 
-from seed_agents.backends.prefix import worth_sharing
+from seed_agents.backends.prefix import common_prefix_len, worth_sharing
 from seed_agents.config.core import PAPER, PAPER_LEARNING_RATE
 from seed_agents.distill import SEEDCoefficients, group_advantages, seed_objective
 from seed_agents.errors import NoTrainableRows
-from seed_agents.trainers.shared_prefix import shared_prefix_logps
+from seed_agents.trainers.shared_prefix import PromptKV, logps_on_prompt_kv, shared_prefix_logps
 from seed_agents.trainers.shared_prefix import supported as prefix_supported
 from seed_agents.types import Row, Task, Trajectory
 
@@ -50,6 +52,7 @@ class SEEDConfig(GRPOConfig):
     advantage_norm: Literal["mean_std", "mean"] = field(default="mean_std", metadata={"help": "Group advantage: (r-mean)/std (ALFWorld) or r-mean (WebShop)."})
     score_batch_size: int = field(default=16, metadata={"help": "Most rows per forward when scoring teacher/reference log-probs (chunk_tokens bounds each forward too); more rows share one prefix forward."})
     share_prefix: bool = field(default=True, metadata={"help": "Compute the prompt tokens a chunk's rows share (system prompt, tool schemas, the task) once and run each row's own tokens on top (trainers/shared_prefix.py); exact up to float rounding."})
+    fuse_teacher: bool = field(default=False, metadata={"help": "Score SEED's teacher on top of the prompt keys and values the loss forward computes (trainers/shared_prefix.logps_on_prompt_kv): the teacher computes its skill and the completion, not the prompt it shares with its row. Needs share_prefix and one optimizer step per rollout batch (num_iterations 1, steps_per_generation 1, gradient_accumulation_steps 1: the loss forward runs the pre-update weights); rows whose chunk shares no prefix are scored in a pass of their own. Exact up to float rounding."})
     chunk_tokens: int = field(default=8192, metadata={"help": "Token budget (rows x trimmed width) of one forward in the loss and in scoring; rows are grouped by length and each group's padding trimmed. 0: TRL's layout (every row padded to the batch's widest prompt and completion)."})
     # TRL fields with the paper's values
     beta: float = field(default=PAPER.kl, metadata={"help": "KL(pi || pi_ref) coefficient (k3 estimator)."})
@@ -75,6 +78,11 @@ class SEEDConfig(GRPOConfig):
         if self.num_generations and self.per_device_train_batch_size % self.num_generations:
             raise ValueError(f"per_device_train_batch_size ({self.per_device_train_batch_size}) must be a multiple of "
                              f"num_generations ({self.num_generations}): a group must not be split across ranks")
+        if self.fuse_teacher and (not self.share_prefix or self.num_iterations != 1 or self.steps_per_generation != 1
+                                  or self.gradient_accumulation_steps != 1):
+            raise ValueError("fuse_teacher scores the teacher in the loss forward, which must run the pre-update weights "
+                             "and share the prompt's prefix: it needs share_prefix, num_iterations 1, "
+                             "steps_per_generation 1 and gradient_accumulation_steps 1")
         if self.opd_coef < 0 or self.gate_sharpness <= 0:
             raise ValueError("opd_coef must be >= 0 and gate_sharpness > 0")
 
@@ -203,6 +211,16 @@ def prefix_chunks(prompts: list[list[int]], completion_lens: list[int], budget: 
     return chunks
 
 
+@dataclass
+class _TeacherRequest:
+    """The teacher prompts of a loss forward's rows (None: no skill), and the log-probs the
+    forward's chunks fill in on top of their prompt keys and values (``fuse_teacher``)."""
+
+    prompts: list[list[int] | None]
+    logps: torch.Tensor
+    done: torch.Tensor
+
+
 class SEEDTrainer(GRPOTrainer):
     """Thin subclass: our rollouts and our loss; TRL's everything else."""
 
@@ -212,6 +230,7 @@ class SEEDTrainer(GRPOTrainer):
         self.coef = SEEDCoefficients(clip_eps=args.epsilon, entropy=args.entropy_coef, lam=args.opd_coef,
                                      kl=args.beta, gate_sharpness=args.gate_sharpness)
         self.last_batch: RolloutBatch | None = None
+        self._teacher_request: _TeacherRequest | None = None
 
     def _get_train_sampler(self, dataset: Any = None) -> EpochSeededSampler:
         dataset = self.train_dataset if dataset is None else dataset
@@ -263,8 +282,12 @@ class SEEDTrainer(GRPOTrainer):
             ids, mask = input_ids[idx, span], attention_mask[idx, span]
             shared = self._shared_prefix(model, ids, p, [prompt_lens[i] for i in rows])
             if shared:
+                kept: list[PromptKV] | None = [] if self._teacher_request is not None else None
                 logps, entropies = shared_prefix_logps(model, ids, mask, c, shared, compute_entropy=compute_entropy,
-                                                       autocast=self.accelerator.autocast)
+                                                       autocast=self.accelerator.autocast, keep_kv=kept)
+                if kept:
+                    self._fused_teacher(model, kept[0], rows, ids, p, [prompt_lens[i] for i in rows],
+                                        [completion_lens[i] for i in rows])
             else:
                 logps, entropies, _ = super()._get_per_token_logps_and_entropies(
                     model, ids, mask, c, compute_entropy=compute_entropy)
@@ -277,6 +300,36 @@ class SEEDTrainer(GRPOTrainer):
         logps = torch.cat([lp for _, lp, _ in parts])[back]
         entropies = torch.cat([e for _, _, e in parts])[back] if compute_entropy else None
         return logps, entropies, None
+
+    def _fused_teacher(self, model: Any, kv: PromptKV, rows: list[int], ids: torch.Tensor, prompt_width: int,
+                       prompt_lens: list[int], completion_lens: list[int]) -> None:
+        """A loss chunk's teacher log-probs, scored on top of the prompt keys and values its
+        forward kept (``fuse_teacher``): each teacher prompt shares its row's prompt up to
+        where the skill went in. A row whose teacher shares nothing, or has no token of its
+        own before the completion, is left to a pass of its own."""
+        request = self._teacher_request
+        assert request is not None
+        local: list[int] = []
+        shared: list[int] = []
+        tails: list[list[int]] = []
+        lens: list[int] = []
+        for j, i in enumerate(rows):
+            teacher = request.prompts[i]
+            if teacher is None or not completion_lens[j]:
+                continue
+            n = common_prefix_len([ids[j, prompt_width - prompt_lens[j]:prompt_width].tolist(), teacher])
+            if n < 1 or n >= len(teacher):
+                continue
+            local.append(j)
+            shared.append(n)
+            tails.append(teacher[n:] + ids[j, prompt_width:prompt_width + completion_lens[j]].tolist())
+            lens.append(completion_lens[j])
+        if not local:
+            return
+        got = logps_on_prompt_kv(model, kv, local, shared, tails, lens, autocast=self.accelerator.autocast)
+        for k, j in enumerate(local):
+            request.logps[rows[j], :lens[k]] = got[k, :lens[k]].to(request.logps.dtype)
+            request.done[rows[j]] = True
 
     def _may_share(self, model: Any) -> bool:
         """Whether this forward may compute a shared prefix once (``share_prefix`` on, and
@@ -330,7 +383,15 @@ class SEEDTrainer(GRPOTrainer):
         device = self.accelerator.device
         out = {k: v.to(device) for k, v in out.items()}
         out["old_per_token_logps"] = self._guide_old_logps(out)
-        out["teacher_per_token_logps"], out["opd_mask"] = self._teacher_logps(batch, out, pad_id)
+        if self._fuses_teacher():  # scored in the loss forward, on its prompt keys and values
+            has_skill = [p is not None for p in batch.teacher_prompt_ids]
+            out["teacher_per_token_logps"] = torch.zeros_like(out["old_per_token_logps"])
+            out["opd_mask"] = torch.tensor(has_skill, device=device).unsqueeze(-1).to(out["loss_mask"].dtype) * out["loss_mask"]
+            prompts = [p or [] for p in batch.teacher_prompt_ids]
+            out["teacher_prompt_ids"] = _pad(prompts, pad_id, left=True, dtype=torch.long).to(device)
+            out["teacher_prompt_mask"] = _pad([[1] * len(p) for p in prompts], 0, left=True, dtype=torch.long).to(device)
+        else:
+            out["teacher_per_token_logps"], out["opd_mask"] = self._teacher_logps(batch, out, pad_id)
         if self.beta != 0.0:
             out["ref_per_token_logps"] = self._ref_logps(out)
         return out
@@ -369,19 +430,26 @@ class SEEDTrainer(GRPOTrainer):
         metrics["guide/logp"].append(own[guided[idx]].mean().item())
         return old
 
+    def _fuses_teacher(self) -> bool:
+        return bool(self.args.fuse_teacher and self.coef.lam)
+
     def _teacher_logps(self, batch: RolloutBatch, out: dict[str, torch.Tensor], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Pre-update policy log-probs of the sampled completions under the skill prompt."""
         has_skill = torch.tensor([p is not None for p in batch.teacher_prompt_ids], device=out["advantages"].device)
         teacher_logps = torch.zeros_like(out["old_per_token_logps"])
         if self.coef.lam and has_skill.any():
-            idx = has_skill.nonzero().squeeze(-1)
-            prompts = [batch.teacher_prompt_ids[i] for i in idx.tolist()]
-            t_ids = _pad(prompts, pad_id, left=True, dtype=torch.long).to(teacher_logps.device)
-            t_mask = _pad([[1] * len(p) for p in prompts], 0, left=True, dtype=torch.long).to(teacher_logps.device)
-            sub = {"completion_ids": out["completion_ids"][idx], "completion_mask": out["completion_mask"][idx]}
-            teacher_logps[idx] = self._score(self.model, t_ids, t_mask, sub)
+            self._teacher_pass(batch.teacher_prompt_ids, has_skill.nonzero().squeeze(-1), out, teacher_logps, pad_id)
         opd_mask = has_skill.unsqueeze(-1).to(out["loss_mask"].dtype) * out["loss_mask"]
         return teacher_logps, opd_mask
+
+    def _teacher_pass(self, prompts: list[list[int] | None], idx: torch.Tensor, out: dict[str, torch.Tensor],
+                      into: torch.Tensor, pad_id: int) -> None:
+        """The teacher log-probs of rows ``idx`` in a forward of their own, into ``into``."""
+        chosen = [prompts[i] or [] for i in idx.tolist()]
+        t_ids = _pad(chosen, pad_id, left=True, dtype=torch.long).to(into.device)
+        t_mask = _pad([[1] * len(p) for p in chosen], 0, left=True, dtype=torch.long).to(into.device)
+        sub = {"completion_ids": out["completion_ids"][idx], "completion_mask": out["completion_mask"][idx]}
+        into[idx] = self._score(self.model, t_ids, t_mask, sub).to(into.dtype)
 
     def _ref_logps(self, out: dict[str, torch.Tensor]) -> torch.Tensor:
         if self.ref_model is not None:
@@ -392,16 +460,43 @@ class SEEDTrainer(GRPOTrainer):
         with use_adapter(model, adapter_name="ref" if "ref" in model.peft_config else None):
             return self._score(self.model, out["prompt_ids"], out["prompt_mask"], out)
 
+    def _finish_teacher(self, request: _TeacherRequest, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The fused teacher's log-probs, the rows no chunk could score on its prompt keys and
+        values scored in a pass of their own; the share fused goes to the metrics."""
+        wanted = torch.tensor([p is not None for p in request.prompts], device=request.done.device)
+        left = (wanted & ~request.done).nonzero().squeeze(-1)
+        if left.numel():
+            pad_id = self.processing_class.pad_token_id
+            self._teacher_pass(request.prompts, left, inputs, request.logps,
+                               self.processing_class.eos_token_id if pad_id is None else pad_id)
+        if wanted.any():
+            self._metrics["train"]["teacher/fused_rows"].append((request.done & wanted).float().sum().item()
+                                                                / wanted.float().sum().item())
+        return request.logps
+
     # -- loss ------------------------------------------------------------------------
     def _compute_loss(self, model: Any, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
         input_ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
         attention = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
-        logps, entropies, _ = self._get_per_token_logps_and_entropies(
-            model, input_ids, attention, inputs["completion_ids"].size(1), compute_entropy=True)
+        teacher = inputs["teacher_per_token_logps"]
+        request = None
+        if "teacher_prompt_ids" in inputs:  # fuse_teacher: the chunks below fill it in
+            prompts = [ids[m.bool()].tolist() or None
+                       for ids, m in zip(inputs["teacher_prompt_ids"], inputs["teacher_prompt_mask"])]
+            request = _TeacherRequest(prompts, torch.zeros_like(teacher),
+                                      torch.zeros(len(prompts), dtype=torch.bool, device=teacher.device))
+        self._teacher_request = request
+        try:
+            logps, entropies, _ = self._get_per_token_logps_and_entropies(
+                model, input_ids, attention, inputs["completion_ids"].size(1), compute_entropy=True)
+        finally:
+            self._teacher_request = None
+        if request is not None:
+            teacher = self._finish_teacher(request, inputs)
         loss, metrics = seed_objective(
             logps, inputs["old_per_token_logps"], inputs["advantages"], inputs["loss_mask"],
             entropy_B_T=entropies, ref_logp_B_T=inputs.get("ref_per_token_logps"),
-            teacher_logp_B_T=inputs["teacher_per_token_logps"], opd_mask_B_T=inputs["opd_mask"], coef=self.coef)
+            teacher_logp_B_T=teacher, opd_mask_B_T=inputs["opd_mask"], coef=self.coef)
         for name, value in metrics.items():
             self._metrics["train"][name].append(value)
         # like TRL's token-mean losses: scaled for gradient accumulation (HF auto-scaling is off)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -44,6 +45,37 @@ class _ReadOnlyPrefix(DynamicCache):
                **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
         layer = self.layers[layer_idx]
         return torch.cat([layer.keys, key_states], dim=-2), torch.cat([layer.values, value_states], dim=-2)
+
+
+class _KeepingRowsKV(_ReadOnlyPrefix):
+    """A read-only prefix that also keeps, detached, the keys and values of the first
+    ``own_width`` columns of the rows' tokens (their own prompt) at each layer's first
+    call: a checkpointed layer's replay in backward is not kept again."""
+
+    def __init__(self, own_width: int) -> None:
+        super().__init__()
+        self.own_width = own_width
+        self.kept: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any,
+               **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        if layer_idx not in self.kept:
+            w = self.own_width
+            self.kept[layer_idx] = (key_states[:, :, :w].detach(), value_states[:, :, :w].detach())
+        return super().update(key_states, value_states, layer_idx, *args, **kwargs)
+
+
+@dataclass
+class PromptKV:
+    """The keys and values a shared-prefix forward computed for its rows' prompts, detached,
+    at their true positions: the prefix's (batch 1, ``prefix_len`` columns) and each row's own
+    prompt tokens after it (left-padded to ``own_width`` columns; ``own_lens`` real per row).
+    What ``logps_on_prompt_kv`` scores other tokens on top of."""
+
+    prefix: list[tuple[torch.Tensor, torch.Tensor]]
+    own: list[tuple[torch.Tensor, torch.Tensor]]
+    prefix_len: int
+    own_lens: torch.Tensor
 
 
 def _layers(model: Any) -> list[Any]:
@@ -85,12 +117,14 @@ def _checkpointing(model: Any, *, prefix: bool) -> Iterator[None]:
 
 def shared_prefix_logps(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: int,
                         prefix_len: int, *, compute_entropy: bool = False,
-                        autocast: Any = contextlib.nullcontext) -> tuple[torch.Tensor, torch.Tensor | None]:
+                        autocast: Any = contextlib.nullcontext,
+                        keep_kv: list[PromptKV] | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Per-token log-probs (and entropies) of the last ``logits_to_keep`` columns, as TRL's
     scorer computes them, for rows laid out as TRL lays them out (a left-padded prompt, then
     a right-padded completion) whose real tokens all begin with the same ``prefix_len``
     tokens. ``prefix_len`` must leave every prompt at least one token of its own (the first
-    completion token is predicted from the prompt's last position)."""
+    completion token is predicted from the prompt's last position). With ``keep_kv``, the
+    prompts' keys and values are appended to it (``PromptKV``), for scoring on top of them."""
     n, width = input_ids.shape
     prompt_width = width - logits_to_keep
     prompt_lens = attention_mask[:, :prompt_width].sum(1)
@@ -112,7 +146,7 @@ def shared_prefix_logps(model: Any, input_ids: torch.Tensor, attention_mask: tor
     rest_mask = torch.cat([own_prompt_ok.to(attention_mask.dtype), attention_mask[:, prompt_width:]], dim=1)
     # true positions: the prefix holds 0..prefix_len-1, a row's own tokens continue from there
     positions = (prefix_len + rest_mask.cumsum(1) - 1).clamp(min=prefix_len)
-    cache = _ReadOnlyPrefix()
+    cache = _ReadOnlyPrefix() if keep_kv is None else _KeepingRowsKV(rest_width)
     for i, (k, v) in enumerate(kv):
         DynamicCache.update(cache, k, v, i)  # fill once, batch 1
     for layer in cache.layers:
@@ -127,4 +161,62 @@ def shared_prefix_logps(model: Any, input_ids: torch.Tensor, attention_mask: tor
     logits = logits[:, :-1].float()
     logps = selective_log_softmax(logits, input_ids[:, prompt_width:])
     entropies = entropy_from_logits(logits) if compute_entropy else None
+    if keep_kv is not None:
+        keep_kv.append(PromptKV(prefix=[(k.detach(), v.detach()) for k, v in kv],
+                                own=[cache.kept[i] for i in range(len(kv))], prefix_len=prefix_len,
+                                own_lens=(prompt_lens - prefix_len).to(torch.long)))
     return logps, entropies
+
+
+def logps_on_prompt_kv(model: Any, kv: PromptKV, rows: list[int], shared: list[int], tails: list[list[int]],
+                       completion_lens: list[int], *, autocast: Any = contextlib.nullcontext) -> torch.Tensor:
+    """Log-probs of completions under other prompts that begin like the rows' own, computed
+    on top of the rows' prompt keys and values instead of from the first token.
+
+    Row ``rows[j]`` of ``kv`` shares its first ``shared[j]`` prompt tokens with the other
+    prompt; ``tails[j]`` is that prompt's rest followed by the completion's
+    ``completion_lens[j]`` tokens. The shared tokens are read from ``kv`` (the prefix's and the
+    row's own columns at positions below ``shared[j]``; the rest masked out), the tail runs at
+    its true positions from ``shared[j]`` on. SEED's teacher prompt is the row's prompt with
+    a skill put in (``skills.injector``): after the whole prompt, every prompt token is shared
+    and the teacher computes the skill and the completion only. Returns (len(rows), longest
+    completion), zero-padded; no gradient. Exact up to float rounding
+    (``tests/unit/test_shared_prefix.py`` against the whole prompt scored alone)."""
+    dev = kv.prefix[0][0].device
+    m, p = len(rows), kv.prefix_len
+    idx = torch.tensor(rows, device=dev)
+    s = torch.tensor(shared, device=dev)
+    if any(n < 1 for n in shared) or any(len(t) <= c for t, c in zip(tails, completion_lens)):
+        raise ValueError("every row must share a token and keep one prompt token of its own in its tail")
+    own_width = kv.own[0][0].shape[-2]
+    own_lens = kv.own_lens.to(dev)[idx]
+    prefix_ok = torch.arange(p, device=dev)[None, :] < s[:, None]
+    col = torch.arange(own_width, device=dev)[None, :]
+    own_pos = p + col - (own_width - own_lens)[:, None]  # a left-padded column's true position
+    own_ok = (col >= (own_width - own_lens)[:, None]) & (own_pos < s[:, None])
+    # tails left-padded, so that every completion ends at the last column and the logits of
+    # the last (longest completion + 1) columns cover them all: a skill's own positions need
+    # no logits (the vocabulary projection is a fifth of SmolLM2's per-token work)
+    width = max(len(t) for t in tails)
+    tail_ids = torch.zeros(m, width, dtype=torch.long, device=dev)
+    tail_mask = torch.zeros(m, width, dtype=torch.long, device=dev)
+    for j, t in enumerate(tails):
+        tail_ids[j, width - len(t):] = torch.tensor(t, device=dev)
+        tail_mask[j, width - len(t):] = 1
+    positions = s[:, None] + (tail_mask.cumsum(1) - 1).clamp(min=0)
+    cache = _ReadOnlyPrefix()
+    for i, ((pk, pv), (ok, ov)) in enumerate(zip(kv.prefix, kv.own)):
+        DynamicCache.update(cache, torch.cat([pk.expand(m, -1, -1, -1), ok[idx]], dim=-2),
+                            torch.cat([pv.expand(m, -1, -1, -1), ov[idx]], dim=-2), i)
+    mask = torch.cat([prefix_ok, own_ok, tail_mask.bool()], dim=1).to(torch.long)
+    longest = max(completion_lens)
+    with torch.no_grad(), _checkpointing(model, prefix=False), autocast():
+        logits = model(input_ids=tail_ids, attention_mask=mask, position_ids=positions, use_cache=False,
+                       logits_to_keep=longest + 1, **{cache_kwarg(model): cache}).logits
+    lens = torch.tensor(completion_lens, device=dev)
+    # completion token j of row i: column width - c_i + j, predicted at the column before it
+    at = (longest - lens[:, None] + torch.arange(longest, device=dev)[None, :]).clamp(max=longest - 1)
+    valid = torch.arange(longest, device=dev)[None, :] < lens[:, None]
+    picked = logits.gather(1, at[:, :, None].expand(-1, -1, logits.size(-1))).float()
+    targets = tail_ids[:, width - longest:].gather(1, at)
+    return torch.where(valid, selective_log_softmax(picked, targets), torch.zeros((), device=dev))

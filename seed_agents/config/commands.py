@@ -97,6 +97,7 @@ class TrainerConfig(BaseModel):
     lora_alpha: int = Field(32, ge=1, description="LoRA alpha.")
     chunk_tokens: int = Field(8192, ge=0, le=1 << 20, description="Token budget (rows x trimmed width) of one forward in the loss and in scoring: rows are grouped by length and each group's padding trimmed; bounds the update's memory. 0: TRL's layout, every row padded to the batch's widest prompt and completion (the path before; bench/update_throughput.py).")
     share_prefix: bool = Field(True, description="Compute the prompt tokens a chunk's rows share (system prompt, tool schemas) once, in the teacher, reference and training passes (trainers/shared_prefix.py; exact up to float rounding). false: every row's prompt whole (the path before).")
+    fuse_teacher: bool = Field(False, description="Score SEED's teacher on top of the prompt keys and values the training forward computes, instead of in a pass of its own: the teacher then computes the skill and the completion, not the prompt it shares with its row (most of it with skills.injector last_turn). Exact up to float rounding; needs share_prefix (bench/seed_overhead.py --injectors last_turn+fused).")
     guide_share: float = Field(0.0, ge=0, le=1, description="Share of each group's training episodes whose first free tool choice is steered into a call, the prefill then trained as if chosen (docs/training.md, 'Guided openings'): teaches an agent that never calls a tool to open with one. 0: off (the paper has no such term).")
     report_to: list[ReportTo] = Field([], description="Where TRL also sends the training metrics (loss/ppo, loss/opd, opd/gate, success_rate, ...): tensorboard writes <out>/checkpoints/runs/; wandb, mlflow, trackio ... read their usual environment variables. metrics.jsonl is always written.")
 
@@ -111,6 +112,13 @@ class TrainerConfig(BaseModel):
                           RenamedConfigKey, stacklevel=2)
             data = {("gate_sharpness" if key == "opd_beta" else key): value for key, value in data.items()}
         return data
+
+    @model_validator(mode="after")
+    def _fused_teacher_reads_the_shared_prefix(self) -> TrainerConfig:
+        if self.fuse_teacher and not self.share_prefix:
+            raise ValueError("fuse_teacher scores the teacher on the prompt keys and values the shared-prefix forward "
+                             "keeps: it needs share_prefix true")
+        return self
 
 
 class GraphConfig(BaseModel):

@@ -21,8 +21,8 @@ def test_scored_tokens_counts_a_shared_prefix_once():
     assert scored_tokens(alike, [5, 5, 5], args) == 40 + 3 * (1 + 5)
 
 
-@pytest.mark.parametrize("bad", ["end", "system,system", ","])
+@pytest.mark.parametrize("bad", ["end", "system,system", ",", "last_turn+fuse", "fused"])
 def test_injectors_must_be_distinct_known_placements(bad, capsys):
     with pytest.raises(SystemExit) as e:
         main(["--injectors", bad])
-    assert e.value.code == 2 and "--injectors: distinct names from system, task_line, last_turn" in capsys.readouterr().err
+    assert e.value.code == 2 and "--injectors: distinct names from system, task_line, last_turn, each optionally with +fused" in capsys.readouterr().err

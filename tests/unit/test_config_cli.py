@@ -12,7 +12,7 @@ import warnings
 from pathlib import Path
 
 import pytest
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
 from seed_agents.app.cli import _parser, build_eval_config
 from seed_agents.config import (
@@ -197,6 +197,11 @@ def test_the_update_layout_reaches_the_trainer_and_the_kv_reuse_the_backend(tmp_
     args = seed_config(TrainConfig.model_validate({"trainer": {"chunk_tokens": 0, "share_prefix": False}}), tmp_path / "b")
     assert (args.chunk_tokens, args.share_prefix) == (0, False)
     assert reuse_kwargs(True) == {} and reuse_kwargs(False) == {"share_prefix": False, "turn_cache_bytes": 0}
+    # the fused teacher reads the shared prefix's keys and values: on only with it, one clear error otherwise
+    assert not seed_config(TrainConfig(), tmp_path / "c").fuse_teacher
+    assert seed_config(TrainConfig.model_validate({"trainer": {"fuse_teacher": True}}), tmp_path / "d").fuse_teacher
+    with pytest.raises(ValidationError, match="it needs share_prefix true"):
+        TrainConfig.model_validate({"trainer": {"fuse_teacher": True, "share_prefix": False}})
 
 
 @pytest.mark.parametrize(("schedule", "last_lr"), [("linear", 0.25e-3), ("constant", 1e-3)])

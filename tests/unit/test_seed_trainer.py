@@ -29,7 +29,7 @@ from seed_agents.trainers.weight_sync import InProcessSync  # noqa: E402
 from seed_agents.types import SamplingParams, Task  # noqa: E402
 
 
-def make_trainer(tiny_model_dir, tokenizer, tmp_path, *, opd_coef=0.01, skills="external", **cfg):
+def make_trainer(tiny_model_dir, tokenizer, tmp_path, *, opd_coef=0.01, skills="external", injector=None, **cfg):
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
     backend = LocalBackend(model, tokenizer=tokenizer, max_batch_size=8)
@@ -39,7 +39,7 @@ def make_trainer(tiny_model_dir, tokenizer, tmp_path, *, opd_coef=0.01, skills="
         analyzer = SeedChatModel(backend=FakeBackend(tokenizer, SKILL_JSON), tokenizer=tokenizer)
         graph = with_hindsight(graph, analyzer)
     runner = EpisodeRunner(graph, RunnerConfig(progress=False, concurrency=8), make_env=lambda t: ParityEnv())
-    rollout = GraphRollout(runner, llm, skills=skills, merge_rows=False, out_dir=tmp_path / "run")
+    rollout = GraphRollout(runner, llm, skills=skills, merge_rows=False, out_dir=tmp_path / "run", injector=injector)
     ds = datasets.Dataset.from_list([{"prompt": Task(task_id=f"t{i}").model_dump_json()} for i in range(2)])
     args = SEEDConfig(output_dir=str(tmp_path / "out"), per_device_train_batch_size=8, num_generations=4,
                       use_cpu=True, bf16=False, report_to=[], logging_steps=1, save_strategy="no",
@@ -77,6 +77,52 @@ def test_seed_step_with_lambda_zero_equals_trl_grpo_loss(tiny_model_dir, tokeniz
     inputs["teacher_per_token_logps"] = inputs["old_per_token_logps"] + 1.0
     inputs["opd_mask"] = inputs["loss_mask"]
     assert not torch.allclose(trainer._compute_loss(trainer.model, inputs), theirs)
+
+
+@pytest.mark.parametrize("injector", ["system", "last_turn"])
+def test_a_fused_teacher_gives_the_loss_what_a_teacher_pass_of_its_own_does(tiny_model_dir, tokenizer, tmp_path,
+                                                                            monkeypatch, injector):
+    """fuse_teacher scores the teacher on the prompt keys and values of the loss forward
+    (gradient checkpointing on, TRL's default here): the teacher log-probs, the loss and its
+    gradients are those of the teacher's own pass, whether the skill sits in the system block
+    (inside the prefix the rows share) or after the prompt; every skill row was fused."""
+    import seed_agents.trainers.seed_trainer as seed_module
+    from seed_agents.skills import make_injector
+
+    trainer, _ = make_trainer(tiny_model_dir, tokenizer, tmp_path, opd_coef=1.0, injector=make_injector(injector),
+                              gradient_checkpointing=True)
+    rows = [trainer.train_dataset[i % 2] for i in range(8)]
+    trainer._generate_and_score_completions(rows)
+    batch = trainer.last_batch
+    assert all(p is not None for p in batch.teacher_prompt_ids)
+    trainer.model.train()
+    trainer.current_gradient_accumulation_steps = 1
+    seen = []
+    objective = seed_module.seed_objective
+    monkeypatch.setattr(seed_module, "seed_objective",
+                        lambda *a, **kw: seen.append(kw["teacher_logp_B_T"].detach().clone()) or objective(*a, **kw))
+
+    def loss_and_grads(fuse):
+        trainer.args.fuse_teacher = fuse
+        inputs = trainer.score_batch(batch)
+        assert ("teacher_prompt_ids" in inputs) == fuse
+        trainer.model.zero_grad()
+        loss = trainer._compute_loss(trainer.model, inputs)
+        loss.backward()
+        return loss.detach(), {n: p.grad.clone() for n, p in trainer.model.named_parameters() if p.grad is not None}
+
+    (alone, grads_alone), (fused, grads_fused) = loss_and_grads(False), loss_and_grads(True)
+    assert trainer._metrics["train"]["teacher/fused_rows"] == [1.0]
+    mask = trainer.score_batch(batch)["opd_mask"].bool()
+    assert mask.any() and torch.allclose(seen[0][mask], seen[1][mask], atol=1e-4), (seen[0] - seen[1]).abs().max()
+    assert torch.allclose(alone, fused, atol=1e-5) and grads_alone.keys() == grads_fused.keys()
+    for name, g in grads_alone.items():
+        assert torch.allclose(g, grads_fused[name], atol=1e-5, rtol=1e-3), name
+
+
+def test_fuse_teacher_refuses_a_batch_that_more_than_one_step_uses(tmp_path):
+    with pytest.raises(ValueError, match="fuse_teacher"):
+        SEEDConfig(output_dir=str(tmp_path), fuse_teacher=True, num_iterations=2, use_cpu=True, report_to=[])
 
 
 def _score_rows(model, prompts, completions):

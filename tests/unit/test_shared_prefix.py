@@ -6,7 +6,7 @@ from transformers import AutoModelForCausalLM
 
 from seed_agents.trainers.seed_trainer import rows_to_tensors
 from seed_agents.backends.prefix import common_prefix_len, prefix_batches, worth_sharing
-from seed_agents.trainers.shared_prefix import shared_prefix_logps, supported
+from seed_agents.trainers.shared_prefix import logps_on_prompt_kv, shared_prefix_logps, supported
 from seed_agents.types import Row
 
 
@@ -97,3 +97,50 @@ def test_a_prefix_that_would_swallow_a_prompt_is_refused(tiny_model_dir):
     mask = torch.cat([t["prompt_mask"], t["completion_mask"]], 1)
     with pytest.raises(ValueError, match="shortest prompt"):
         shared_prefix_logps(model, ids, mask, t["completion_ids"].size(1), 10)
+
+
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_a_teacher_scored_on_the_rows_prompt_kv_equals_its_whole_prompt_scored_alone(tiny_model_dir, checkpointing):
+    """SEED's teacher prompt is the row's prompt with a skill put in: after it (last_turn),
+    before a prefill the row ends with, or inside the shared system block (before the
+    chunk's prefix ends). Scored on the prompt keys and values the training forward kept,
+    the completion's log-probs are those of the whole teacher prompt scored from scratch;
+    and keeping them changes nothing the training forward computes."""
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    model.train()
+    if checkpointing:
+        if hasattr(model, "activation_checkpointing_enable"):
+            model.activation_checkpointing_enable({"use_reentrant": False})
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    rows = _rows(60, [(30, 5), (2, 12), (17, 1), (9, 9)])
+    t = rows_to_tensors(rows, torch.zeros(len(rows)), pad_id=0)
+    ids = torch.cat([t["prompt_ids"], t["completion_ids"]], 1)
+    mask = torch.cat([t["prompt_mask"], t["completion_mask"]], 1)
+    keep = t["completion_ids"].size(1)
+    plain, _ = shared_prefix_logps(model, ids, mask, keep, 60)
+    kept = []
+    logps, _ = shared_prefix_logps(model, ids, mask, keep, 60, keep_kv=kept)
+    logps.sum().backward()  # the replays of checkpointed layers keep nothing twice
+    assert torch.equal(logps.detach(), plain.detach()) and len(kept) == 1
+
+    skill = [7, 8, 9, 10, 11]
+    shared = [len(rows[0].prompt_ids),       # after the whole prompt
+              len(rows[1].prompt_ids) - 1,   # before a one-token prefill
+              20,                            # inside the chunk's shared prefix (the system block)
+              len(rows[3].prompt_ids) - 4]   # before a longer prefill
+    teachers = [r.prompt_ids[:n] + skill[:2 + i] + r.prompt_ids[n:] for i, (r, n) in enumerate(zip(rows, shared))]
+    tails = [tp[n:] + r.completion_ids for tp, n, r in zip(teachers, shared, rows)]
+    sel = [0, 1, 2, 3]
+    got = logps_on_prompt_kv(model, kept[0], sel, shared, tails, [len(r.completion_ids) for r in rows])
+    with torch.no_grad():
+        want, _ = _one_by_one(model, [r.model_copy(update={"prompt_ids": tp}) for r, tp in zip(rows, teachers)])
+    for i, r in enumerate(rows):
+        n = len(r.completion_ids)
+        assert torch.allclose(got[i, :n], want[i], atol=1e-4), (i, (got[i, :n] - want[i]).abs().max())
+        assert (got[i, n:] == 0).all()
+    one = logps_on_prompt_kv(model, kept[0], [2], [shared[2]], [tails[2]], [len(rows[2].completion_ids)])
+    assert torch.allclose(one[0, :1], want[2], atol=1e-4)  # a subset of the rows, in any order
+    with pytest.raises(ValueError, match="keep one prompt token"):
+        logps_on_prompt_kv(model, kept[0], [0], [shared[0]], [rows[0].completion_ids], [len(rows[0].completion_ids)])
