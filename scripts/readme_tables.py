@@ -133,6 +133,13 @@ PLACEMENTS = {"system": "skill in the system message", "task_line": "skill after
               "last_turn": "skill after the prompt"}  # skills.injector
 
 
+def placement(name: str) -> str:
+    """A seed_overhead side in words: ``last_turn+fused`` is the placement with the teacher
+    scored on the loss forward's prompt keys and values (``trainer.fuse_teacher``)."""
+    base = name.removesuffix("+fused")
+    return PLACEMENTS.get(base, base) + (", teacher fused into the loss forward" if name.endswith("+fused") else "")
+
+
 def seed_overhead(results: dict[str, Result]) -> list[str]:
     r = one(results, "seed_overhead")
     c, x = r.config, r.results
@@ -145,11 +152,13 @@ def seed_overhead(results: dict[str, Result]) -> list[str]:
     if len(placed) > 1:  # one SEED row and ratio per skill placement, all against the one GRPO
         for name in order:
             p = placed[name]
-            where = f"{PLACEMENTS.get(name, name)}: teacher prompt shares {p['shared_with_row_prompt_per_row']:.0f} " \
+            where = f"{placement(name)}: teacher prompt shares {p['shared_with_row_prompt_per_row']:.0f} " \
                     f"of its {p['teacher_prompt_tokens_per_row']:.0f} tokens with the row's"
+            fused = "fused_rows" in p
             rows += [[f"SEED (lambda {c['opd_coef']:g}), {where}", f"{p['seed_update_s']:.1f}",
-                      f"{p['seed_score_s']:.1f} (teacher + reference)"],
-                     [f"ratio SEED/GRPO, {PLACEMENTS.get(name, name)}", f"{p['ratio']:.3f}",
+                      f"{p['seed_score_s']:.1f} (reference; the teacher inside the loss, {p['fused_rows']:.0%} of its "
+                      f"rows fused)" if fused else f"{p['seed_score_s']:.1f} (teacher + reference)"],
+                     [f"ratio SEED/GRPO, {placement(name)}", f"{p['ratio']:.3f}",
                       goal_words(p["ratio"], SEED_GRPO_GOAL, at_most=True)]]
     else:
         rows += [[f"SEED (lambda {c['opd_coef']:g})", f"{x['seed_update_s']:.1f}",
@@ -159,7 +168,7 @@ def seed_overhead(results: dict[str, Result]) -> list[str]:
             *table(["update (median of %d, interleaved)" % n, "seconds", "of which scoring"], rows),
             *(["", "Tokens each scoring pass computes, as the trainer chunks its rows (load cannot move them): "
                    f"reference {x['reference_tokens_scored']}; teacher " + ", ".join(
-                       f"{PLACEMENTS.get(name, name)} {placed[name]['teacher_tokens_scored']}" for name in order) + "."]
+                       f"{placement(name)} {placed[name]['teacher_tokens_scored']}" for name in order) + "."]
               if "reference_tokens_scored" in x else []),
             "", f"Analyzer: {x['analyzer_calls']} calls, busy {x['analyzer_busy_s']:.1f} s summed over its concurrent "
                 f"calls ({x['analyzer_busy_s'] / x['iteration_s']:.0%} of the iteration's {x['iteration_s']:.1f} s: "

@@ -179,6 +179,16 @@ def test_seed_overhead_table_header_names_the_departures_and_the_miss(tmp_path):
             "| 46.0 |") in text and "| ratio SEED/GRPO, skill after the prompt | 1.093 | goal <= 1.15: met |" in text
     assert text.index("skill in the system message") < text.index("skill after the prompt")  # the run's order
     assert "reference 1308; teacher skill in the system message 2217, skill after the prompt 1726." in text
+    # a fused side: its scoring is the reference's, the teacher is inside the loss, and it says how much was fused
+    res["placements"]["last_turn+fused"] = {**place, "seed_update_s": 44.0, "seed_score_s": 9.5, "ratio": 44.0 / 42.1,
+                                            "teacher_tokens_scored": 700, "fused_rows": 1.0}
+    config["injectors"] = ["last_turn+fused", "system", "last_turn"]
+    write_result("seed_overhead", config, res, paper=so.PAPER, labels=so.LABELS, results_dir=tmp_path / "results")
+    text = render(tmp_path, "seed_overhead")
+    assert ("| SEED (lambda 0.01), skill after the prompt, teacher fused into the loss forward: teacher prompt shares "
+            "4 of its 290 tokens with the row's | 44.0 | 9.5 (reference; the teacher inside the loss, 100% of its rows "
+            "fused) |") in text
+    assert "skill after the prompt, teacher fused into the loss forward 700, skill in the system message 2217" in text
 
 
 def test_update_memory_and_skill_usefulness_render_from_their_scripts_keys(tmp_path):
