@@ -135,7 +135,9 @@ def train_config(args: argparse.Namespace, method: str, seed: int, tasks: Path, 
                     "kl_coef": args.kl_coef,
                     # only when on: runs without it keep the digests (and stored runs) they had
                     **({"guide_share": args.guide_share} if args.guide_share else {}),
-                    **({"lr_schedule": args.lr_schedule} if args.lr_schedule != "linear" else {})},
+                    **({"lr_schedule": args.lr_schedule} if args.lr_schedule != "linear" else {}),
+                    # only when on, and for the skill methods (GRPO has no teacher): digests stay
+                    **({"fuse_teacher": True} if args.fuse_teacher and method != "grpo" else {})},
         "stage1": {"run": "off"},
         "eval": {"tasks": str(heldout), "num_tasks": n_heldout, "every": args.eval_every, "at_start": True,
                  "temperature": 0.0},
@@ -456,6 +458,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--injector", choices=["system", "task_line", "last_turn"], default="system",
                    help="Where the skill sits in the teacher's prompt (skills.injector; GRPO writes none). Another "
                         "placement is another run: give it its own --work and --result-name.")
+    p.add_argument("--fuse-teacher", action="store_true",
+                   help="trainer.fuse_teacher for the skill methods: the teacher scored on the training forward's "
+                        "prompt keys and values (pays with --injector last_turn; docs/training.md).")
     p.add_argument("--guide-share", type=float, default=0.0,
                    help="With --first-turn auto: share of each group's training episodes steered into a tool call "
                         "at their first free choice (guided openings; held-out episodes stay free).")

@@ -61,7 +61,7 @@ def test_grpo_and_seed_differ_only_in_the_skills_and_the_distillation(tmp_path):
     args = argparse.Namespace(tasks_per_update=4, updates=30, group=8, first_turn="forced", model="smollm2-135m",
                               max_tokens=64, temperature=0.7, skill_tokens=64, lr=1e-4, lora_r=8, kl_coef=0.001,
                               eval_every=5, guide_share=0.0, lr_schedule="linear", precision="float32",
-                              opd_coef=None, injector="system")
+                              opd_coef=None, injector="system", fuse_teacher=False)
     grpo, seed = (train_config(args, m, 1, tmp_path / "t.jsonl", tmp_path / "h.jsonl", 200, 80, tmp_path / m)
                   for m in ("grpo", "seed"))
     assert grpo["skills"]["source"] == "none" and grpo["trainer"]["opd_coef"] == 0.0
@@ -91,6 +91,12 @@ def test_grpo_and_seed_differ_only_in_the_skills_and_the_distillation(tmp_path):
     assert train_config(moved, "seed", 1, tmp_path / "t.jsonl", tmp_path / "h.jsonl", 200, 80,
                         tmp_path / "seed")["skills"] == {**seed["skills"], "injector": "last_turn"}
     assert "injector" not in seed["skills"]
+    # the fused teacher: a trainer setting of the skill methods when on, nothing (and no digest moved) when off
+    fused = argparse.Namespace(**{**vars(args), "fuse_teacher": True})
+    assert train_config(fused, "grpo", 1, tmp_path / "t.jsonl", tmp_path / "h.jsonl", 200, 80, tmp_path / "grpo") == grpo
+    assert train_config(fused, "seed", 1, tmp_path / "t.jsonl", tmp_path / "h.jsonl", 200, 80,
+                        tmp_path / "seed")["trainer"] == {**seed["trainer"], "fuse_teacher": True}
+    assert "fuse_teacher" not in seed["trainer"]
 
 
 def test_every_skill_method_is_paired_with_grpo_by_seed():
@@ -169,7 +175,7 @@ def test_the_run_digest_ignores_where_the_files_live_but_not_what_they_hold(tmp_
     args = argparse.Namespace(tasks_per_update=4, updates=30, group=8, first_turn="forced", model="smollm2-135m",
                               max_tokens=64, temperature=0.7, skill_tokens=64, lr=1e-4, lora_r=8, kl_coef=0.001,
                               eval_every=5, guide_share=0.0, lr_schedule="linear", precision="float32",
-                              opd_coef=None, injector="system")
+                              opd_coef=None, injector="system", fuse_teacher=False)
     for d in ("a", "b"):
         (tmp_path / d).mkdir()
         (tmp_path / d / "t.jsonl").write_text("t\n")
@@ -200,7 +206,7 @@ def test_a_guide_share_changes_the_run_only_when_on_and_needs_a_free_first_turn(
     args = argparse.Namespace(tasks_per_update=4, updates=30, group=8, first_turn="auto", model="smollm2-135m",
                               max_tokens=64, temperature=0.7, skill_tokens=64, lr=1e-4, lora_r=8, kl_coef=0.001,
                               eval_every=5, guide_share=0.0, lr_schedule="linear", precision="float32",
-                              opd_coef=None, injector="system")
+                              opd_coef=None, injector="system", fuse_teacher=False)
     (tmp_path / "t.jsonl").write_text("t\n")
     (tmp_path / "h.jsonl").write_text("h\n")
 
