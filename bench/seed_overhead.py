@@ -34,10 +34,11 @@ not the scoring.
     .venv/bin/python bench/seed_overhead.py --model PATH --tasks 4 --group 8
     .venv/bin/python bench/seed_overhead.py --injectors system,last_turn  # where the skill sits
     .venv/bin/python bench/seed_overhead.py --injectors last_turn+fused,last_turn,system+fused,system
+    .venv/bin/python bench/seed_overhead.py --env atlas --max-tokens 64 --injectors last_turn+fused,system
 
 Prints the two update times, their ratio SEED/GRPO (goal <= 1.15) and the analyzer share,
-and writes every repeat to ``docs/results/seed_overhead.json`` (``seed_overhead_fake.json``
-with ``--env fake``; ``--results-dir``).
+and writes every repeat to ``docs/results/seed_overhead.json`` (``seed_overhead_atlas.json``,
+``seed_overhead_fake.json`` with ``--env``; ``--results-dir``).
 """
 
 from __future__ import annotations
@@ -115,6 +116,12 @@ def build(args: argparse.Namespace) -> tuple[Any, Any, list[Any]]:
         tasks = suite.tasks("train", args.tasks)
         suite.prepare(tasks)
         graph, make_env = suite.build_graph(llm, max_turns=args.max_turns), suite.make_env
+    elif args.env == "atlas":  # the learning curve's family: tool schemas in the system prompt, a forced first call
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # examples/ beside bench/
+        from examples.atlas_tasks import answer_reward, build_agent, make_tasks
+
+        tasks = make_tasks("train", per_level=args.tasks, levels=[0])
+        graph, make_env, reward = build_agent(llm, max_turns=args.max_turns), None, answer_reward
     else:
         from seed_agents.testing import ScriptedEnv
 
@@ -122,7 +129,7 @@ def build(args: argparse.Namespace) -> tuple[Any, Any, list[Any]]:
         graph, make_env = build_env_agent(llm, max_turns=args.max_turns), (lambda task: ScriptedEnv())
     graph = with_hindsight(graph, llm, max_tokens=args.analyzer_tokens)
     runner = EpisodeRunner(graph, RunnerConfig(group_size=args.group, concurrency=args.tasks * args.group, progress=False),
-                           make_env=make_env)
+                           make_env=make_env, **({"reward_fn": reward} if args.env == "atlas" else {}))
     rollout = GraphRollout(runner, llm, skills="self", injector=make_injector(args.injectors[0].removesuffix("+fused")))
     ds = datasets.Dataset.from_list([{"prompt": t.model_dump_json()} for t in tasks])
     out = tempfile.mkdtemp(prefix="seed-overhead-")  # save_strategy "no": TRL only needs the folder to exist
@@ -180,7 +187,9 @@ class Updater:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="smollm2-135m", help="Alias or local folder (the trainer's and the local backend's).")
-    ap.add_argument("--env", choices=["textworld", "fake"], default="textworld", help="fake: the scripted two-step env.")
+    ap.add_argument("--env", choices=["textworld", "atlas", "fake"], default="textworld",
+                    help="atlas: the learning curve's tool family (level 0, first call forced; pass --max-tokens 64); "
+                         "fake: the scripted two-step env.")
     ap.add_argument("--cache-dir", default=None, help="TextWorld game cache (default: the user cache).")
     ap.add_argument("--tasks", type=int, default=2, help="Tasks per iteration.")
     ap.add_argument("--group", type=int, default=4, help="Episodes per task (G).")

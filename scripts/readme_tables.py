@@ -140,25 +140,25 @@ def placement(name: str) -> str:
     return PLACEMENTS.get(base, base) + (", teacher fused into the loss forward" if name.endswith("+fused") else "")
 
 
-def seed_overhead(results: dict[str, Result]) -> list[str]:
-    r = one(results, "seed_overhead")
+def seed_overhead(results: dict[str, Result], name: str = "seed_overhead") -> list[str]:
+    r = one(results, name)
     c, x = r.config, r.results
     n = len(x["repeats"])
     what = (f"{c['env']}, {c['tasks']} tasks x {c['group']} episodes, {c['max_turns']} turns, "
             f"{x['rows']} rows, teacher prompts on {x['rows_with_teacher']}/{x['rows']} rows ({c['skill_coverage']})")
     placed = x.get("placements", {})
-    order = [name for name in c.get("injectors") or [] if name in placed] or list(placed)  # the run's order
+    order = [side for side in c.get("injectors") or [] if side in placed] or list(placed)  # the run's order
     rows = [["GRPO (lambda 0)", f"{x['grpo_update_s']:.1f}", f"{x['grpo_score_s']:.1f} (reference)"]]
     if len(placed) > 1:  # one SEED row and ratio per skill placement, all against the one GRPO
-        for name in order:
-            p = placed[name]
-            where = f"{placement(name)}: teacher prompt shares {p['shared_with_row_prompt_per_row']:.0f} " \
+        for side in order:
+            p = placed[side]
+            where = f"{placement(side)}: teacher prompt shares {p['shared_with_row_prompt_per_row']:.0f} " \
                     f"of its {p['teacher_prompt_tokens_per_row']:.0f} tokens with the row's"
             fused = "fused_rows" in p
             rows += [[f"SEED (lambda {c['opd_coef']:g}), {where}", f"{p['seed_update_s']:.1f}",
                       f"{p['seed_score_s']:.1f} (reference; the teacher inside the loss, {p['fused_rows']:.0%} of its "
                       f"rows fused)" if fused else f"{p['seed_score_s']:.1f} (teacher + reference)"],
-                     [f"ratio SEED/GRPO, {placement(name)}", f"{p['ratio']:.3f}",
+                     [f"ratio SEED/GRPO, {placement(side)}", f"{p['ratio']:.3f}",
                       goal_words(p["ratio"], SEED_GRPO_GOAL, at_most=True)]]
     else:
         rows += [[f"SEED (lambda {c['opd_coef']:g})", f"{x['seed_update_s']:.1f}",
@@ -168,7 +168,7 @@ def seed_overhead(results: dict[str, Result]) -> list[str]:
             *table(["update (median of %d, interleaved)" % n, "seconds", "of which scoring"], rows),
             *(["", "Tokens each scoring pass computes, as the trainer chunks its rows (load cannot move them): "
                    f"reference {x['reference_tokens_scored']}; teacher " + ", ".join(
-                       f"{placement(name)} {placed[name]['teacher_tokens_scored']}" for name in order) + "."]
+                       f"{placement(side)} {placed[side]['teacher_tokens_scored']}" for side in order) + "."]
               if "reference_tokens_scored" in x else []),
             "", f"Analyzer: {x['analyzer_calls']} calls, busy {x['analyzer_busy_s']:.1f} s summed over its concurrent "
                 f"calls ({x['analyzer_busy_s'] / x['iteration_s']:.0%} of the iteration's {x['iteration_s']:.1f} s: "
@@ -878,7 +878,8 @@ RENDERERS: dict[str, Callable[[dict[str, Result]], list[str]]] = {
 #: marker ``results:NAME_variant`` renders that file with its family's table.
 FAMILIES: dict[str, Callable[[dict[str, Result], str], list[str]]] = {
     "learning_curve": learning_curve, "atlas_band": atlas_band, "update_throughput": update_throughput,
-    "demo_speed": demo_speed, "roofline": roofline, "atlas_skills": atlas_skills}
+    "demo_speed": demo_speed, "roofline": roofline, "atlas_skills": atlas_skills,
+    "seed_overhead": seed_overhead}
 
 
 def renderer(name: str) -> Callable[[dict[str, Result]], list[str]] | None:
