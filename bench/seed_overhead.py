@@ -86,6 +86,14 @@ def scored_tokens(prompts: list[list[int]], completion_lens: list[int], args: An
     return sum(_chunk_cost(prompts, completion_lens, rows) for rows in chunks)
 
 
+def fused_tokens(tails: list[int]) -> int:
+    """Positions the fused teacher computes for tails of these lengths: each group of
+    ``tail_groups`` padded to its longest."""
+    from seed_agents.trainers.seed_trainer import tail_groups
+
+    return sum(len(g) * max(tails[i] for i in g) for g in tail_groups(tails))
+
+
 def build(args: argparse.Namespace) -> tuple[Any, Any, list[Any]]:
     """The policy, its graph with the hindsight node, a rollout and a SEED trainer."""
     import datasets
@@ -259,8 +267,9 @@ def main(argv: list[str] | None = None) -> None:
             if pairs else 0.0,
             "teacher_tokens_scored": scored_tokens([p for p, _ in pairs], [len(r.completion_ids) for _, r in pairs],
                                                    trainer.args) if not name.endswith("+fused")
-            # fused: each teacher computes what follows the prompt it shares with its row
-            else sum(len(p) - common_prefix_len([p, r.prompt_ids]) + len(r.completion_ids) for p, r in pairs)}
+            # fused: each teacher computes what follows the prompt it shares with its row, padded as
+            # the fused forward groups the tails (counted as if the loss forward were one chunk)
+            else fused_tokens([len(p) - common_prefix_len([p, r.prompt_ids]) + len(r.completion_ids) for p, r in pairs])}
         if name.endswith("+fused"):
             placements[name]["fused_rows"] = trainer._metrics["train"]["teacher/fused_rows"][-1]
 

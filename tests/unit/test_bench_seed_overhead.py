@@ -26,3 +26,10 @@ def test_injectors_must_be_distinct_known_placements(bad, capsys):
     with pytest.raises(SystemExit) as e:
         main(["--injectors", bad])
     assert e.value.code == 2 and "--injectors: distinct names from system, task_line, last_turn, each optionally with +fused" in capsys.readouterr().err
+
+
+def test_fused_tokens_count_the_padding_of_each_tail_group():
+    from bench.seed_overhead import fused_tokens
+
+    assert fused_tokens([60, 68, 58, 66]) == 4 * 68
+    assert fused_tokens([68, 58, 66, 62, 144, 169, 156, 141]) == 4 * 68 + 4 * 169

@@ -118,6 +118,10 @@ def test_a_fused_teacher_gives_the_loss_what_a_teacher_pass_of_its_own_does(tiny
     assert torch.allclose(alone, fused, atol=1e-5) and grads_alone.keys() == grads_fused.keys()
     for name, g in grads_alone.items():
         assert torch.allclose(g, grads_fused[name], atol=1e-5, rtol=1e-3), name
+    # the fused rows scored in several forwards (one per row, in reverse): the same log-probs, each in its place
+    monkeypatch.setattr(seed_module, "tail_groups", lambda lengths, fixed_cost=128: [[i] for i in range(len(lengths))][::-1])
+    loss_and_grads(True)
+    assert torch.allclose(seen[0][mask], seen[2][mask], atol=1e-4), (seen[0] - seen[2]).abs().max()
 
 
 def test_fuse_teacher_refuses_a_batch_that_more_than_one_step_uses(tmp_path):
@@ -355,3 +359,15 @@ def test_length_chunked_scoring_equals_trls_padded_layout(tiny_model_dir, tokeni
         results[budget] = (logps * t["loss_mask"], ent * t["loss_mask"], grads)
     for a, b in zip(results[0], results[600]):
         assert a.shape == b.shape and torch.allclose(a, b, atol=2e-4, rtol=1e-4), (a - b).abs().max()
+
+
+def test_tail_groups_split_where_padding_costs_more_than_a_forward():
+    from seed_agents.trainers.seed_trainer import tail_groups
+
+    assert tail_groups([]) == []
+    assert tail_groups([60, 68, 58, 66]) == [[2, 0, 3, 1]]  # alike: one forward
+    # short tails beside long ones: padding the four short to 160 would compute 4 x ~95 extra tokens
+    groups = tail_groups([68, 58, 66, 62, 144, 169, 156, 141])
+    assert groups == [[1, 3, 2, 0], [7, 4, 6, 5]]
+    assert sorted(i for g in groups for i in g) == list(range(8))
+    assert tail_groups([10, 500], fixed_cost=10_000) == [[0, 1]]
