@@ -499,7 +499,8 @@ def main(argv: list[str] | None = None) -> None:
             name = f"{method}-s{s}"
             out = args.work / name
             config = train_config(args, method, s, tasks, heldout, n_train, n_heldout, out)
-            digest = run_digest(config, tasks, heldout, REVISIONS.get(method, 1))
+            revision = REVISIONS.get(method, 1)
+            digest = run_digest(config, tasks, heldout, revision)
             fresh = not (out / "benchmark-done.json").exists()
             if fresh and kept.get(name, {}).get("digest") == digest:
                 source, stored = args.result_name, kept[name]
@@ -515,11 +516,11 @@ def main(argv: list[str] | None = None) -> None:
                 print(f"{name}: finished in an earlier invocation ({walls[name]:.0f} s), read from {source}.json", flush=True)
                 continue
             print(f"{name}: training ({args.updates} updates of {args.tasks_per_update} tasks x {args.group})", flush=True)
-            walls[name] = run_one(config, out, log, REVISIONS.get(method, 1))
+            walls[name] = run_one(config, out, log, revision)
             runs.setdefault(method, {})[s] = {"scores": heldout_scores(out, heldout), "metrics": per_update(out)}
             packed[name] = pack_run(runs[method][s], digest, walls[name])
-            if REVISIONS.get(method, 1) != 1:
-                packed[name]["revision"] = REVISIONS[method]
+            if revision != 1:
+                packed[name]["revision"] = revision
             print(f"{name}: done in {walls[name]:.0f} s", flush=True)
 
     analysis = analyse(runs)
