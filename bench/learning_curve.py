@@ -16,7 +16,11 @@ periodic held-out evaluation), so the curve is the product's, not a re-implement
 - ``seed-episode``: SEED whose skills are read off each episode by rule
   (``bench.atlas_skills:EpisodeSkills``): on a success the calls it made, on a failure the calls
   that did not answer. No manifest and no model: what one episode's hindsight can carry when
-  it is written well, between the oracle and the policy's own skills.
+  it is written well, between the oracle and the policy's own skills;
+- ``seed-success``: ``seed-episode`` with nothing on a failure (``failures: none``: the
+  empty skill is rejected, so a failed episode's rows get no teacher). A failure's skill
+  naming the failed call raises that call in a 135M teacher (docs/results/atlas_skills_episode.json),
+  so this is the same hindsight without the half that pushes the wrong way.
 
 Every ``--eval-every`` updates (and before the first) the whole held-out set is played
 greedily (disjoint places: a gain is a gain in using the tools, not a remembered fact) and
@@ -70,9 +74,11 @@ from bench.children import run_logged, stop_children_on_sigterm  # noqa: E402
 from bench.results import add_results_args, config_of, now, write_result  # noqa: E402
 from bench.stats import compare, seeds_needed  # noqa: E402
 
-METHODS = ("grpo", "seed", "seed-oracle", "seed-episode")
+METHODS = ("grpo", "seed", "seed-oracle", "seed-episode", "seed-success")
 ORACLE = {"source": "external", "chat_model": "bench.atlas_skills:OracleSkills", "chat_model_kwargs": {"style": "specific"}}
 EPISODE = {"source": "external", "chat_model": "bench.atlas_skills:EpisodeSkills", "chat_model_kwargs": {"failures": "name"}}
+SUCCESSES = {**EPISODE, "chat_model_kwargs": {"failures": "none"}}
+SKILLS = {"seed-oracle": ORACLE, "seed-episode": EPISODE, "seed-success": SUCCESSES, "seed": {"source": "self"}}
 # A digest names a run's settings and tasks, not the code that trained it. When a change of
 # code changes what a method's runs do, its revision goes up: the digest then carries it, so
 # runs trained before are not read back (here or from another file) as this code's.
@@ -126,7 +132,7 @@ def train_config(args: argparse.Namespace, method: str, seed: int, tasks: Path, 
                     **({"precision": args.precision} if args.precision != "float32" else {})},
         "sampling": {"max_tokens": args.max_tokens, "temperature": args.temperature},
         "runner": {"group_size": args.group, "concurrency": args.tasks_per_update * args.group, "progress": False},
-        "skills": {**{"seed-oracle": ORACLE, "seed-episode": EPISODE, "seed": {"source": "self"}}.get(method, {"source": "none"}),
+        "skills": {**SKILLS.get(method, {"source": "none"}),
                    "max_tokens": args.skill_tokens,
                    # only when moved: runs with the system block keep their digests (and stored runs)
                    **({"injector": args.injector} if args.injector != "system" and method != "grpo" else {})},
@@ -427,7 +433,7 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--methods", default="grpo,seed",
-                   help=f"Comma list of {', '.join(METHODS)} (seed-oracle: the bound with manifest-written skills; seed-episode: skills read off each episode by rule).")
+                   help=f"Comma list of {', '.join(METHODS)} (seed-oracle: the bound with manifest-written skills; seed-episode: skills read off each episode by rule; seed-success: the same on successes only).")
     p.add_argument("--seeds", default="0,1,2", help="Comma list of seeds (each method runs every seed).")
     p.add_argument("--level", type=int, default=0, help="Atlas level (0: one lookup; docs/results/atlas_band.json).")
     p.add_argument("--first-turn", choices=["forced", "auto"], default="forced")

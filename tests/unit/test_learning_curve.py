@@ -79,6 +79,10 @@ def test_grpo_and_seed_differ_only_in_the_skills_and_the_distillation(tmp_path):
     assert episode["skills"] == {"source": "external", "chat_model": "bench.atlas_skills:EpisodeSkills",
                                  "chat_model_kwargs": {"failures": "name"}, "max_tokens": 64}
     assert {k for k in episode if episode[k] != seed[k]} == {"skills"}
+    # and its successes-only variant differs from it in the failure rule alone (a digest of its own)
+    success = train_config(args, "seed-success", 1, tmp_path / "t.jsonl", tmp_path / "h.jsonl", 200, 80, tmp_path / "seed")
+    assert success["skills"] == {**episode["skills"], "chat_model_kwargs": {"failures": "none"}}
+    assert {k for k in success if success[k] != episode[k]} == {"skills"}
     # another OPD weight moves the skill methods only: GRPO's run (and its stored digest) stays as it was
     heavier = argparse.Namespace(**{**vars(args), "opd_coef": 0.1})
     assert train_config(heavier, "grpo", 1, tmp_path / "t.jsonl", tmp_path / "h.jsonl", 200, 80, tmp_path / "grpo") == grpo
