@@ -16,6 +16,7 @@ unless --online (or SEED_AGENTS_ONLINE=1) allows downloads.
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import os
 import sys
@@ -157,6 +158,11 @@ def _one_line_config_warnings(show: Callable[..., None]) -> Callable[..., None]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # A native abort (a long run's grammar-using `skills collect` once ended with "terminate
+    # called without an active exception" after writing everything) leaves no Python trace;
+    # with this, stderr gets every thread's stack, which names the thread still in native code.
+    if not faulthandler.is_enabled():
+        faulthandler.enable()
     args = _parser().parse_args(argv)  # a usage error: one line, then SystemExit(2), as argparse does
     from seed_agents.models import ONLINE_ENV, online
 

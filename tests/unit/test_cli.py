@@ -72,3 +72,22 @@ def test_summary_counts_policy_failures_as_failures_and_faults_apart():
     assert s["mean_steps"] == 3.0 and s["invalid_action_rate"] == pytest.approx(2 / 6)
     assert s["errors"] == 1 and s["stop_reasons"] == {"done": 1, "max_turns": 1, "error": 1}
     assert s["completion_tokens"] == 4 and s["tokens_per_s"] == 2.0 and s["llm_calls"] == 2
+
+
+def test_a_native_abort_of_the_cli_prints_every_threads_python_stack(tmp_path):
+    """The exit abort left nothing to read; the CLI turns on faulthandler, so a native abort
+    prints each thread's Python stack (here a thread parked in a named function)."""
+    import subprocess
+    import sys
+
+    script = (
+        "import os, threading, time\n"
+        "from seed_agents.app.cli import main\n"
+        "def parked_in_native_code(): time.sleep(60)\n"
+        "threading.Thread(target=parked_in_native_code, daemon=True).start()\n"
+        "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+        "time.sleep(0.2)\nos.abort()\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert out.returncode != 0
+    assert "Fatal Python error: Aborted" in out.stderr and "parked_in_native_code" in out.stderr, out.stderr[-2000:]
