@@ -742,7 +742,8 @@ def learning_curve(results: dict[str, Result], name: str = "learning_curve") -> 
                         f"of {c['valid']:.0f}" for run, c in named.items()) + "."]
     out += against_nearest_curve(results, name)
     for key, label in (("seed_minus_grpo", "SEED"), ("seed_oracle_minus_grpo", "SEED with oracle skills (seed-oracle)"),
-                       ("seed_episode_minus_grpo", "SEED with skills read off each episode (seed-episode)")):
+                       ("seed_episode_minus_grpo", "SEED with skills read off each episode (seed-episode)"),
+                       ("seed_success_minus_grpo", "SEED with skills read off successful episodes only (seed-success)")):
         d = x.get(key)
         if d:
             out += ["", f"{label} - GRPO, final held-out answer success paired by seed (n={d['n']}): "
@@ -752,6 +753,53 @@ def learning_curve(results: dict[str, Result], name: str = "learning_curve") -> 
         out += ["", f"Goal (GRPO held-out gain >= +{x['goal']['gain_at_least']:.2f}, 95% CI over seeds and tasks "
                     f"excluding 0): **{x['goal']['verdict']}**."]
     return out
+
+
+#: The settings the summary names (label by key): those in ALWAYS on every row, the rest where
+#: they differ from the family's first runs (forced first turn, no guiding, system block, fp32).
+SUMMARY_KEYS = {"temperature": "T", "lr": "lr", "lr_schedule": "schedule", "opd_coef": "OPD weight",
+                "first_turn": "first turn", "guide_share": "guided share", "injector": "skill in", "precision": "precision"}
+ALWAYS = {"temperature", "lr", "lr_schedule", "opd_coef"}
+SUMMARY_DEFAULTS = {"first_turn": "forced"}
+
+
+def learning_summary(results: dict[str, Result]) -> list[str]:
+    """Every learning curve in one table: per file, each method whose runs it trained (a
+    method read whole from another file is that file's row), its settings, held-out answer
+    success from start to end with the gain's CI, and the paired difference from GRPO."""
+    from bench.learning_curve import REVISIONS
+
+    rows, shown_runs = [], set()
+    for name in sorted(n for n in results if n == "learning_curve" or n.startswith("learning_curve_")):
+        r = results[name]
+        c, x = r.config, r.results
+        for method, m in x["methods"].items():
+            runs = [x["runs"][f"{method}-s{s}"] for s in c["seeds"] if f"{method}-s{s}" in x.get("runs", {})]
+            digests = {run["digest"] for run in runs}
+            if digests and digests <= shown_runs:  # read from (or also in) a file above: its row is there
+                continue
+            shown_runs |= digests
+            stale = {run.get("revision", 1) for run in runs} - {REVISIONS.get(method, 1)}
+            curve = m["curve"]
+            a, b = curve[min(curve, key=int)], curve[max(curve, key=int)]
+            paired = x.get(f"{method.replace('-', '_')}_minus_grpo")
+            shown = [k for k in SUMMARY_KEYS if k not in _UNREAD.get(method, set())
+                     and (k in ALWAYS or _setting(r, k) not in (None, _ADDED_LATER.get(k), SUMMARY_DEFAULTS.get(k)))]
+            settings = ", ".join(f"{SUMMARY_KEYS[k]} {_setting(r, k):g}" if isinstance(_setting(r, k), float)
+                                 else f"{SUMMARY_KEYS[k]} {_setting(r, k)}" for k in shown)
+            if stale:  # trained by code a later fix changed: kept as history, no longer the method's result
+                method += f" (retired: code revision {'/'.join(map(str, sorted(stale)))}, now {REVISIONS[method]})"
+            rows.append([f"`{name}`", method, str(len(c["seeds"])), settings,
+                         f"{a['right_answer']:.3f} -> {b['right_answer']:.3f}",
+                         f"{f(m['gain'], '+.3f')} [{m['gain_ci'][0]:+.3f}, {m['gain_ci'][1]:+.3f}]"
+                         if m.get("gain_ci") else f(m["gain"], "+.3f"),
+                         "-" if not paired else f"{paired['mean']:+.3f} " + ("(one seed)" if paired.get("ci") is None
+                                                                              else "[{:+.3f}, {:+.3f}]".format(*paired["ci"]))])
+    return ["*Every `docs/results/learning_curve*.json`: atlas level 0, SmolLM2-135M with LoRA, 80 held-out tasks "
+            "played greedily; settings as each file states (its section below has the rest). A row per method a file "
+            "trained; paired: minus GRPO's final held-out success, seed by seed, 95% CI.*", "",
+            *table(["curve", "method", "seeds", "settings", "held-out right answer", "gain, 95% CI",
+                    "paired vs GRPO, 95% CI"], rows)]
 
 
 def _update_diagnostics(x: dict[str, Any]) -> list[str]:
@@ -872,7 +920,7 @@ RENDERERS: dict[str, Callable[[dict[str, Result]], list[str]]] = {
     "skill_usefulness": skill_usefulness, "roofline": roofline, "logprob_gap": logprob_gap,
     "rollout_throughput": rollout_throughput, "atlas_band": atlas_band, "continual_atlas": continual_atlas,
     "update_throughput": update_throughput, "learning_curve": learning_curve, "skill_scoring_speed": skill_scoring_speed,
-    "atlas_skills": atlas_skills, "page_faults": page_faults}
+    "atlas_skills": atlas_skills, "page_faults": page_faults, "learning_summary": learning_summary}
 
 #: Benchmarks that write variants under another name (``--result-name NAME_variant``): a
 #: marker ``results:NAME_variant`` renders that file with its family's table.

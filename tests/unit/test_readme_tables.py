@@ -446,3 +446,29 @@ def test_the_skill_margins_say_what_each_analyzers_skills_named_where_the_file_h
     variant = dataclasses.replace(r, name="atlas_skills_episode", results=x)
     text = "\n".join(tables.renderer("atlas_skills_episode")({variant.name: variant}))
     assert "| 1.00 / 1.00 / 0.00 |" in text
+
+
+def test_the_learning_summary_has_a_row_per_run_set_and_marks_runs_a_later_fix_retired():
+    def curve(name: str, methods: dict[str, tuple[str, int]], **config) -> "tables.Result":
+        """methods: name -> (digest prefix, code revision) of its one seed's run."""
+        cfg = {"seeds": [0], "temperature": 0.5, "lr": 3e-4, "lr_schedule": "constant", "opd_coef": 0.1, **config}
+        point = {"right_answer": 0.4, "right_calls": 0.4, "parsed": 1.0}
+        x = {"methods": {m: {"curve": {"0": point, "8": {**point, "right_answer": 0.5}}, "gain": 0.1,
+                             "gain_ci": [0.02, 0.2]} for m in methods},
+             "runs": {f"{m}-s0": {"digest": d, **({"revision": rev} if rev != 1 else {})}
+                      for m, (d, rev) in methods.items()},
+             "seed_minus_grpo": {"mean": -0.05, "ci": None}}
+        return tables.Result(name=name, config=cfg, results=x)
+
+    first = curve("learning_curve_a", {"grpo": ("g", 1), "seed": ("s1", 1)})
+    again = curve("learning_curve_b", {"grpo": ("g", 1), "seed": ("s2", 2)}, injector="last_turn")
+    lines = tables.learning_summary({c.name: c for c in (again, first)})
+    rows = [line for line in lines if line.startswith("| `")]
+    # GRPO's run read back by digest in the second file is the first file's row only
+    assert [r.split(" | ")[:2] for r in rows] == [["| `learning_curve_a`", "grpo"],
+                                                  ["| `learning_curve_a`", "seed (retired: code revision 1, now 2)"],
+                                                  ["| `learning_curve_b`", "seed"]]
+    # settings: the always-named ones, the rest where they moved; GRPO's row has no OPD weight
+    assert "T 0.5, lr 0.0003, schedule constant |" in rows[0]
+    assert "OPD weight 0.1, skill in last_turn" in rows[2]
+    assert "0.400 -> 0.500 | +0.100 [+0.020, +0.200] | -0.050 (one seed)" in rows[2]
