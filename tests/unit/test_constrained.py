@@ -98,6 +98,22 @@ def test_skill_grammar_holds_the_parsers_rules(tokenizer):
         assert not _accepts(tokenizer, tag, json.dumps({"episode_summary": "", "episode_skill": skill}))
 
 
+def test_a_skills_first_words_are_words(tokenizer):
+    """SmolLM2 at the learning curve's 64 tokens spent them on "words" such as
+    "string.1.1.1.1.1.1.1", one token a character, and the reply was cut: the first five
+    words are letters now (with ' _ - inside, one mark after); what follows is free."""
+    tag = skill_tag(max_tokens=64)
+
+    def accepts(skill: str) -> bool:
+        return _accepts(tokenizer, tag, json.dumps({"episode_summary": "x", "episode_skill": skill}))
+
+    assert accepts("Call lookup with place Malam, then field area 30153 (it's 7).")
+    assert accepts("Don't guess: use get_book first, re-check it.") is False  # a colon in the first words
+    assert accepts("Don't guess, use get_book first; re-check: it.")
+    for cut in ("string.1.1.1.1.1.1.1 a b c d", "The answer is 30153 now", "Use (lookup) to find it"):
+        assert not accepts(cut), cut
+
+
 def test_the_skill_grammar_closes_within_its_token_budget(tokenizer):
     """A writer that always picks the allowed token with the fewest characters (a model
     looping on "1.1.1.") still closes the reply within ``max_tokens``."""
