@@ -448,7 +448,11 @@ def test_the_skill_margins_say_what_each_analyzers_skills_named_where_the_file_h
     assert "| 1.00 / 1.00 / 0.00 |" in text
 
 
-def test_the_learning_summary_has_a_row_per_run_set_and_marks_runs_a_later_fix_retired():
+def test_the_learning_summary_has_a_row_per_run_set_and_marks_runs_a_later_fix_retired(monkeypatch):
+    import bench.learning_curve as lc
+
+    monkeypatch.setattr(lc, "REVISIONS", {"seed": 2})
+
     def curve(name: str, methods: dict[str, tuple[str, int]], **config) -> "tables.Result":
         """methods: name -> (digest prefix, code revision) of its one seed's run."""
         cfg = {"seeds": [0], "temperature": 0.5, "lr": 3e-4, "lr_schedule": "constant", "opd_coef": 0.1, **config}
