@@ -160,9 +160,14 @@ def _one_line_config_warnings(show: Callable[..., None]) -> Callable[..., None]:
 def main(argv: list[str] | None = None) -> int:
     # A native abort (a long run's grammar-using `skills collect` once ended with "terminate
     # called without an active exception" after writing everything) leaves no Python trace;
-    # with this, stderr gets every thread's stack, which names the thread still in native code.
+    # with this, stderr gets every thread's stack, which names the thread still in native code
+    # (a daemon thread inside a torch op when the interpreter finalizes aborts just so:
+    # pytorch/pytorch#38228).
     if not faulthandler.is_enabled():
-        faulthandler.enable()
+        try:
+            faulthandler.enable()
+        except (AttributeError, ValueError, OSError):  # a stderr without a file descriptor (a notebook's)
+            pass
     args = _parser().parse_args(argv)  # a usage error: one line, then SystemExit(2), as argparse does
     from seed_agents.models import ONLINE_ENV, online
 

@@ -91,3 +91,16 @@ def test_a_native_abort_of_the_cli_prints_every_threads_python_stack(tmp_path):
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert out.returncode != 0
     assert "Fatal Python error: Aborted" in out.stderr and "parked_in_native_code" in out.stderr, out.stderr[-2000:]
+
+
+def test_the_cli_runs_where_stderr_has_no_file_descriptor(monkeypatch, capsys):
+    """A notebook's stderr has no fileno(): faulthandler cannot write there, and the CLI
+    still runs."""
+    import faulthandler
+    import io
+
+    monkeypatch.setattr(faulthandler, "is_enabled", lambda: False)
+    monkeypatch.setattr("sys.stderr", io.StringIO())
+    with pytest.raises(SystemExit) as exit_:
+        main(["--help"])
+    assert exit_.value.code == 0 and "usage" in capsys.readouterr().out
