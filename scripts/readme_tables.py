@@ -831,7 +831,7 @@ _MEASURE = {"level", "first_turn", "heldout", "model", "max_tokens"}
 
 #: Flags added to bench/learning_curve.py after curves were stored: what an older file without them ran.
 _ADDED_LATER = {"guide_share": 0.0, "lr_schedule": "linear", "precision": "float32", "opd_coef": 0.01,
-                "injector": "system"}
+                "injector": "system", "fuse_teacher": False}
 #: Settings a method's runs do not read: GRPO trains without the distillation term and writes no skill.
 _UNREAD = {"grpo": {"opd_coef", "injector"}}
 
@@ -844,6 +844,12 @@ def _setting(r: Result, key: str) -> Any:
 def _changed(a: Result, b: Result, method: str | None = None) -> list[str]:
     return sorted(k for k in set(a.config) | set(b.config)
                   if k not in _BOOKKEEPING | _UNREAD.get(method or "", set()) and _setting(a, k) != _setting(b, k))
+
+
+def _revisions(r: Result, method: str) -> str:
+    """The code revision(s) of ``method``'s runs in ``r`` (bench/learning_curve.py's REVISIONS)."""
+    runs = [run for name, run in r.results.get("runs", {}).items() if name.startswith(f"{method}-s")]
+    return "/".join(map(str, sorted({run.get("revision", 1) for run in runs} or {1})))
 
 
 def _gains(r: Result, method: str) -> dict[str, float]:
@@ -899,8 +905,12 @@ def against_nearest_curve(results: dict[str, Result], name: str) -> list[str]:
         mine, theirs = _paired_gains(results[name], results[other], method)
         p = compare(mine, theirs)
         per_seed = ", ".join(f"seed {s} {mine[s] - theirs[s]:+.3f}" for s in sorted(set(mine) & set(theirs), key=int))
-        settings = "; ".join(f"{k} {_setting(results[other], k)} -> {_setting(results[name], k)}"
-                             for k in _changed(results[other], results[name], method)) or "no setting"
+        moved = [f"{k} {_setting(results[other], k)} -> {_setting(results[name], k)}"
+                 for k in _changed(results[other], results[name], method)]
+        before, now_ = _revisions(results[other], method), _revisions(results[name], method)
+        if before != now_:  # the same settings run by code a fix changed (REVISIONS in the script)
+            moved.append(f"code revision {before} -> {now_}")
+        settings = "; ".join(moved) or "no setting"
         head = (f"{method} held-out gain minus {other}.json's, paired by seed (n={p.n}; differs in: {settings}): "
                 f"{f(p.mean, '+.3f')}")
         if p.n < 2:

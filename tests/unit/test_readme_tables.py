@@ -476,3 +476,15 @@ def test_the_learning_summary_has_a_row_per_run_set_and_marks_runs_a_later_fix_r
     assert "T 0.5, lr 0.0003, schedule constant |" in rows[0]
     assert "OPD weight 0.1, skill in last_turn" in rows[2]
     assert "0.400 -> 0.500 | +0.100 [+0.020, +0.200] | -0.050 (one seed)" in rows[2]
+
+
+def test_a_curve_run_again_after_a_fix_pairs_with_the_one_before_and_says_the_code_moved():
+    def curve(name: str, revision: int, **config) -> "tables.Result":
+        run = {"digest": name, **({"revision": revision} if revision != 1 else {})}
+        return tables.Result(name=name, config={"seeds": [0], "temperature": 0.5, "opd_coef": 0.1, **config},
+                             results={"methods": {"seed": {"gain_per_seed": {"0": 0.1 * revision}}},
+                                      "runs": {"seed-s0": run}})
+
+    before, after = curve("learning_curve_a", 1), curve("learning_curve_b", 3, fuse_teacher=False)  # a flag added later
+    line = " ".join(tables.against_nearest_curve({c.name: c for c in (before, after)}, "learning_curve_b"))
+    assert "differs in: code revision 1 -> 3)" in line and "fuse_teacher" not in line and "+0.200" in line
