@@ -779,7 +779,7 @@ def learning_summary(results: dict[str, Result]) -> list[str]:
             if digests and digests <= shown_runs:  # read from (or also in) a file above: its row is there
                 continue
             shown_runs |= digests
-            stale = {run.get("revision", 1) for run in runs} - {REVISIONS.get(method, 1)}
+            revision, now_ = _revisions(r, method), str(REVISIONS.get(method, 1))
             curve = m["curve"]
             a, b = curve[min(curve, key=int)], curve[max(curve, key=int)]
             paired = x.get(f"{method.replace('-', '_')}_minus_grpo")
@@ -787,8 +787,8 @@ def learning_summary(results: dict[str, Result]) -> list[str]:
                      and (k in ALWAYS or _setting(r, k) not in (None, _ADDED_LATER.get(k), SUMMARY_DEFAULTS.get(k)))]
             settings = ", ".join(f"{SUMMARY_KEYS[k]} {_setting(r, k):g}" if isinstance(_setting(r, k), float)
                                  else f"{SUMMARY_KEYS[k]} {_setting(r, k)}" for k in shown)
-            if stale:  # trained by code a later fix changed: kept as history, no longer the method's result
-                method += f" (retired: code revision {'/'.join(map(str, sorted(stale)))}, now {REVISIONS[method]})"
+            if revision != now_:  # trained by code a later fix changed: kept as history, no longer the method's result
+                method += f" (retired: code revision {revision}, now {now_})"
             rows.append([f"`{name}`", method, str(len(c["seeds"])), settings,
                          f"{a['right_answer']:.3f} -> {b['right_answer']:.3f}",
                          f"{f(m['gain'], '+.3f')} [{m['gain_ci'][0]:+.3f}, {m['gain_ci'][1]:+.3f}]"
