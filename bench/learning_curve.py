@@ -20,7 +20,8 @@ periodic held-out evaluation), so the curve is the product's, not a re-implement
 - ``seed-success``: ``seed-episode`` with nothing on a failure (``failures: none``: the
   empty skill is rejected, so a failed episode's rows get no teacher). A failure's skill
   naming the failed call raises that call in a 135M teacher (docs/results/atlas_skills_episode.json),
-  so this is the same hindsight without the half that pushes the wrong way.
+  so this is the same hindsight without the half that pushes the wrong way. Its "skills parsed"
+  counts each failure's empty skill as not parsed: read it as the share of episodes that got a teacher.
 
 Every ``--eval-every`` updates (and before the first) the whole held-out set is played
 greedily (disjoint places: a gain is a gain in using the tools, not a remembered fact) and
