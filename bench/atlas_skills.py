@@ -19,6 +19,12 @@ writing a skill about each of the *same* episodes:
   curve's ``seed-episode``): a success's own calls as a workflow, a failure's calls as what
   did not answer. Not in the default list (the stored result predates it): ``--analyzers
   episode,oracle-specific --result-name atlas_skills_episode``.
+- ``policy-described``, ``policy-workflow``: the policy again, asked with another reply
+  example than the paper's ``"string"`` (``skills.answer_format``; a 135M writer copies the
+  example): what each value holds, or the skill as a sentence frame with slots. Also printed
+  per analyzer: the share of valid skills that open with the paper example's ``string``.
+  ``--analyzers policy,policy-described,policy-workflow --no-paired --result-name
+  atlas_skills_formats``.
 
 The policy (base SmolLM2, fp32) plays ``--tasks`` training tasks x ``--group`` episodes;
 each analyzer writes its skills with ``seed-agents skills collect --from-trajectories``;
@@ -67,7 +73,7 @@ from langchain_core.language_models.chat_models import BaseChatModel  # noqa: E4
 from langchain_core.messages import AIMessage, BaseMessage  # noqa: E402
 from langchain_core.outputs import ChatGeneration, ChatResult  # noqa: E402
 
-ANALYZERS = ("policy", "oracle-specific", "oracle-generic", "episode")
+ANALYZERS = ("policy", "oracle-specific", "oracle-generic", "episode", "policy-described", "policy-workflow")
 NOUN = {"population": "population", "area": "area", "founded": "founding year"}
 
 
@@ -221,6 +227,26 @@ def play(args: argparse.Namespace, path: Path) -> None:
     print(f"episodes: {args.tasks * args.group} in {time.perf_counter() - t0:.0f}s", flush=True)
 
 
+def collect_config(name: str, args: argparse.Namespace) -> dict[str, Any]:
+    """``skills collect``'s config for one analyzer. ``policy-described``, ``policy-workflow``:
+    the policy again, asked with another reply example (``skills.ANSWER_FORMATS``) instead of
+    the paper's ``"string"``, which SmolLM2 copies."""
+    if name.startswith("policy-"):
+        return {"analyzer": {**analyzer_config("policy", args), "name": name}, "answer_format": name.removeprefix("policy-")}
+    return {"analyzer": analyzer_config(name, args)}
+
+
+def copies_example(skills: list[dict[str, Any]]) -> float | None:
+    """The share of valid skills that copy the paper's format example: a summary or a skill
+    that opens with the word ``string``."""
+    valid = [s for s in skills if s["valid"]]
+    if not valid:
+        return None
+    def opens(text: str) -> bool:
+        return re.match(r"\s*string\b", text, re.IGNORECASE) is not None
+    return sum(opens(s["skill"]) or opens(s.get("summary", "")) for s in valid) / len(valid)
+
+
 def analyzer_config(name: str, args: argparse.Namespace) -> dict[str, Any]:
     if name == "policy":  # as the hindsight node: greedy, under the skill grammar, the curve's budget
         return {"kind": "policy", "name": "policy", "model": args.model, "max_tokens": args.skill_tokens,
@@ -326,7 +352,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in names:
         t = time.perf_counter()
         cfg = work / f"{name}.json"
-        cfg.write_text(json.dumps({"analyzer": analyzer_config(name, args)}))
+        cfg.write_text(json.dumps(collect_config(name, args)))
         # exit 1: some requests failed (a re-run retries them); the table counts what parsed
         run_cli(["skills", "collect", "--config", str(cfg), "--from-trajectories", str(episodes),
                  "--out", str(work / name)], ok=(0, 1))
@@ -341,7 +367,8 @@ def main(argv: list[str] | None = None) -> int:
     print(report(summary))
     examples = {n: [json.loads(line) for line in (work / n / "examples.jsonl").read_text().splitlines() if line]
                 for n in names}
-    skills = {n: [{"task_id": e["task_id"], "success": e["success"], "valid": e["valid"], "skill": e["skill"]}
+    skills = {n: [{"task_id": e["task_id"], "success": e["success"], "valid": e["valid"], "skill": e["skill"],
+                   "summary": e["summary"]}
                   for e in sorted(ex, key=lambda e: (e["task_id"], e["trajectory_id"]))] for n, ex in examples.items()}
     from bench.learning_curve import skill_names
     from examples.atlas_tasks import make_tasks
@@ -349,10 +376,12 @@ def main(argv: list[str] | None = None) -> int:
     by_id = {t.task_id: t.data for t in make_tasks("train", per_level=args.tasks, levels=[0])}
     for n in names:  # what each analyzer's valid skills name about their task (the tool, its arguments, the answer)
         summary[n]["names"] = skill_names(skills[n], by_id)
+        summary[n]["copies_example"] = copies_example(skills[n])
         if summary[n]["names"]:
             print(f"{n}: of {summary[n]['names']['valid']:.0f} valid skills, {summary[n]['names']['names_tool']:.2f} "
                   f"name the tool, {summary[n]['names']['names_args']:.2f} every argument, "
-                  f"{summary[n]['names']['names_answer']:.2f} the answer")
+                  f"{summary[n]['names']['names_answer']:.2f} the answer, "
+                  f"{summary[n]['copies_example']:.2f} open with the format example's \"string\"")
     write_result(args.result_name, {**config_of(args), "level": 0, "first_turn": "forced"},
                  {"summary": summary, "episodes": usefulness.get("episodes"), "pairs": usefulness.get("pairs"),
                   "counts": usefulness.get("counts"), "skills": skills, "wall_s": walls,

@@ -138,7 +138,9 @@ def train_config(args: argparse.Namespace, method: str, seed: int, tasks: Path, 
         "skills": {**SKILLS.get(method, {"source": "none"}),
                    "max_tokens": args.skill_tokens,
                    # only when moved: runs with the system block keep their digests (and stored runs)
-                   **({"injector": args.injector} if args.injector != "system" and method != "grpo" else {})},
+                   **({"injector": args.injector} if args.injector != "system" and method != "grpo" else {}),
+                   # only when not the paper's, and for the policy's own skills (the others read no prompt's example)
+                   **({"answer_format": args.answer_format} if args.answer_format != "paper" and method == "seed" else {})},
         "trainer": {"learning_rate": args.lr, "lora_r": args.lora_r, "lora_alpha": 2 * args.lora_r,
                     "opd_coef": 0.0 if method == "grpo" else skill_opd_coef(args),
                     "kl_coef": args.kl_coef,
@@ -467,6 +469,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--injector", choices=["system", "task_line", "last_turn"], default="system",
                    help="Where the skill sits in the teacher's prompt (skills.injector; GRPO writes none). Another "
                         "placement is another run: give it its own --work and --result-name.")
+    p.add_argument("--answer-format", choices=["paper", "described", "workflow"], default="paper",
+                   help="skills.answer_format for SEED's own skills: the analyzer prompt's reply example (the paper's "
+                        "\"string\", which SmolLM2 copies; seed_agents.skills.ANSWER_FORMATS). Another format is "
+                        "another run.")
     p.add_argument("--fuse-teacher", action="store_true",
                    help="trainer.fuse_teacher for the skill methods: the teacher scored on the training forward's "
                         "prompt keys and values (pays with --injector last_turn; docs/training.md).")

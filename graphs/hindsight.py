@@ -27,7 +27,7 @@ from seed_agents.skills import (
     first_user_message,
     parse_skill,
 )
-from seed_agents.types import EpisodeRecord, LLMCall, Skill, StopReason, Task
+from seed_agents.types import AnswerFormat, EpisodeRecord, LLMCall, Skill, StopReason, Task
 
 
 class HindsightState(TypedDict, total=False):
@@ -58,6 +58,7 @@ async def write_skill(
     task_id: str | None = None,
     episode: EpisodeRecord | None = None,
     constrained: bool = True,
+    answer_format: AnswerFormat = "paper",
 ) -> Skill:
     """Ask ``llm`` (greedy) for a hindsight skill about the episode made of ``calls``.
 
@@ -76,7 +77,8 @@ async def write_skill(
     }
     steps = episode_steps(calls)
     messages = build_analyzer_messages(task_text, success, steps,
-                                       max_chars_per_step=max_chars_per_step, max_steps=max_steps)
+                                       max_chars_per_step=max_chars_per_step, max_steps=max_steps,
+                                       answer_format=answer_format)
     call_id = None
     try:
         if isinstance(llm, Analyzer):  # not a chat model: no LLM call to capture

@@ -30,7 +30,7 @@ from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, System
 from langchain_core.prompts import ChatPromptTemplate
 from pydantic import BaseModel, Field
 
-from seed_agents.types import EpisodeRecord, LLMCall
+from seed_agents.types import AnswerFormat, EpisodeRecord, LLMCall
 
 # -- the analyzer prompt (paper's stage-1 analyzer, episode skill only) ---------------
 
@@ -51,10 +51,7 @@ Important constraints:
 - Return only these top-level fields: episode_summary, episode_skill.
 
 Return format:
-{{
-  "episode_summary": "string",
-  "episode_skill": "string"
-}}
+{answer_format}
 
 Episode context:
 - Task description: {task}
@@ -71,8 +68,26 @@ FAILURE_INSTRUCTION = (
     "mistake and warning signs that the agent should avoid."
 )
 
+ANSWER_FORMATS: dict[str, str] = {
+    "paper": '{\n  "episode_summary": "string",\n  "episode_skill": "string"\n}',
+    "described": '{\n  "episode_summary": "<what the agent did and how the episode ended>",\n'
+                 '  "episode_skill": "<the rule to follow next time>"\n}',
+    "workflow": '{\n  "episode_summary": "<what the agent did and how the episode ended>",\n'
+                '  "episode_skill": "To <reach the goal>, first <do this>, then <do that>."\n}',
+}
+"""The reply's format example in the analyzer prompt. A 135M writer copies whatever the
+example holds, so the example is the skill's shape. ``paper``: the paper's, a type name per
+value; most of SmolLM2-135M's own skills in a learning run opened ``string. This is a ...``
+(the summary was ``string``). ``described``: what each value should hold, in angle
+brackets (the convention larger models follow); SmolLM2 copies the words inside them ("The
+rule to follow next time"). ``workflow``: the skill as a sentence frame with slots, which
+the skill grammar's first words (letters only) make the writer fill ("To lookup the
+population of ..."). ``bench/atlas_skills.py --analyzers policy,policy-described,
+policy-workflow`` measures them on the same episodes."""
+
 ANALYZER_PROMPT = ChatPromptTemplate.from_messages([("system", ANALYZER_SYSTEM), ("human", ANALYZER_USER)])
-"""Variables: ``skill_instruction``, ``task``, ``outcome`` (success|failure), ``trajectory``."""
+"""Variables: ``skill_instruction``, ``task``, ``outcome`` (success|failure), ``trajectory``,
+``answer_format`` (a value of ``ANSWER_FORMATS``)."""
 
 
 def episode_steps(calls: Sequence[LLMCall]) -> list[tuple[str, str]]:
@@ -146,9 +161,13 @@ def format_trajectory(steps: Sequence[tuple[str, str]], *, max_chars_per_step: i
 
 
 def build_analyzer_messages(task_text: str, success: bool, steps: Sequence[tuple[str, str]], *,
-                            max_chars_per_step: int = 1500, max_steps: int = 30) -> list[BaseMessage]:
+                            max_chars_per_step: int = 1500, max_steps: int = 30,
+                            answer_format: AnswerFormat = "paper") -> list[BaseMessage]:
     """The analyzer's chat messages for one episode (see ``ANALYZER_PROMPT``)."""
+    if answer_format not in ANSWER_FORMATS:
+        raise ValueError(f"answer_format must be one of {sorted(ANSWER_FORMATS)}, not {answer_format!r}")
     return ANALYZER_PROMPT.format_messages(
+        answer_format=ANSWER_FORMATS[answer_format],
         skill_instruction=SUCCESS_INSTRUCTION if success else FAILURE_INSTRUCTION,
         task=task_text.strip() or "(not available)",
         outcome="success" if success else "failure",

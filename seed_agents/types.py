@@ -21,6 +21,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 Purpose = Literal["policy", "analyzer", "other"]
 FinishReason = Literal["stop", "length", "error"]
+AnswerFormat = Literal["paper", "described", "workflow"]
+"""The analyzer prompt's reply example (``seed_agents.skills.ANSWER_FORMATS``)."""
 
 
 def new_id() -> str:

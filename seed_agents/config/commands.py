@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from seed_agents.config.core import PAPER, PAPER_LEARNING_RATE, AgentConfig, BackendConfig, RunnerConfig
 from seed_agents.config.loading import RenamedConfigKey
-from seed_agents.types import SamplingParams
+from seed_agents.types import AnswerFormat, SamplingParams
 
 
 class EvalConfig(BaseModel):
@@ -56,6 +56,10 @@ class SkillConfig(BaseModel):
     min_words: int = Field(5, ge=1, description="Shorter skills are rejected.")
     max_words: int = Field(120, ge=5, description="Longer skills are rejected.")
     max_tokens: int = Field(256, ge=16, le=8192, description="Analyzer completion budget.")
+    answer_format: AnswerFormat = Field("paper", description=(
+        "The analyzer prompt's reply example (seed_agents.skills.ANSWER_FORMATS): paper, a type name per value "
+        "(\"string\", which SmolLM2-135M copies into its skills); described, what each value should hold; "
+        "workflow, the skill as a sentence frame with slots."))
     analyzer: BackendConfig | None = Field(None, description="Backend of the external/frozen analyzer (default: a local copy of the initial policy).")
     chat_model: str | None = Field(None, description="external: import path 'pkg.module:ChatModelOrFactory' of a LangChain chat model that writes the skills instead of a served model (a hosted API model; a scripted one for an ablation, e.g. bench.atlas_skills:OracleSkills), paced and retried like stage 1's langchain analyzers.")
     chat_model_kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments for chat_model.")

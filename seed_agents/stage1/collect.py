@@ -47,6 +47,7 @@ from seed_agents.stage1.analyzers import (
     make_analyzer,
 )
 from seed_agents.types import (
+    AnswerFormat,
     EpisodeRecord,
     SamplingParams,
     SkillExample,
@@ -77,6 +78,8 @@ class CollectConfig(BaseModel):
     from_trajectories: Path | None = Field(None, description="Analyze the episodes of this trajectories.jsonl instead of rolling out (copied into `out`).")
     max_chars_per_step: int = Field(1500, ge=50, description="Analyzer prompt: characters kept per step (as in training).")
     max_steps: int = Field(30, ge=1, description="Analyzer prompt: steps shown; longer episodes keep their head and tail.")
+    answer_format: AnswerFormat = Field("paper", description=(
+        "Analyzer prompt: the reply's format example (as in training; seed_agents.skills.ANSWER_FORMATS)."))
     min_words: int = Field(5, ge=1, description="Shorter skills are rejected (as in training).")
     max_words: int = Field(120, ge=5, description="Longer skills are rejected (as in training).")
 
@@ -297,7 +300,7 @@ async def _analyze_all(cfg: CollectConfig, analyzer: Analyzer, todo: list[Trajec
         nonlocal cost
         steps, text = episode_steps(traj.calls), first_user_message(traj.calls)
         messages = build_analyzer_messages(text, traj.success, steps, max_chars_per_step=cfg.max_chars_per_step,
-                                           max_steps=cfg.max_steps)
+                                           max_steps=cfg.max_steps, answer_format=cfg.answer_format)
         try:
             episode = EpisodeRecord.from_metadata(traj.metadata, task_id=traj.task_id, success=traj.success,
                                                   reward=traj.reward)

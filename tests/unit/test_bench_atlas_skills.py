@@ -94,6 +94,32 @@ def test_the_bench_offers_the_episode_rule_as_an_analyzer_that_skills_collect_ca
     assert "--analyzers: a comma list of policy, oracle-specific, oracle-generic, episode" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("answer_format", ["described", "workflow"])
+def test_policy_with_another_answer_format_is_the_policy_asked_through_collects_config(answer_format):
+    from bench.atlas_skills import ANALYZERS, build_parser, collect_config
+    from seed_agents.stage1.collect import CollectConfig
+
+    name = f"policy-{answer_format}"
+    args = build_parser().parse_args(["--analyzers", f"policy,{name}"])
+    paper, other = collect_config("policy", args), collect_config(name, args)
+    assert name in ANALYZERS and "answer_format" not in paper and other["answer_format"] == answer_format
+    assert {**other["analyzer"], "name": "policy"} == paper["analyzer"]  # the same writer, another name
+    cfg = CollectConfig.model_validate({**other, "out": "x", "from_trajectories": "t.jsonl"})
+    assert cfg.answer_format == answer_format and cfg.analyzer.name == name
+
+
+def test_copies_example_counts_valid_skills_that_open_with_the_placeholder():
+    from bench.atlas_skills import copies_example
+
+    skills = [{"valid": True, "skill": "string. This is a task that needs effort", "summary": "string"},
+              {"valid": True, "skill": "Call lookup with the place first.", "summary": "String theory"},
+              {"valid": True, "skill": "Call lookup, then answer with its value.", "summary": "Looked it up."},
+              {"valid": True, "skill": "Stringent checks: call lookup once.", "summary": "Done."},
+              {"valid": False, "skill": "string", "summary": "string"}]
+    assert copies_example(skills) == 0.5  # the invalid one is not counted; "Stringent" is a word of its own
+    assert copies_example([{"valid": False, "skill": "", "summary": ""}]) is None
+
+
 def _episode(task, success, delta):
     return {"task_id": task, "success": success, "delta": delta}
 

@@ -79,6 +79,14 @@ def test_with_hindsight_writes_a_skill_into_the_final_state(tokenizer):
     assert "Task description: Current observation:\nYou are in a room. Your task is to leave it." in prompt
 
 
+def test_the_hindsight_node_asks_with_the_answer_format_it_is_given(tokenizer):
+    reply, _ = scripted(tokenizer)
+    llm = make_llm(tokenizer, reply)
+    state, calls = play(with_hindsight(build_env_agent(llm, max_turns=5), llm, answer_format="described"))
+    prompt = tokenizer.decode(calls[-1].prompt_ids)
+    assert state["skill"].valid and "<the rule to follow next time>" in prompt and '"string"' not in prompt
+
+
 def test_failed_episode_gets_avoidance_rules_and_custom_task_text(tokenizer):
     reply, _ = scripted(tokenizer, policy=lambda text: "look")
     llm = make_llm(tokenizer, reply)

@@ -128,6 +128,26 @@ def test_analyzer_prompt_for_success_and_failure():
     assert "episode_success: failure" in failed and "avoidance rules" in failed and "core mistake and warning signs" in failed
 
 
+@pytest.mark.parametrize(("answer_format", "skill_example"), [
+    ("described", '"episode_skill": "<the rule to follow next time>"'),
+    ("workflow", '"episode_skill": "To <reach the goal>, first <do this>, then <do that>."'),
+])
+def test_another_answer_format_changes_the_reply_example_only(answer_format, skill_example):
+    steps = [("You are in a room.", "open door")]
+    paper = build_analyzer_messages("Leave the room.", True, steps)[1].content
+    other = build_analyzer_messages("Leave the room.", True, steps, answer_format=answer_format)[1].content
+    assert '"string"' not in other and skill_example in other
+    assert '"episode_summary": "<what the agent did and how the episode ended>"' in other
+    # only the example changes: the instructions, the task and the steps read the same
+    assert paper.split("Return format:")[0] == other.split("Return format:")[0]
+    assert paper.split("Episode context:")[1] == other.split("Episode context:")[1]
+
+
+def test_an_unknown_answer_format_is_refused():
+    with pytest.raises(ValueError, match="answer_format"):
+        build_analyzer_messages("Leave the room.", True, [], answer_format="strings")
+
+
 def test_long_episodes_keep_first_and_last_steps():
     steps = [(f"obs {i}", f"act {i}") for i in range(50)]
     text = format_trajectory(steps, max_steps=9)

@@ -109,6 +109,17 @@ def test_rollouts_and_rule_based_examples(tmp_path, policy):
     assert len(strict_lines(out / "examples.jsonl")) == 4
 
 
+def test_the_analyzer_prompt_carries_the_configured_answer_format(tmp_path, policy):
+    out = tmp_path / "run"
+    run_collect(config(out, answer_format="described"), suite=FakeSuite(), llm=policy)
+    trajs = {t.trajectory_id: t for t in read_jsonl(out / "trajectories.jsonl", Trajectory)}
+    for e in strict_lines(out / "examples.jsonl"):
+        t = trajs[e.trajectory_id]
+        expected = build_analyzer_messages(first_user_message(t.calls), t.success, episode_steps(t.calls),
+                                           answer_format="described")
+        assert e.messages == to_chat_dicts(expected) and "<the rule to follow next time>" in e.messages[1]["content"]
+
+
 def test_failed_requests_are_retried_by_the_next_run_and_never_duplicated(tmp_path, policy):
     out = tmp_path / "run"
     run_collect(config(out), suite=FakeSuite(), llm=policy, analyzer=TextWorldAnalyzer())

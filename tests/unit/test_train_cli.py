@@ -22,7 +22,7 @@ def calc_config(tmp_path, tiny_model_dir, **over):
         "backend": {"kind": "local", "model": tiny_model_dir},
         "sampling": {"max_tokens": 8, "temperature": 1.0},
         "runner": {"group_size": 2, "progress": False},
-        "skills": {"source": "self", "max_tokens": 16},
+        "skills": {"source": "self", "max_tokens": 16, "answer_format": "described"},
         "trainer": {"learning_rate": 1e-3},
         **over,
     }
@@ -45,6 +45,10 @@ def test_train_any_graph_writes_every_trace_and_resumes_without_duplicates(tmp_p
     # the step's time covers its rollouts and scoring (and the loss, backward, optimizer step)
     assert metrics[0]["time/step_s"] > metrics[0]["time/rollout_s"] + metrics[0]["time/score_s"]
     assert len(lines(out / "trajectories.jsonl")) == 2 and len(lines(out / "skills.jsonl")) == 2
+    # the hindsight node asked with the configured reply example
+    asked = [m["content"] for t in lines(out / "trajectories.jsonl") for c in t["calls"] if c["purpose"] == "analyzer"
+             for m in c["messages"] if m["role"] == "user"]
+    assert len(asked) == 2 and all("<the rule to follow next time>" in text for text in asked)
     assert (out / "learning_curve.png").stat().st_size > 0 and (out / "checkpoints" / "checkpoint-1").is_dir()
     assert not list(out.rglob("events.out.tfevents.*"))  # trainer.report_to is empty by default
 

@@ -50,8 +50,14 @@ def config(tmp_path, tiny_model_dir, **over) -> str:
     return str(path)
 
 
-def test_train_from_store_claims_each_session_once(tmp_path, tiny_model_dir, store_url, capsys):
-    cfg = config(tmp_path, tiny_model_dir, iterations=2)
+def test_train_from_store_claims_each_session_once(tmp_path, tiny_model_dir, store_url, capsys, monkeypatch):
+    import seed_agents.graphs.hindsight as hindsight
+
+    asked, build = [], hindsight.build_analyzer_messages
+    monkeypatch.setattr(hindsight, "build_analyzer_messages",
+                        lambda *a, **kw: asked.append(kw.get("answer_format")) or build(*a, **kw))
+    cfg = config(tmp_path, tiny_model_dir, iterations=2,
+                 skills={"source": "self", "max_tokens": 16, "answer_format": "described"})
     assert main(["train", "--config", cfg, "--from-store", store_url, "--out", str(tmp_path / "a")]) == 0
     store = TraceStore.open(store_url)
     consumed = [s for s in store.sessions() if s.consumed_by is not None]
@@ -68,6 +74,7 @@ def test_train_from_store_claims_each_session_once(tmp_path, tiny_model_dir, sto
         assert t["calls"] == [c.model_dump(mode="json") for c in store.calls(t["metadata"]["session_id"])]
     # the policy wrote a hindsight skill about every trained session, kept with it
     assert all(store.to_trajectory(s.session_id).skill is not None for s in consumed)
+    assert len(asked) == 4 and set(asked) == {"described"}  # asked with the configured reply example
 
     # a second run takes what is left (one task key), and then nothing is left to take
     assert main(["train", "--config", config(tmp_path, tiny_model_dir), "--from-store", store_url,
