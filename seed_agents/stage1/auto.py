@@ -79,6 +79,8 @@ def cache_key(cfg: TrainConfig, base: str) -> str:
         settings["reuse_kv"] = False
     if not s.completion_head:  # TRL's head (the path before): the same loss, another rounding
         settings["completion_head"] = False
+    if cfg.skills.answer_format != "paper":  # stage 1 trains on the analyzer prompt the run will ask with
+        settings["answer_format"] = cfg.skills.answer_format
     return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
@@ -130,7 +132,7 @@ def build(cfg: TrainConfig, base: str, root: Path, suite: EnvSuite | None = None
         "sampling": {"max_tokens": cfg.sampling.max_tokens, "temperature": s.temperature},
         "runner": {"group_size": s.group_size, "concurrency": cfg.runner.concurrency, "progress": cfg.runner.progress},
         "agent": cfg.agent.model_dump(), "analyzer": {"kind": "rule_based"},
-        "min_words": cfg.skills.min_words, "max_words": cfg.skills.max_words,
+        "min_words": cfg.skills.min_words, "max_words": cfg.skills.max_words, "answer_format": cfg.skills.answer_format,
     })
     collected = run_collect(collect, suite=suite)
     shutil.rmtree(root / "sft", ignore_errors=True)  # a half-finished SFT starts over
