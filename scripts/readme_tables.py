@@ -321,7 +321,8 @@ def atlas_skills(results: dict[str, Result], name: str = "atlas_skills") -> list
                      f"{f(s.get('paired_win_rate'), '.2f')} ({s.get('n_pairs', 0)})",
                      # files before the figure existed have no "names"
                      " / ".join(f(s["names"][k], ".2f") for k in ("names_tool", "names_args", "names_answer"))
-                     if s.get("names") else "-"])
+                     if s.get("names") else "-",
+                     f(s.get("copies_example"), ".2f")])  # None in files before the figure existed
     counts = x.get("counts") or {}
     what = (f"the base policy {c['model']} on {c['tasks']} atlas level-0 training tasks x {c['group']} episodes at "
             f"T {c['temperature']:g} (first turn forced), {counts.get('policy_calls', '?')} policy calls scored, "
@@ -329,7 +330,8 @@ def atlas_skills(results: dict[str, Result], name: str = "atlas_skills") -> list
             f"{'paired check on' if c.get('paired') else 'no paired check'}" + (f"; {c['note']}" if c.get("note") else ""))
     return [source_line(r, what), "",
             *table(["analyzer", "valid skills", "shift on successes", "shift on failures", "margin (want > 0)",
-                    "95% CI over tasks", "paired wins (pairs)", "valid skills naming the tool / arguments / answer"],
+                    "95% CI over tasks", "paired wins (pairs)", "valid skills naming the tool / arguments / answer",
+                    "valid skills opening with the example's \"string\""],
                    rows)]
 
 
