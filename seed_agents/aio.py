@@ -13,8 +13,10 @@ runs on a fresh loop in a worker thread instead, with the caller's context varia
 from __future__ import annotations
 
 import asyncio
+import atexit
 import concurrent.futures
 import contextvars
+import gc
 import itertools
 import queue
 import threading
@@ -23,6 +25,47 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 T = TypeVar("T")
+
+#: Calls submitted to any ``DaemonThreadExecutor`` whose worker has not yet dropped their
+#: references. Counted for the exit below.
+_busy = 0
+_busy_changed = threading.Condition()
+EXIT_WAIT_S = 5.0
+
+
+def _count_busy(delta: int) -> None:
+    global _busy
+    with _busy_changed:
+        _busy += delta
+        _busy_changed.notify_all()
+
+
+def wait_for_workers(timeout_s: float) -> bool:
+    """Wait until no ``DaemonThreadExecutor`` call is running or queued (its references
+    dropped); False when ``timeout_s`` ran out first (a hung call)."""
+    with _busy_changed:
+        return _busy_changed.wait_for(lambda: _busy == 0, timeout=timeout_s)
+
+
+def _quiet_exit() -> None:
+    """At interpreter exit, let daemon workers finish and free what they held, then
+    collect cyclic garbage here, on the main thread.
+
+    Why: a daemon thread that is still freeing tensors when the interpreter finalizes
+    aborts the process. Freeing a torch tensor releases the GIL (``THPVariable_clear``);
+    once finalization has begun, the thread cannot take it back, so CPython ends it with
+    ``pthread_exit``, whose forced unwind reaches a C++ frame that may not throw:
+    ``std::terminate``, "terminate called without an active exception", exit status 134,
+    after the command's work was done and written (seen under gdb at the end of `skills
+    collect`, 128 episodes: a worker freeing a list of tuples of tensors while the main
+    thread ran the finalizing garbage collection). Bounded: a call that never returns (a
+    hung env step) must not hold the exit up, as ``DaemonThreadExecutor`` promises.
+    """
+    wait_for_workers(EXIT_WAIT_S)
+    gc.collect()
+
+
+atexit.register(_quiet_exit)
 
 
 def run_sync(coro: Coroutine[Any, Any, T]) -> T:
@@ -91,6 +134,7 @@ class DaemonThreadExecutor(ThreadPoolExecutor):
         with self._lock:
             if self._closed:
                 raise RuntimeError("cannot schedule new calls after shutdown")
+            _count_busy(+1)  # until the worker has run it and dropped its references
             if self._idle > 0:  # an idle worker takes it from the queue
                 self._idle -= 1
                 self._work.put(work)
@@ -100,8 +144,11 @@ class DaemonThreadExecutor(ThreadPoolExecutor):
 
     def _worker(self, item: Callable[[], None] | None) -> None:
         while item is not None:
-            item()
-            item = None  # drop the finished call's references before waiting
+            try:
+                item()
+            finally:
+                item = None  # drop the finished call's references before waiting
+                _count_busy(-1)
             with self._lock:
                 if self._closed:
                     return

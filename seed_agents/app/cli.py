@@ -158,11 +158,10 @@ def _one_line_config_warnings(show: Callable[..., None]) -> Callable[..., None]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    # A native abort (a long run's grammar-using `skills collect` once ended with "terminate
-    # called without an active exception" after writing everything) leaves no Python trace;
-    # with this, stderr gets every thread's stack, which names the thread still in native code
-    # (a daemon thread inside a torch op when the interpreter finalizes aborts just so:
-    # pytorch/pytorch#38228).
+    # A native abort leaves no Python trace; with this, stderr gets every thread's stack.
+    # (The one seen, "terminate called without an active exception" at the end of a long
+    # `skills collect`, was a daemon worker freeing tensors during finalization, caught
+    # under gdb; seed_agents.aio now waits for the workers at exit.)
     if not faulthandler.is_enabled():
         try:
             faulthandler.enable()

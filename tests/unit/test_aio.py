@@ -93,6 +93,61 @@ def test_the_interpreter_exits_with_an_env_call_stuck_forever(tmp_path):
     assert out.stdout.strip() == "episode timed out" and time.perf_counter() - t0 < 30
 
 
+def test_the_interpreter_exits_cleanly_while_a_worker_still_frees_tensors(tmp_path):
+    """A daemon worker freeing tensors as the interpreter finalizes used to abort the
+    process (exit 134, "terminate called without an active exception") after the work was
+    done: each freed tensor releases the GIL, and a thread that cannot take it back during
+    finalization is ended by a forced unwind through C++. The exit now waits for it."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("torch")
+    script = tmp_path / "freeing.py"
+    script.write_text(
+        "import asyncio, time\n"
+        "import torch\n"
+        "from seed_agents.aio import run_sync\n"
+        "def work():\n"
+        "    held = [(torch.zeros(4), torch.zeros(4)) for _ in range(100_000)]\n"
+        "    time.sleep(0.3)  # the main thread is exiting by now\n"
+        "    del held\n"
+        "async def main():\n"
+        "    asyncio.get_running_loop().run_in_executor(None, work)  # left running\n"
+        "    await asyncio.sleep(0.05)\n"
+        "run_sync(main())\n"
+        "print('done')\n"
+    )
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
+                         cwd=Path(__file__).resolve().parents[2])
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "done" and "terminate called" not in out.stderr
+
+
+def test_the_exit_wait_counts_running_and_queued_calls_until_their_references_are_dropped():
+    """Counted from the submit (a call queued for an idle worker counts) until the worker
+    has dropped the call; compared with the count before, as other tests' hung calls may
+    still be counted in this process."""
+    from seed_agents import aio
+
+    def settles(target: int) -> bool:
+        deadline = time.monotonic() + 5
+        while aio._busy != target and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return aio._busy == target
+
+    base = aio._busy
+    release = threading.Event()
+    pool = aio.DaemonThreadExecutor()
+    first = pool.submit(release.wait, 30)
+    assert aio._busy == base + 1 and not aio.wait_for_workers(0.1)  # running: the exit would wait
+    release.set()
+    assert first.result(timeout=5) and settles(base)
+    second = pool.submit(release.wait, 30)  # goes to the now idle worker through the queue
+    assert aio._busy == base + 1
+    assert second.result(timeout=5) and settles(base)
+    pool.shutdown()
+
+
 def test_run_sync_loops_never_wait_for_a_stuck_thread():
     """Code that plays episodes without ``EpisodeRunner.run`` (stage-1 collect and the
     usefulness re-runs) gets the daemon executor from ``run_sync`` itself."""
