@@ -47,6 +47,17 @@ def wait_for_workers(timeout_s: float) -> bool:
         return _busy_changed.wait_for(lambda: _busy == 0, timeout=timeout_s)
 
 
+_exit_stoppers: list[Callable[[], None]] = []
+
+
+def stop_at_exit(stop: Callable[[], None]) -> None:
+    """Call ``stop`` at interpreter exit before waiting for the workers: it tells the calls
+    it owns to end (the local backend stops its generations at the next token), so the wait
+    is short. Registered here, not with ``atexit``, to keep that order whatever the import
+    order (``atexit`` runs the last registered first)."""
+    _exit_stoppers.append(stop)
+
+
 def _quiet_exit() -> None:
     """At interpreter exit, let daemon workers finish and free what they held, then
     collect cyclic garbage here, on the main thread.
@@ -61,6 +72,8 @@ def _quiet_exit() -> None:
     thread ran the finalizing garbage collection). Bounded: a call that never returns (a
     hung env step) must not hold the exit up, as ``DaemonThreadExecutor`` promises.
     """
+    for stop in _exit_stoppers:
+        stop()
     wait_for_workers(EXIT_WAIT_S)
     gc.collect()
 

@@ -45,7 +45,6 @@ the generation at the next token.
 from __future__ import annotations
 
 import asyncio
-import atexit
 import collections
 import contextlib
 import queue
@@ -58,6 +57,7 @@ from typing import Any
 import torch
 from transformers.cache_utils import DynamicCache
 
+from seed_agents.aio import stop_at_exit
 from seed_agents.backends.base import BackendError, CompletionPiece
 from seed_agents.backends.grammar import grammar_mask
 from seed_agents.backends.prefix import cache_kwarg, prefix_kv, worth_sharing
@@ -95,7 +95,7 @@ class _InFlight:
 
 
 _IN_FLIGHT = _InFlight()
-atexit.register(_IN_FLIGHT.stop_all)
+stop_at_exit(_IN_FLIGHT.stop_all)
 
 
 def _stopping_criteria(should_stop: Callable[[], bool]) -> Any:

@@ -123,6 +123,21 @@ def test_the_interpreter_exits_cleanly_while_a_worker_still_frees_tensors(tmp_pa
     assert out.stdout.strip() == "done" and "terminate called" not in out.stderr
 
 
+def test_at_exit_the_stoppers_run_before_the_wait(monkeypatch):
+    """The local backend's stop must come first (it ends a running generation at the next
+    token); a wait first would let it run on for the whole bound."""
+    from seed_agents import aio
+    from seed_agents.backends import local
+
+    assert local._IN_FLIGHT.stop_all in aio._exit_stoppers  # registered with aio, not atexit
+    order = []
+    monkeypatch.setattr(aio, "_exit_stoppers", [lambda: order.append("stop")])
+    monkeypatch.setattr(aio, "wait_for_workers", lambda timeout_s: order.append("wait") or True)
+    monkeypatch.setattr(aio.gc, "collect", lambda: order.append("collect") or 0)
+    aio._quiet_exit()
+    assert order == ["stop", "wait", "collect"]
+
+
 def test_the_exit_wait_counts_running_and_queued_calls_until_their_references_are_dropped():
     """Counted from the submit (a call queued for an idle worker counts) until the worker
     has dropped the call; compared with the count before, as other tests' hung calls may
