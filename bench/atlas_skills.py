@@ -242,6 +242,7 @@ def copies_example(skills: list[dict[str, Any]]) -> float | None:
     valid = [s for s in skills if s["valid"]]
     if not valid:
         return None
+
     def opens(text: str) -> bool:
         return re.match(r"\s*string\b", text, re.IGNORECASE) is not None
     return sum(opens(s["skill"]) or opens(s.get("summary", "")) for s in valid) / len(valid)
