@@ -761,9 +761,9 @@ def learning_curve(results: dict[str, Result], name: str = "learning_curve") -> 
 #: they differ from the family's first runs (forced first turn, no guiding, system block, fp32).
 SUMMARY_KEYS = {"temperature": "T", "lr": "lr", "lr_schedule": "schedule", "opd_coef": "OPD weight",
                 "first_turn": "first turn", "guide_share": "guided share", "injector": "skill in", "precision": "precision",
-                "answer_format": "skill prompt's example"}
+                "answer_format": "skill prompt's example", "lora_r": "LoRA rank"}
 ALWAYS = {"temperature", "lr", "lr_schedule", "opd_coef"}
-SUMMARY_DEFAULTS = {"first_turn": "forced"}
+SUMMARY_DEFAULTS = {"first_turn": "forced", "lora_r": 8}
 
 
 def learning_summary(results: dict[str, Result]) -> list[str]:

@@ -464,16 +464,18 @@ def test_the_learning_summary_has_a_row_per_run_set_and_marks_runs_a_later_fix_r
              "seed_minus_grpo": {"mean": -0.05, "ci": None}}
         return tables.Result(name=name, config=cfg, results=x)
 
-    first = curve("learning_curve_a", {"grpo": ("g", 1), "seed": ("s1", 1)})
+    first = curve("learning_curve_a", {"grpo": ("g", 1), "seed": ("s1", 1)}, lora_r=8)
     again = curve("learning_curve_b", {"grpo": ("g", 1), "seed": ("s2", 2)}, injector="last_turn")
-    lines = tables.learning_summary({c.name: c for c in (again, first)})
+    wider = curve("learning_curve_c", {"grpo": ("g32", 1)}, lora_r=32)
+    lines = tables.learning_summary({c.name: c for c in (again, first, wider)})
     rows = [line for line in lines if line.startswith("| `")]
+    assert "schedule constant, LoRA rank 32 |" in rows.pop()  # a rank named where it is not the curves' 8
     # GRPO's run read back by digest in the second file is the first file's row only
     assert [r.split(" | ")[:2] for r in rows] == [["| `learning_curve_a`", "grpo"],
                                                   ["| `learning_curve_a`", "seed (retired: code revision 1, now 2)"],
                                                   ["| `learning_curve_b`", "seed"]]
     # settings: the always-named ones, the rest where they moved; GRPO's row has no OPD weight
-    assert "T 0.5, lr 0.0003, schedule constant |" in rows[0]
+    assert "T 0.5, lr 0.0003, schedule constant |" in rows[0]  # rank 8 is not named
     assert "OPD weight 0.1, skill in last_turn" in rows[2]
     assert "0.400 -> 0.500 | +0.100 [+0.020, +0.200] | -0.050 (one seed)" in rows[2]
 
