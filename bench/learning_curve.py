@@ -65,7 +65,7 @@ import re
 import statistics
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import numpy as np
 
@@ -74,6 +74,7 @@ sys.path.insert(0, str(ROOT))  # run as a script: bench/ and examples/ are on th
 from bench.children import run_logged, stop_children_on_sigterm  # noqa: E402
 from bench.results import add_results_args, config_of, now, write_result  # noqa: E402
 from bench.stats import compare, seeds_needed  # noqa: E402
+from seed_agents.types import AnswerFormat  # noqa: E402
 
 METHODS = ("grpo", "seed", "seed-oracle", "seed-episode", "seed-success")
 ORACLE = {"source": "external", "chat_model": "bench.atlas_skills:OracleSkills", "chat_model_kwargs": {"style": "specific"}}
@@ -469,7 +470,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--injector", choices=["system", "task_line", "last_turn"], default="system",
                    help="Where the skill sits in the teacher's prompt (skills.injector; GRPO writes none). Another "
                         "placement is another run: give it its own --work and --result-name.")
-    p.add_argument("--answer-format", choices=["paper", "described", "workflow"], default="paper",
+    p.add_argument("--answer-format", choices=list(get_args(AnswerFormat)), default="paper",
                    help="skills.answer_format for SEED's own skills: the analyzer prompt's reply example (the paper's "
                         "\"string\", which SmolLM2 copies; seed_agents.skills.ANSWER_FORMATS). Another format is "
                         "another run.")

@@ -152,7 +152,11 @@ class DaemonThreadExecutor(ThreadPoolExecutor):
                 self._idle -= 1
                 self._work.put(work)
                 return future
-        threading.Thread(target=self._worker, args=(work,), name=f"{self._name}-{next(self._ids)}", daemon=True).start()
+        try:
+            threading.Thread(target=self._worker, args=(work,), name=f"{self._name}-{next(self._ids)}", daemon=True).start()
+        except BaseException:  # no thread (out of threads): the call never counts, or the exit would wait for it
+            _count_busy(-1)
+            raise
         return future
 
     def _worker(self, item: Callable[[], None] | None) -> None:

@@ -163,6 +163,22 @@ def test_the_exit_wait_counts_running_and_queued_calls_until_their_references_ar
     pool.shutdown()
 
 
+def test_a_call_whose_thread_cannot_start_is_not_counted(monkeypatch):
+    from seed_agents import aio
+
+    base = aio._busy
+    pool = aio.DaemonThreadExecutor()
+
+    def no_thread(self):
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(threading.Thread, "start", no_thread)
+    with pytest.raises(RuntimeError, match="new thread"):
+        pool.submit(sum, [1])
+    assert aio._busy == base  # else every exit would wait out the bound for it
+    pool.shutdown()
+
+
 def test_run_sync_loops_never_wait_for_a_stuck_thread():
     """Code that plays episodes without ``EpisodeRunner.run`` (stage-1 collect and the
     usefulness re-runs) gets the daemon executor from ``run_sync`` itself."""

@@ -143,6 +143,15 @@ def test_another_answer_format_changes_the_reply_example_only(answer_format, ski
     assert paper.split("Episode context:")[1] == other.split("Episode context:")[1]
 
 
+def test_every_answer_format_the_config_accepts_has_an_example():
+    from typing import get_args
+
+    from seed_agents.skills import ANSWER_FORMATS
+    from seed_agents.types import AnswerFormat
+
+    assert set(get_args(AnswerFormat)) == set(ANSWER_FORMATS)
+
+
 def test_an_unknown_answer_format_is_refused():
     with pytest.raises(ValueError, match="answer_format"):
         build_analyzer_messages("Leave the room.", True, [], answer_format="strings")
