@@ -74,7 +74,7 @@ sys.path.insert(0, str(ROOT))  # run as a script: bench/ and examples/ are on th
 from bench.children import run_logged, stop_children_on_sigterm  # noqa: E402
 from bench.results import add_results_args, config_of, now, write_result  # noqa: E402
 from bench.stats import compare, seeds_needed  # noqa: E402
-from seed_agents.types import AnswerFormat  # noqa: E402
+from seed_agents.types import AnswerFormat, SkillFailures, SkillOpening  # noqa: E402
 
 METHODS = ("grpo", "seed", "seed-oracle", "seed-episode", "seed-success")
 ORACLE = {"source": "external", "chat_model": "bench.atlas_skills:OracleSkills", "chat_model_kwargs": {"style": "specific"}}
@@ -141,7 +141,9 @@ def train_config(args: argparse.Namespace, method: str, seed: int, tasks: Path, 
                    # only when moved: runs with the system block keep their digests (and stored runs)
                    **({"injector": args.injector} if args.injector != "system" and method != "grpo" else {}),
                    # only when not the paper's, and for the policy's own skills (the others read no prompt's example)
-                   **({"answer_format": args.answer_format} if args.answer_format != "paper" and method == "seed" else {})},
+                   **({"answer_format": args.answer_format} if args.answer_format != "paper" and method == "seed" else {}),
+                   **({"opening": args.skill_opening} if args.skill_opening != "words" and method == "seed" else {}),
+                   **({"failures": args.skill_failures} if args.skill_failures != "write" and method == "seed" else {})},
         "trainer": {"learning_rate": args.lr, "lora_r": args.lora_r, "lora_alpha": 2 * args.lora_r,
                     "opd_coef": 0.0 if method == "grpo" else skill_opd_coef(args),
                     "kl_coef": args.kl_coef,
@@ -474,6 +476,13 @@ def main(argv: list[str] | None = None) -> None:
                    help="skills.answer_format for SEED's own skills: the analyzer prompt's reply example (the paper's "
                         "\"string\", which SmolLM2 copies; seed_agents.skills.ANSWER_FORMATS). Another format is "
                         "another run.")
+    p.add_argument("--skill-opening", choices=list(get_args(SkillOpening)), default="words",
+                   help="skills.opening for SEED's own skills: call makes the skill grammar open 'Call <tool> with', "
+                        "the writer choosing the tool and the rest (the oracle's skills name the call). Another "
+                        "opening is another run.")
+    p.add_argument("--skill-failures", choices=list(get_args(SkillFailures)), default="write",
+                   help="skills.failures for SEED's own skills: skip writes none for a failed episode (seed-success "
+                        "does the same with rule-read skills). Another choice is another run.")
     p.add_argument("--fuse-teacher", action="store_true",
                    help="trainer.fuse_teacher for the skill methods: the teacher scored on the training forward's "
                         "prompt keys and values (pays with --injector last_turn; docs/training.md).")

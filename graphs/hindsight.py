@@ -26,8 +26,9 @@ from seed_agents.skills import (
     episode_steps,
     first_user_message,
     parse_skill,
+    tool_names,
 )
-from seed_agents.types import AnswerFormat, EpisodeRecord, LLMCall, Skill, StopReason, Task
+from seed_agents.types import AnswerFormat, EpisodeRecord, LLMCall, Skill, SkillFailures, SkillOpening, StopReason, Task
 
 
 class HindsightState(TypedDict, total=False):
@@ -59,6 +60,8 @@ async def write_skill(
     episode: EpisodeRecord | None = None,
     constrained: bool = True,
     answer_format: AnswerFormat = "paper",
+    opening: SkillOpening = "words",
+    failures: SkillFailures = "write",
 ) -> Skill:
     """Ask ``llm`` (greedy) for a hindsight skill about the episode made of ``calls``.
 
@@ -68,6 +71,10 @@ async def write_skill(
     raises for a bad reply or a failing backend: both give ``valid=False`` with a reason.
     ``constrained``: a ``SeedChatModel`` decodes under ``skill_tag`` (same word limits), so
     its reply always parses; other chat models are asked for the JSON by the prompt alone.
+    ``opening``: ``call`` makes that grammar open the skill with "Call <tool> with", the tool
+    one of those the episode's policy calls were offered (``skills.tool_names``); an
+    episode offered none keeps the word opening. ``failures``: ``skip`` asks nothing about a
+    failed episode and returns an invalid skill saying so (its rows then get no teacher).
     """
     labels = calls[0].scope if calls else {}
     ids = {
@@ -75,6 +82,8 @@ async def write_skill(
         "task_id": task_id if task_id is not None else str(labels.get("task_id", "")),
         "success": bool(success),
     }
+    if failures == "skip" and not success:
+        return Skill(**ids, valid=False, reject_reason="not written: skills.failures skip")
     steps = episode_steps(calls)
     messages = build_analyzer_messages(task_text, success, steps,
                                        max_chars_per_step=max_chars_per_step, max_steps=max_steps,
@@ -89,7 +98,9 @@ async def write_skill(
         else:
             bound: dict[str, Any] = {"temperature": 0.0, "max_tokens": max_tokens}
             if constrained and isinstance(llm, SeedChatModel):
-                bound["structural_tag"] = skill_tag(min_words=min_words, max_words=max_words, max_tokens=max_tokens)
+                names = tool_names(calls) if opening == "call" else []
+                bound["structural_tag"] = skill_tag(min_words=min_words, max_words=max_words, max_tokens=max_tokens,
+                                                    call_names=names)
             with capture(purpose="analyzer"):
                 reply = await llm.bind(**bound).ainvoke(messages)
             raw = reply.content if isinstance(reply.content, str) else str(reply.content)

@@ -761,7 +761,8 @@ def learning_curve(results: dict[str, Result], name: str = "learning_curve") -> 
 #: they differ from the family's first runs (forced first turn, no guiding, system block, fp32).
 SUMMARY_KEYS = {"temperature": "T", "lr": "lr", "lr_schedule": "schedule", "opd_coef": "OPD weight",
                 "first_turn": "first turn", "guide_share": "guided share", "injector": "skill in", "precision": "precision",
-                "answer_format": "skill prompt's example", "lora_r": "LoRA rank"}
+                "answer_format": "skill prompt's example", "skill_opening": "skill opening",
+                "skill_failures": "skills on failures", "lora_r": "LoRA rank"}
 ALWAYS = {"temperature", "lr", "lr_schedule", "opd_coef"}
 SUMMARY_DEFAULTS = {"first_turn": "forced", "lora_r": 8}
 
@@ -834,9 +835,10 @@ _MEASURE = {"level", "first_turn", "heldout", "model", "max_tokens"}
 
 #: Flags added to bench/learning_curve.py after curves were stored: what an older file without them ran.
 _ADDED_LATER = {"guide_share": 0.0, "lr_schedule": "linear", "precision": "float32", "opd_coef": 0.01,
-                "injector": "system", "fuse_teacher": False, "answer_format": "paper"}
+                "injector": "system", "fuse_teacher": False, "answer_format": "paper", "skill_opening": "words",
+                "skill_failures": "write"}
 #: Settings a method's runs do not read: GRPO trains without the distillation term and writes no skill.
-_UNREAD = {"grpo": {"opd_coef", "injector", "answer_format"}}
+_UNREAD = {"grpo": {"opd_coef", "injector", "answer_format", "skill_opening", "skill_failures"}}
 
 
 def _setting(r: Result, key: str) -> Any:

@@ -114,6 +114,21 @@ def episode_steps(calls: Sequence[LLMCall]) -> list[tuple[str, str]]:
     return steps
 
 
+def tool_names(calls: Sequence[LLMCall]) -> list[str]:
+    """The names of the tools the episode's policy calls were offered (OpenAI-style schemas,
+    ``{"type": "function", "function": {"name": ...}}`` or a bare ``{"name": ...}``), sorted:
+    what a ``skills.opening call`` skill may name."""
+    names = set()
+    for call in calls:
+        if call.purpose != "policy":
+            continue
+        for schema in call.tools or []:
+            fn = schema.get("function") if isinstance(schema.get("function"), dict) else schema
+            if isinstance(fn.get("name"), str):
+                names.add(fn["name"])
+    return sorted(names)
+
+
 def first_user_message(calls: Sequence[LLMCall]) -> str:
     """The task as the analyzer sees it by default: the first user message of the first
     policy call (the hindsight node and ``skills collect`` both use it)."""

@@ -23,6 +23,12 @@ Purpose = Literal["policy", "analyzer", "other"]
 FinishReason = Literal["stop", "length", "error"]
 AnswerFormat = Literal["paper", "described", "workflow"]
 """The analyzer prompt's reply example (``seed_agents.skills.ANSWER_FORMATS``)."""
+SkillOpening = Literal["words", "call"]
+"""How the skill grammar opens a policy-written skill: ``words`` (the paper's free text; the
+grammar only asks for words first), ``call`` ("Call <one of the episode's tools> with ...")."""
+SkillFailures = Literal["write", "skip"]
+"""Whether a failed episode gets a skill: ``write`` (the paper: avoidance rules), ``skip`` (no
+analyzer call; its rows get no teacher, as with an invalid skill)."""
 
 
 def new_id() -> str:

@@ -32,7 +32,7 @@ from seed_agents.skills import SkillInjector, first_user_message
 from seed_agents.store import RewardPolicy, SessionRecord, TraceStore
 from seed_agents.trainers.rollout import GraphRollout, SkillSource
 from seed_agents.trainers.seed_trainer import RolloutBatch
-from seed_agents.types import AnswerFormat, Task, Trajectory
+from seed_agents.types import AnswerFormat, SkillFailures, SkillOpening, Task, Trajectory
 
 
 def store_tasks(store: TraceStore, policy: RewardPolicy, min_sessions: int = 2) -> list[Task]:
@@ -50,13 +50,15 @@ class StoreRollout(GraphRollout):
     def __init__(self, store: TraceStore, llm: Any, *, run_id: str, policy: RewardPolicy | None = None,
                  skills: SkillSource = "self", analyzer: Any = None, injector: SkillInjector | None = None,
                  merge_rows: bool = True, skill_max_tokens: int = 256, min_words: int = 5, max_words: int = 120,
-                 answer_format: AnswerFormat = "paper", out_dir: Any = None) -> None:
+                 answer_format: AnswerFormat = "paper", opening: SkillOpening = "words",
+                 failures: SkillFailures = "write", out_dir: Any = None) -> None:
         super().__init__(None, llm, skills=skills, injector=injector, merge_rows=merge_rows, out_dir=out_dir)  # type: ignore[arg-type]
         self.store, self.run_id = store, run_id
         self.policy = policy or RewardPolicy()
         self.analyzer = analyzer if analyzer is not None else llm
         self.skill_args = {"max_tokens": skill_max_tokens, "min_words": min_words, "max_words": max_words,
-                           "answer_format": answer_format}
+                           "answer_format": answer_format, "opening": opening,
+                           "failures": failures}
 
     def collect(self, tasks: list[Task], group_size: int, iteration: int) -> RolloutBatch:
         update_id = f"{self.run_id}-it{iteration}"

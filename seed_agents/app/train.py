@@ -297,7 +297,7 @@ def build_rollout(cfg: TrainConfig, src: TaskSource, policy: Policy, out: Path) 
                             skills=skills.source, analyzer=analyzer, injector=injector,
                             merge_rows=cfg.trainer.merge_rows, skill_max_tokens=skills.max_tokens,
                             min_words=skills.min_words, max_words=skills.max_words,
-                            answer_format=skills.answer_format, out_dir=out)
+                            answer_format=skills.answer_format, opening=skills.opening, failures=skills.failures, out_dir=out)
     graph = src.make_graph(policy.llm, agent_config(cfg, src.suite))
     if skills.source != "none":
         # graph agents are judged by their reward; the analyzer needs the outcome before it
@@ -305,7 +305,7 @@ def build_rollout(cfg: TrainConfig, src: TaskSource, policy: Policy, out: Path) 
         success_fn = (lambda state: reward_fn(state["task"], state) >= 1.0) if cfg.graph is not None else None
         graph = with_hindsight(graph, analyzer, success_fn=success_fn, max_tokens=skills.max_tokens,
                                min_words=skills.min_words, max_words=skills.max_words,
-                               answer_format=skills.answer_format)
+                               answer_format=skills.answer_format, opening=skills.opening, failures=skills.failures)
     runner = EpisodeRunner(graph, cfg.runner, make_env=src.make_env, reward_fn=src.reward_fn, make_input=src.make_input,
                            seed=rollout_seed(cfg.seed, cfg.backend), guide_share=cfg.trainer.guide_share)
     return GraphRollout(runner, policy.llm, skills=skills.source, injector=injector, merge_rows=cfg.trainer.merge_rows,

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 import threading
 import weakref
 from collections.abc import Callable, Sequence
@@ -55,21 +56,40 @@ _NO_ESCAPES = ['"', "\\", *(chr(c) for c in range(32))]
 _NO_MARKERS = [*_NO_ESCAPES, "<", ">", "|", "[", "]"]
 _WORD_CHARS = 13  # the longest first word, its punctuation included
 _WORD = r"[A-Za-z][A-Za-z'_\-]{0,11}[.,;!?]?"
+# after "Call <tool> with", an argument's words may hold digits and = (a=3, "14.5")
+_ARG_WORD = r"[A-Za-z0-9][A-Za-z0-9'_\-=.]{0,11}[,;]?"
+_TOOL_NAME = re.compile(r"[A-Za-z0-9_]{1,64}")
 
 
 def skill_tag(*, min_words: int = 5, max_words: int = 120, max_tokens: int = 512,
-              summary_max_chars: int = 300, skill_max_chars: int = 400) -> str:
+              summary_max_chars: int = 300, skill_max_chars: int = 400, call_names: Sequence[str] = ()) -> str:
     """The structural tag of a hindsight-skill reply that ``parse_skill`` (same word
     limits) accepts whatever the model writes: ``{"episode_summary": "...",
     "episode_skill": "..."}``, the skill ``min_words`` words, then free text short enough
     (two characters a word at most) that it cannot pass ``max_words``. The free text is
     also capped in tokens so that the whole reply closes within ``max_tokens`` (a model
-    looping on one-character tokens would otherwise run out of budget mid-string)."""
+    looping on one-character tokens would otherwise run out of budget mid-string).
+
+    ``call_names`` (``skills.opening call``): the skill opens ``Call <name> with`` and one
+    of these tool names, then its words: the writer chooses the tool and what follows, the
+    grammar only makes it name one. A skill that names the call the task needed is what a
+    135M model can copy (the oracle's skills, docs/results.md); its own skills never named
+    a tool. Names that are not plain identifiers are left out; none left: the word opening."""
     if not 1 <= min_words <= max_words:
         raise ValueError(f"need 1 <= min_words <= max_words, got {min_words}, {max_words}")
-    first_words = _WORD + (f"( {_WORD}){{{min_words - 1}}}" if min_words > 1 else "")
+    names = sorted({n for n in call_names if _TOOL_NAME.fullmatch(n)})
+    n_args = max(min_words - 3, 1)
+    if names and 3 + n_args <= max_words:
+        # "Call", the name and "with" are three words; the rest of min_words are argument words
+        first_words = f"Call ({'|'.join(names)}) with" + f"( {_ARG_WORD})" * n_args
+        opening_chars = len("Call  with") + max(map(len, names)) + n_args * (_WORD_CHARS + 1)
+        opening_words = 3 + n_args
+    else:
+        first_words = _WORD + (f"( {_WORD}){{{min_words - 1}}}" if min_words > 1 else "")
+        opening_chars = min_words * (_WORD_CHARS + 1)
+        opening_words = min_words
     # worst cases, one token a character: the fixed text 43, each first word and its space
-    free_tokens = max_tokens - 48 - min_words * (_WORD_CHARS + 1)
+    free_tokens = max_tokens - 48 - opening_chars
     # A small budget (skills.max_tokens 128, the CPU demo's: under 134) cannot cover that
     # worst case; words are ~1-2 tokens, not 21, so the free text gets two thirds of what
     # the fixed text leaves: the reply then closes unless the first words are spelled out
@@ -80,7 +100,7 @@ def skill_tag(*, min_words: int = 5, max_words: int = 120, max_tokens: int = 512
     # and its cut reply parses as invalid, as an unconstrained one would), not an error
     # that would leave the episode without its analyzer call.
     free_tokens = max(free_tokens, 8)
-    rest_chars = min(2 * (max_words - min_words), skill_max_chars)
+    rest_chars = min(2 * (max_words - opening_words), skill_max_chars)
     return _tag({"type": "sequence", "elements": [
         {"type": "const_string", "value": '{"episode_summary": "'},
         {"type": "any_text", "excludes": _NO_ESCAPES, "max_chars": summary_max_chars, "max_tokens": free_tokens * 2 // 5},

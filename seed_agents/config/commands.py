@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from seed_agents.config.core import PAPER, PAPER_LEARNING_RATE, AgentConfig, BackendConfig, RunnerConfig
 from seed_agents.config.loading import RenamedConfigKey
-from seed_agents.types import AnswerFormat, SamplingParams
+from seed_agents.types import AnswerFormat, SamplingParams, SkillFailures, SkillOpening
 
 
 class EvalConfig(BaseModel):
@@ -60,6 +60,14 @@ class SkillConfig(BaseModel):
         "The analyzer prompt's reply example (seed_agents.skills.ANSWER_FORMATS): paper, a type name per value "
         "(\"string\", which SmolLM2-135M copies into its skills); described, what each value should hold; "
         "workflow, the skill as a sentence frame with slots."))
+    opening: SkillOpening = Field("words", description=(
+        "How the skill grammar opens a skill a served model writes in the hindsight node: words, the paper's free "
+        "text; call, 'Call <tool> with ...', the tool one of those the episode was offered (a skill naming the call "
+        "a task needed is one a 135M model can copy). Stage 1 collects with the word opening."))
+    failures: SkillFailures = Field("write", description=(
+        "write: a failed episode gets a skill too (the paper's avoidance rules); skip: no analyzer call for it, its "
+        "rows get no teacher. A 135M writer's failure skill names the failed call and raises it in the teacher "
+        "(docs/results/atlas_skills_episode.json)."))
     analyzer: BackendConfig | None = Field(None, description="Backend of the external/frozen analyzer (default: a local copy of the initial policy).")
     chat_model: str | None = Field(None, description="external: import path 'pkg.module:ChatModelOrFactory' of a LangChain chat model that writes the skills instead of a served model (a hosted API model; a scripted one for an ablation, e.g. bench.atlas_skills:OracleSkills), paced and retried like stage 1's langchain analyzers.")
     chat_model_kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments for chat_model.")

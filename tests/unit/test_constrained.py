@@ -28,7 +28,7 @@ from seed_agents.backends.vllm import completion_body
 from seed_agents.capture import capture
 from seed_agents.chat_model import SeedChatModel, forced_tool_prefix
 from seed_agents.graphs.hindsight import write_skill
-from seed_agents.skills import parse_skill
+from seed_agents.skills import parse_skill, tool_names
 from seed_agents.stage1.analyzers import PolicyAnalyzer
 from seed_agents.tool_calls import format_tool_call, parse_tool_calls
 from seed_agents.types import LLMCall, SamplingParams
@@ -112,6 +112,40 @@ def test_a_skills_first_words_are_words(tokenizer):
     assert accepts("Don't guess, use get_book first; re-check: it.")
     for cut in ("string.1.1.1.1.1.1.1 a b c d", "The answer is 30153 now", "Use (lookup) to find it"):
         assert not accepts(cut), cut
+
+
+def test_a_call_opening_names_one_of_the_tools(tokenizer):
+    """``skills.opening call``: the skill opens "Call <tool> with", the tool one of those
+    offered; argument words may hold digits and =; names that are not identifiers are
+    dropped, and with none left the opening is the words one."""
+    tag = skill_tag(max_tokens=64, call_names=["lookup", "add", "not a name"])
+
+    def accepts(skill: str, t: str = tag) -> bool:
+        return _accepts(tokenizer, t, json.dumps({"episode_summary": "x", "episode_skill": skill}))
+
+    assert accepts("Call lookup with place Malam and field area.")
+    assert accepts("Call add with a=3 b=14.5, then answer.")
+    for skill in ("Call multiply with a=3 and b=4", "Take the key before opening the chest.",
+                  "Call not a name with x", "Call lookup with"):
+        assert not accepts(skill), skill
+    assert skill_tag(call_names=["not a name"]) == skill_tag()
+    assert skill_tag(min_words=5, max_words=5, call_names=["add"]) != skill_tag(min_words=5, max_words=5)
+    assert skill_tag(min_words=1, max_words=3, call_names=["add"]) == skill_tag(min_words=1, max_words=3)  # no room
+
+
+def test_every_string_a_call_opening_lets_through_parses(tokenizer):
+    gen = torch.Generator().manual_seed(1)
+    mask = GrammarMask(skill_tag(max_words=20, summary_max_chars=60, call_names=["lookup", "add"]), tokenizer,
+                       len(tokenizer), 1, [tokenizer.eos_token_id])
+    ids, out = torch.zeros((1, 1), dtype=torch.long), []
+    for _ in range(500):
+        token = int(torch.multinomial(mask(ids, torch.zeros(1, len(tokenizer))).softmax(-1), 1, generator=gen))
+        if token == tokenizer.eos_token_id:
+            break
+        out.append(token)
+        ids = torch.tensor([[token]])
+    summary, skill, reason = parse_skill(tokenizer.decode(out), max_words=20)
+    assert reason is None and skill.split()[0] == "Call" and skill.split()[1] in ("lookup", "add"), skill
 
 
 def test_the_skill_grammar_closes_within_its_token_budget(tokenizer):
@@ -249,6 +283,25 @@ def test_analyzer_skills_parse_when_constrained(backend, tokenizer, constrained)
         skills = asyncio.run(run())
     assert all(s.valid for s in skills) == constrained, [s.reject_reason for s in skills]
     assert all((c.sampling.structural_tag is not None) == constrained for c in scope.calls)
+
+
+def test_write_skill_opens_with_a_tool_the_episode_was_offered(backend, tokenizer):
+    llm = SeedChatModel(backend=backend, tokenizer=tokenizer)
+    calls = [_episode()[0].model_copy(update={"tools": TOOLS}),
+             _episode()[0].model_copy(update={"purpose": "analyzer", "tools": [{"function": {"name": "delete_all"}}]})]
+    assert tool_names(calls) == ["add", "lookup"]  # the policy's calls only
+    assert tool_names(_episode()) == []
+
+    async def run():
+        return [await write_skill(llm, calls, "Find the key.", True, max_tokens=200, max_words=10, opening=opening)
+                for opening in ("call", "words")]
+
+    with capture() as scope:
+        call_skill, _ = asyncio.run(run())
+    assert call_skill.valid and call_skill.skill.split()[:3] in (["Call", "add", "with"], ["Call", "lookup", "with"])
+    tags = [c.sampling.structural_tag for c in scope.calls]
+    assert tags[0] == skill_tag(max_tokens=200, max_words=10, call_names=["add", "lookup"]) and tags[1] == skill_tag(
+        max_tokens=200, max_words=10)
 
 
 def test_policy_analyzer_constrained_by_default(backend, tokenizer):

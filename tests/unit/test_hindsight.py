@@ -98,6 +98,19 @@ def test_failed_episode_gets_avoidance_rules_and_custom_task_text(tokenizer):
     assert prompt.count("Response: look") == 3
 
 
+def test_failures_skip_asks_nothing_about_a_failed_episode(tokenizer):
+    reply, _ = scripted(tokenizer, policy=lambda text: "look")
+    llm = make_llm(tokenizer, reply)
+    state, calls = play(with_hindsight(build_env_agent(llm, max_turns=3), llm, failures="skip"))
+    assert not state["success"] and not state["skill"].valid
+    assert state["skill"].reject_reason == "not written: skills.failures skip"
+    assert [c.purpose for c in calls] == ["policy"] * 3  # no analyzer call
+    reply, _ = scripted(tokenizer)
+    llm = make_llm(tokenizer, reply)
+    state, calls = play(with_hindsight(build_env_agent(llm, max_turns=5), llm, failures="skip"))
+    assert state["success"] and state["skill"].valid and calls[-1].purpose == "analyzer"  # a success still gets one
+
+
 def test_garbage_analyzer_reply_is_recorded_invalid_and_the_episode_still_succeeds(tokenizer):
     reply, _ = scripted(tokenizer, analyzer_reply="Sure! The agent did great <|im_end|>")
     llm = make_llm(tokenizer, reply)

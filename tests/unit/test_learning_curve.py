@@ -62,7 +62,7 @@ def test_grpo_and_seed_differ_only_in_the_skills_and_the_distillation(tmp_path):
                               max_tokens=64, temperature=0.7, skill_tokens=64, lr=1e-4, lora_r=8, kl_coef=0.001,
                               eval_every=5, guide_share=0.0, lr_schedule="linear", precision="float32",
                               opd_coef=None, injector="system", fuse_teacher=False,
-                              answer_format="paper")
+                              answer_format="paper", skill_opening="words", skill_failures="write")
     grpo, seed = (train_config(args, m, 1, tmp_path / "t.jsonl", tmp_path / "h.jsonl", 200, 80, tmp_path / m)
                   for m in ("grpo", "seed"))
     assert grpo["skills"]["source"] == "none" and grpo["trainer"]["opd_coef"] == 0.0
@@ -110,6 +110,15 @@ def test_grpo_and_seed_differ_only_in_the_skills_and_the_distillation(tmp_path):
     assert train_config(described, "seed", 1, tmp_path / "t.jsonl", tmp_path / "h.jsonl", 200, 80,
                         tmp_path / "seed")["skills"] == {**seed["skills"], "answer_format": "described"}
     assert "answer_format" not in seed["skills"]
+    # the call opening and skipped failures: the same rule
+    for key, value, setting in (("skill_opening", "call", "opening"), ("skill_failures", "skip", "failures")):
+        moved = argparse.Namespace(**{**vars(args), key: value})
+        for m, base in (("grpo", grpo), ("seed-oracle", oracle)):
+            assert train_config(moved, m, 1, tmp_path / "t.jsonl", tmp_path / "h.jsonl", 200, 80, tmp_path / m) == {
+                **base, "out": str(tmp_path / m)}
+        assert train_config(moved, "seed", 1, tmp_path / "t.jsonl", tmp_path / "h.jsonl", 200, 80,
+                            tmp_path / "seed")["skills"] == {**seed["skills"], setting: value}
+        assert setting not in seed["skills"]
 
 
 def test_every_skill_method_is_paired_with_grpo_by_seed():
@@ -189,7 +198,7 @@ def test_the_run_digest_ignores_where_the_files_live_but_not_what_they_hold(tmp_
                               max_tokens=64, temperature=0.7, skill_tokens=64, lr=1e-4, lora_r=8, kl_coef=0.001,
                               eval_every=5, guide_share=0.0, lr_schedule="linear", precision="float32",
                               opd_coef=None, injector="system", fuse_teacher=False,
-                              answer_format="paper")
+                              answer_format="paper", skill_opening="words", skill_failures="write")
     for d in ("a", "b"):
         (tmp_path / d).mkdir()
         (tmp_path / d / "t.jsonl").write_text("t\n")
@@ -221,7 +230,7 @@ def test_a_guide_share_changes_the_run_only_when_on_and_needs_a_free_first_turn(
                               max_tokens=64, temperature=0.7, skill_tokens=64, lr=1e-4, lora_r=8, kl_coef=0.001,
                               eval_every=5, guide_share=0.0, lr_schedule="linear", precision="float32",
                               opd_coef=None, injector="system", fuse_teacher=False,
-                              answer_format="paper")
+                              answer_format="paper", skill_opening="words", skill_failures="write")
     (tmp_path / "t.jsonl").write_text("t\n")
     (tmp_path / "h.jsonl").write_text("h\n")
 
