@@ -64,6 +64,20 @@ def test_train_any_graph_writes_every_trace_and_resumes_without_duplicates(tmp_p
     assert versions == {0: {0}, 1: {1}}  # iteration k was sampled by the weights after k updates
 
 
+def test_train_passes_the_skill_opening_and_the_failure_rule_to_the_hindsight_node(tmp_path, tiny_model_dir):
+    skills = {"source": "self", "max_tokens": 64, "opening": "call"}
+    run_train(calc_config(tmp_path, tiny_model_dir, skills=skills))
+    trajs = lines(tmp_path / "run" / "trajectories.jsonl")
+    tags = [c["sampling"]["structural_tag"] for t in trajs for c in t["calls"] if c["purpose"] == "analyzer"]
+    assert len(tags) == 2 and all('"Call (' in tag for tag in tags)  # the grammar opens with the graph's tools
+    run_train(calc_config(tmp_path, tiny_model_dir, out=str(tmp_path / "skip"), skills={**skills, "failures": "skip"}))
+    trajs = lines(tmp_path / "skip" / "trajectories.jsonl")
+    asked = sum(c["purpose"] == "analyzer" for t in trajs for c in t["calls"])
+    assert asked == sum(t["success"] for t in trajs)
+    assert all(s["reject_reason"] == "not written: skills.failures skip"
+               for s in lines(tmp_path / "skip" / "skills.jsonl") if not s["success"])
+
+
 def test_existing_run_needs_resume_and_resume_needs_a_run(tmp_path, tiny_model_dir):
     out = tmp_path / "run"
     out.mkdir()
