@@ -151,7 +151,13 @@ def call_phrase(call: dict[str, Any]) -> str:
     return f"{call['name']} with " + " and ".join(f'{k} "{v}"' for k, v in args.items()) if args else call["name"]
 
 
-def episode_skill(prompt: str, failures: Literal["name", "none"]) -> str:
+GENERIC_SUCCESS = "Look the fact up with the tool first, then give the number it returns as the final answer."
+"""``successes: generic``: the same sentence on every success, naming no tool, argument or
+answer: a control for distilling on successes at all against the content of the skill."""
+
+
+def episode_skill(prompt: str, failures: Literal["name", "none"],
+                  successes: Literal["calls", "generic"] = "calls") -> str:
     """The skill a rule reads off the analyzer prompt's episode: on a success, the calls it
     made as a workflow (for a lookup task, the oracle's sentence when the call was right);
     on a failure, the calls that did not answer (``name``) or nothing, which the parser
@@ -161,6 +167,8 @@ def episode_skill(prompt: str, failures: Literal["name", "none"]) -> str:
     success = "- episode_success: success" in prompt
     trajectory = prompt.split("- Interaction trajectory:", 1)[-1]
     calls = [c for r in _RESPONSE.findall(trajectory) for c in parse_tool_calls(r)[1]]
+    if success and successes == "generic":
+        return GENERIC_SUCCESS
     if success and calls:
         text = ", then ".join(f"call {call_phrase(c)}" for c in calls) + ", then give the number it returns as the final answer."
         return text[0].upper() + text[1:]
@@ -178,6 +186,7 @@ class EpisodeSkills(_RuleWriter):
     skills (a 135M writer): what one episode's hindsight can carry when it is written well."""
 
     failures: Literal["name", "none"] = "name"
+    successes: Literal["calls", "generic"] = "calls"
 
     @property
     def _llm_type(self) -> str:
@@ -186,7 +195,8 @@ class EpisodeSkills(_RuleWriter):
     def reply(self, prompt: str) -> dict[str, str]:
         if "- Interaction trajectory:" not in prompt:
             raise ValueError("not an analyzer prompt: no '- Interaction trajectory:' section")
-        return {"episode_summary": "Read off the episode by rule.", "episode_skill": episode_skill(prompt, self.failures)}
+        return {"episode_summary": "Read off the episode by rule.",
+                "episode_skill": episode_skill(prompt, self.failures, self.successes)}
 
 
 # -- the three steps -------------------------------------------------------------------------

@@ -22,6 +22,9 @@ periodic held-out evaluation), so the curve is the product's, not a re-implement
   naming the failed call raises that call in a 135M teacher (docs/results/atlas_skills_episode.json),
   so this is the same hindsight without the half that pushes the wrong way. Its "skills parsed"
   counts each failure's empty skill as not parsed: read it as the share of episodes that got a teacher.
+- ``seed-success-generic``: ``seed-success`` with one fixed sentence on every success, naming no
+  tool, argument or answer (``atlas_skills.GENERIC_SUCCESS``): a control that tells the skill's
+  content from distilling on successes at all.
 
 Every ``--eval-every`` updates (and before the first) the whole held-out set is played
 greedily (disjoint places: a gain is a gain in using the tools, not a remembered fact) and
@@ -76,11 +79,13 @@ from bench.results import add_results_args, config_of, now, write_result  # noqa
 from bench.stats import compare, seeds_needed  # noqa: E402
 from seed_agents.types import AnswerFormat, SkillFailures, SkillOpening  # noqa: E402
 
-METHODS = ("grpo", "seed", "seed-oracle", "seed-episode", "seed-success")
+METHODS = ("grpo", "seed", "seed-oracle", "seed-episode", "seed-success", "seed-success-generic")
 ORACLE = {"source": "external", "chat_model": "bench.atlas_skills:OracleSkills", "chat_model_kwargs": {"style": "specific"}}
 EPISODE = {"source": "external", "chat_model": "bench.atlas_skills:EpisodeSkills", "chat_model_kwargs": {"failures": "name"}}
 SUCCESSES = {**EPISODE, "chat_model_kwargs": {"failures": "none"}}
-SKILLS = {"seed-oracle": ORACLE, "seed-episode": EPISODE, "seed-success": SUCCESSES, "seed": {"source": "self"}}
+GENERIC = {**EPISODE, "chat_model_kwargs": {"failures": "none", "successes": "generic"}}
+SKILLS = {"seed-oracle": ORACLE, "seed-episode": EPISODE, "seed-success": SUCCESSES, "seed-success-generic": GENERIC,
+          "seed": {"source": "self"}}
 # A digest names a run's settings and tasks, not the code that trained it. When a change of
 # code changes what a method's runs do, its revision goes up: the digest then carries it, so
 # runs trained before are not read back (here or from another file) as this code's.
@@ -441,7 +446,9 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--methods", default="grpo,seed",
-                   help=f"Comma list of {', '.join(METHODS)} (seed-oracle: the bound with manifest-written skills; seed-episode: skills read off each episode by rule; seed-success: the same on successes only).")
+                   help=f"Comma list of {', '.join(METHODS)} (seed-oracle: the bound with manifest-written skills; "
+                        "seed-episode: skills read off each episode by rule; seed-success: the same on successes only; "
+                        "seed-success-generic: a fixed sentence on successes, the control).")
     p.add_argument("--seeds", default="0,1,2", help="Comma list of seeds (each method runs every seed).")
     p.add_argument("--level", type=int, default=0, help="Atlas level (0: one lookup; docs/results/atlas_band.json).")
     p.add_argument("--first-turn", choices=["forced", "auto"], default="forced")

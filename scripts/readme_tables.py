@@ -745,7 +745,9 @@ def learning_curve(results: dict[str, Result], name: str = "learning_curve") -> 
     out += against_nearest_curve(results, name)
     for key, label in (("seed_minus_grpo", "SEED"), ("seed_oracle_minus_grpo", "SEED with oracle skills (seed-oracle)"),
                        ("seed_episode_minus_grpo", "SEED with skills read off each episode (seed-episode)"),
-                       ("seed_success_minus_grpo", "SEED with skills read off successful episodes only (seed-success)")):
+                       ("seed_success_minus_grpo", "SEED with skills read off successful episodes only (seed-success)"),
+                       ("seed_success_generic_minus_grpo",
+                        "SEED with one fixed sentence on successes, the control (seed-success-generic)")):
         d = x.get(key)
         if d:
             out += ["", f"{label} - GRPO, final held-out answer success paired by seed (n={d['n']}): "

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.atlas_skills import EpisodeSkills, OracleSkills, bootstrap_margin, oracle_skill
+from bench.atlas_skills import GENERIC_SUCCESS, EpisodeSkills, OracleSkills, bootstrap_margin, oracle_skill
 from examples.atlas_tasks import make_tasks
 from seed_agents.skills import build_analyzer_messages, episode_steps, parse_skill
 from seed_agents.types import LLMCall
@@ -68,6 +68,11 @@ def test_episode_skills_read_the_calls_and_the_outcome_off_the_episode():
         f'Calling lookup with place "{args["place"]}" and field "{args["field"]}" did not answer this question.', None)
     skill, reason = _episode_skill(episode, False, failures="none")
     assert skill == "" and reason.startswith("skill too short")
+    # the control: one sentence on every success, nothing of the episode in it
+    messages = build_analyzer_messages(task.data["question"], True, episode_steps(episode))
+    generic = EpisodeSkills(failures="none", successes="generic")
+    assert parse_skill(generic.invoke(messages).content)[1:] == (GENERIC_SUCCESS, None)
+    assert parse_skill(generic.invoke(build_analyzer_messages("Q?", False, episode_steps(episode))).content)[1] == ""
     two = _forced("What is 3 + 4 squared?", 'add", "arguments": {"a": 3, "b": 4}}\n</tool_call>',
                   '<tool_call>\n{"name": "multiply", "arguments": {"a": 7, "b": 7}}\n</tool_call>', "49")
     assert _episode_skill(two, True)[0] == ('Call add with a "3" and b "4", then call multiply with a "7" and b "7", '
