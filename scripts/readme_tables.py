@@ -881,9 +881,10 @@ def _paired_gains(me: Result, other: Result, method: str) -> tuple[dict[str, flo
 
 def nearest_curve(results: dict[str, Result], name: str, method: str) -> str | None:
     """The other learning curve to pair ``name`` with: one that measures the same thing
-    (no ``_MEASURE`` setting differs) and shares a seed, differing in the fewest settings;
-    ties go to more common seeds, then to the main curve. A curve holding only this one's own
-    runs (read back by digest) is no partner."""
+    (no ``_MEASURE`` setting differs) and shares a seed, differing in the fewest settings (the
+    method's code revision counts as one: a run a fix retired is a worse partner than one of
+    the same code); ties go to more common seeds, then to the main curve. A curve holding only
+    this one's own runs (read back by digest) is no partner."""
     me = results[name]
     candidates = []
     for other, r in results.items():
@@ -892,7 +893,8 @@ def nearest_curve(results: dict[str, Result], name: str, method: str) -> str | N
         changed = _changed(me, r, method)
         common = _paired_gains(me, r, method)[0]
         if common and not _MEASURE & set(changed):
-            candidates.append((len(changed), -len(common), other != "learning_curve", other))
+            retired = _revisions(me, method) != _revisions(r, method)
+            candidates.append((len(changed) + retired, -len(common), other != "learning_curve", other))
     return min(candidates)[-1] if candidates else None
 
 

@@ -490,3 +490,7 @@ def test_a_curve_run_again_after_a_fix_pairs_with_the_one_before_and_says_the_co
     before, after = curve("learning_curve_a", 1), curve("learning_curve_b", 3, fuse_teacher=False)  # a flag added later
     line = " ".join(tables.against_nearest_curve({c.name: c for c in (before, after)}, "learning_curve_b"))
     assert "differs in: code revision 1 -> 3)" in line and "fuse_teacher" not in line and "+0.200" in line
+    # a partner of the same code that differs in as many settings wins over the retired one (its name sorts first)
+    same_code, moved = curve("learning_curve_z", 3), curve("learning_curve_c", 3, skill_failures="skip")
+    pool = {c.name: c for c in (before, same_code, moved)}
+    assert tables.nearest_curve(pool, "learning_curve_c", "seed") == "learning_curve_z"
