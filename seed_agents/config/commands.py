@@ -66,8 +66,8 @@ class SkillConfig(BaseModel):
         "a task needed is one a 135M model can copy). Stage 1 collects with the word opening."))
     failures: SkillFailures = Field("write", description=(
         "write: a failed episode gets a skill too (the paper's avoidance rules); skip: no analyzer call for it, its "
-        "rows get no teacher. A 135M writer's failure skill names the failed call and raises it in the teacher "
-        "(docs/results/atlas_skills_episode.json)."))
+        "rows get no teacher. A 135M writer's failure skill names the failed call and raises it in the teacher; on "
+        "the atlas, skip took SEED from GRPO's level to +0.225 above it (docs/results.md, three seeds)."))
     analyzer: BackendConfig | None = Field(None, description="Backend of the external/frozen analyzer (default: a local copy of the initial policy).")
     chat_model: str | None = Field(None, description="external: import path 'pkg.module:ChatModelOrFactory' of a LangChain chat model that writes the skills instead of a served model (a hosted API model; a scripted one for an ablation, e.g. bench.atlas_skills:OracleSkills), paced and retried like stage 1's langchain analyzers.")
     chat_model_kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments for chat_model.")
