@@ -17,7 +17,12 @@ the union of their in-flight intervals ("wall").
 By default every row gets a teacher prompt (``--skill-coverage full``: episodes whose
 skill did not parse get a fixed placeholder skill), which is SEED's worst case; an
 untrained SmolLM2 writes few parsable skills, and with ``collected`` the ratio would
-mostly measure the rows that happened to parse.
+mostly measure the rows that happened to parse. ``successes`` is the batch SEED trains on
+with ``skills.failures skip`` (the setting of the best learning run): every successful
+episode gets a skill (the placeholder where its own did not parse), failures none, so the
+teacher covers only the successes' rows; pass ``--skill-failures skip`` with it so the
+analyzer is not asked about failures either. ``--lora-r 8`` times the update as the
+learning curves run it (LoRA on every linear layer, alpha 2r); 0 (default) updates every weight.
 
 ``--injectors system,last_turn`` times SEED once per skill placement on the same batch
 (interleaved with GRPO and each other): ``system`` puts the skill in the system message,
@@ -114,9 +119,14 @@ def build(args: argparse.Namespace) -> tuple[Any, Any, list[Any]]:
     tokenizer = AutoTokenizer.from_pretrained(path)
     torch.manual_seed(args.seed)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    if args.lora_r:  # as the learning curves and `train` with trainer.lora_r wrap it
+        from peft import LoraConfig, get_peft_model
+
+        model = get_peft_model(model, LoraConfig(r=args.lora_r, lora_alpha=2 * args.lora_r,
+                                                 target_modules="all-linear", task_type="CAUSAL_LM"))
     backend = LocalBackend(model, tokenizer=tokenizer, max_batch_size=args.tasks * args.group)
     llm = SeedChatModel(backend=backend, tokenizer=tokenizer,
-                        sampling=SamplingParams(max_tokens=args.max_tokens, temperature=0.7))
+                        sampling=SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature))
     if args.env == "textworld":
         from seed_agents.tools.textworld import TextWorldSuite
 
@@ -135,7 +145,7 @@ def build(args: argparse.Namespace) -> tuple[Any, Any, list[Any]]:
 
         tasks = [Task(task_id=f"fake-{i}") for i in range(args.tasks)]
         graph, make_env = build_env_agent(llm, max_turns=args.max_turns), (lambda task: ScriptedEnv())
-    graph = with_hindsight(graph, llm, max_tokens=args.analyzer_tokens)
+    graph = with_hindsight(graph, llm, max_tokens=args.analyzer_tokens, failures=args.skill_failures)
     runner = EpisodeRunner(graph, RunnerConfig(group_size=args.group, concurrency=args.tasks * args.group, progress=False),
                            make_env=make_env, **({"reward_fn": reward} if args.env == "atlas" else {}))
     rollout = GraphRollout(runner, llm, skills="self", injector=make_injector(args.injectors[0].removesuffix("+fused")))
@@ -150,12 +160,15 @@ def build(args: argparse.Namespace) -> tuple[Any, Any, list[Any]]:
     return trainer, rollout, tasks
 
 
-def fill_skills(rollout: Any, batch: Any) -> Any:
-    """Give every episode a valid skill (placeholder where the analyzer's did not parse)."""
+def fill_skills(rollout: Any, batch: Any, successes_only: bool = False) -> Any:
+    """Give every episode a valid skill (placeholder where the analyzer's did not parse);
+    ``successes_only``: every successful one, and take the skill of every failure away."""
     from seed_agents.types import Skill
 
     for t in batch.trajectories:
-        if t.skill is None or not t.skill.valid:
+        if successes_only and not t.success:
+            t.skill = None
+        elif t.skill is None or not t.skill.valid:
             t.skill = Skill(trajectory_id=t.trajectory_id, task_id=t.task_id, success=t.success,
                             skill=FALLBACK_SKILL, valid=True)
     return rollout.build(batch.trajectories)
@@ -206,7 +219,15 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--analyzer-tokens", type=int, default=128, help="Hindsight skill budget.")
     ap.add_argument("--opd-coef", type=float, default=0.01, help="SEED's lambda (GRPO side: 0).")
     ap.add_argument("--score-batch-size", type=int, default=4)
-    ap.add_argument("--skill-coverage", choices=["full", "collected"], default="full")
+    ap.add_argument("--skill-coverage", choices=["full", "collected", "successes"], default="full",
+                    help="full: a skill on every episode; collected: the analyzer's valid ones; successes: one on "
+                         "every success, none on failures (skills.failures skip's batch).")
+    ap.add_argument("--skill-failures", choices=["write", "skip"], default="write",
+                    help="skills.failures during the collect (skip: the analyzer is not asked about failures).")
+    ap.add_argument("--lora-r", type=int, default=0, help="LoRA rank of the timed update (0: every weight).")
+    ap.add_argument("--temperature", type=float, default=0.7, help="The policy's sampling temperature.")
+    ap.add_argument("--result-name", default=None,
+                    help="Result file name (default seed_overhead, or seed_overhead_ENV with --env).")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--injectors", default="system",
@@ -233,7 +254,8 @@ def main(argv: list[str] | None = None) -> None:
     batches = {}  # the same episodes and skills; only where the skill sits differs
     for name in args.injectors:
         rollout.injector = make_injector(name.removesuffix("+fused"))
-        batches[name] = fill_skills(rollout, batch) if args.skill_coverage == "full" else rollout.build(batch.trajectories)
+        batches[name] = (rollout.build(batch.trajectories) if args.skill_coverage == "collected"
+                         else fill_skills(rollout, batch, successes_only=args.skill_coverage == "successes"))
     batch = batches[args.injectors[0]]
     with_skill = sum(p is not None for p in batch.teacher_prompt_ids)
 
@@ -301,7 +323,7 @@ def main(argv: list[str] | None = None) -> None:
           f"busy {busy:.2f} s ({busy / iteration_s:.1%} of the iteration), "
           f"wall {wall:.2f} s ({wall / iteration_s:.1%})")
     bench_results.write_result(
-        "seed_overhead" if args.env == "textworld" else f"seed_overhead_{args.env}",
+        args.result_name or ("seed_overhead" if args.env == "textworld" else f"seed_overhead_{args.env}"),
         {**bench_results.config_of(args), "model": Path(str(args.model)).name},
         {"repeats": [{"seed_score_s": ss, "seed_update_s": st, "grpo_score_s": gs, "grpo_update_s": gt}
                      for (ss, st), (gs, gt) in zip(times[args.injectors[0]], times["grpo"])],

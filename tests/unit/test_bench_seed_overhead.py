@@ -33,3 +33,24 @@ def test_fused_tokens_count_the_padding_of_each_tail_group():
 
     assert fused_tokens([60, 68, 58, 66]) == 4 * 68
     assert fused_tokens([68, 58, 66, 62, 144, 169, 156, 141]) == 4 * 68 + 4 * 169
+
+
+@pytest.mark.parametrize("successes_only", [False, True])
+def test_fill_skills_covers_every_episode_or_only_the_successes(successes_only):
+    """``full`` gives every episode a valid skill (the placeholder where its own did not parse);
+    ``successes`` (skills.failures skip's batch) gives each success one and every failure none,
+    even a failure whose analyzer wrote a valid skill."""
+    from bench.seed_overhead import FALLBACK_SKILL, fill_skills
+    from seed_agents.types import Skill
+
+    def ep(i, success, skill):
+        s = None if skill is None else Skill(trajectory_id=f"t{i}", task_id="a", success=success, skill=skill,
+                                             valid=skill != "bad", reject_reason="no JSON" if skill == "bad" else None)
+        return SimpleNamespace(trajectory_id=f"t{i}", task_id="a", success=success, skill=s)
+
+    trajs = [ep(0, True, "Own words of a success."), ep(1, True, None), ep(2, True, "bad"),
+             ep(3, False, "Own words of a failure."), ep(4, False, None)]
+    rollout = SimpleNamespace(build=lambda ts: [None if t.skill is None else t.skill.skill for t in ts])
+    got = fill_skills(rollout, SimpleNamespace(trajectories=trajs), successes_only=successes_only)
+    assert got[:3] == ["Own words of a success.", FALLBACK_SKILL, FALLBACK_SKILL]
+    assert got[3:] == ([None, None] if successes_only else ["Own words of a failure.", FALLBACK_SKILL])
