@@ -571,6 +571,29 @@ def rollout_throughput(results: dict[str, Result]) -> list[str]:
                    rows)]
 
 
+DECODE_GOAL = 0.5  # issue 21: rollout decode at half the bandwidth ceiling or more
+DECODE_WAYS = {"forward": "the bare model step (plain loop)", "generate": "transformers' generate",
+               "backend": "LocalBackend (the rollouts' path)"}
+
+
+def decode_profile(results: dict[str, Result]) -> list[str]:
+    r = one(results, "decode_profile")
+    c, x = r.config, r.results
+    what = (f"{c['prompt']}-token prompts, {c['new']} new tokens a row, median of {c['repeats']}"
+            + (f"; {x['note']}" if x.get("note") else ""))
+    rows = [[run["dtype"], str(run["batch"]), DECODE_WAYS.get(way, way), f"{w['step_s'] * 1e3:.1f}", f"{w['tokens_per_s']:.0f}",
+             "-" if w["of_ceiling"] is None else f"{w['of_ceiling']:.2f}"
+             + (f" ({goal_words(w['of_ceiling'], DECODE_GOAL, at_most=False)})" if way == "backend" else "")]
+            for run in x["runs"] for way, w in run["ways"].items()]
+    profiles = [f"- {run['dtype']}, batch {run['batch']}: {p['self_cpu_us_per_step'] / 1e3:.1f} ms of self CPU time a "
+                f"step over {p['ops_launched_per_step']:.0f} ops, {p['matmul_share']:.0%} in matrix products; most: "
+                + ", ".join(f"{o['op']} {o['self_us_per_step'] / 1e3:.1f} ms" for o in p["top"][:4])
+                for run in x["runs"] if (p := run.get("profile"))]
+    return [source_line(r, what), "",
+            *table(["dtype", "batch", "decode by", "ms a step", "tokens/s", "of the decode ceiling"], rows),
+            *(["", "The bare step under torch.profiler:", *profiles] if profiles else [])]
+
+
 def page_faults(results: dict[str, Result]) -> list[str]:
     r = one(results, "page_faults")
     c, x = r.config, r.results
@@ -940,7 +963,8 @@ RENDERERS: dict[str, Callable[[dict[str, Result]], list[str]]] = {
     "skill_usefulness": skill_usefulness, "roofline": roofline, "logprob_gap": logprob_gap,
     "rollout_throughput": rollout_throughput, "atlas_band": atlas_band, "continual_atlas": continual_atlas,
     "update_throughput": update_throughput, "learning_curve": learning_curve, "skill_scoring_speed": skill_scoring_speed,
-    "atlas_skills": atlas_skills, "page_faults": page_faults, "learning_summary": learning_summary}
+    "atlas_skills": atlas_skills, "page_faults": page_faults, "learning_summary": learning_summary,
+    "decode_profile": decode_profile}
 
 #: Benchmarks that write variants under another name (``--result-name NAME_variant``): a
 #: marker ``results:NAME_variant`` renders that file with its family's table.
