@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import re
 import shutil
 import statistics
 import sys
@@ -237,6 +238,8 @@ def main(argv: list[str] | None = None) -> None:
     from seed_agents.backends.prefix import common_prefix_len
     from seed_agents.skills import INJECTORS, make_injector
 
+    if args.result_name is not None and not re.fullmatch(r"seed_overhead(_[a-z0-9_]+)?", args.result_name):
+        ap.error("--result-name: seed_overhead or seed_overhead_<lowercase letters, digits, _> (its table's family)")
     args.injectors = [n.strip() for n in args.injectors.split(",") if n.strip()]
     if (not args.injectors or {n.removesuffix("+fused") for n in args.injectors} - set(INJECTORS)
             or len(set(args.injectors)) < len(args.injectors)):

@@ -54,3 +54,10 @@ def test_fill_skills_covers_every_episode_or_only_the_successes(successes_only):
     got = fill_skills(rollout, SimpleNamespace(trajectories=trajs), successes_only=successes_only)
     assert got[:3] == ["Own words of a success.", FALLBACK_SKILL, FALLBACK_SKILL]
     assert got[3:] == ([None, None] if successes_only else ["Own words of a failure.", FALLBACK_SKILL])
+
+
+@pytest.mark.parametrize("bad", ["../elsewhere", "overhead_x", "seed_overhead_X", "seed_overhead/x"])
+def test_a_result_name_outside_the_tables_family_is_refused(bad, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["--result-name", bad])
+    assert e.value.code == 2 and "--result-name: seed_overhead or seed_overhead_<" in capsys.readouterr().err
