@@ -59,5 +59,5 @@ def test_fill_skills_covers_every_episode_or_only_the_successes(successes_only):
 @pytest.mark.parametrize("bad", ["../elsewhere", "overhead_x", "seed_overhead_X", "seed_overhead/x"])
 def test_a_result_name_outside_the_tables_family_is_refused(bad, capsys):
     with pytest.raises(SystemExit) as e:
-        main(["--result-name", bad])
+        main(["--result-name", bad, "--injectors", "nope"])  # refused first: a broken check fails fast here
     assert e.value.code == 2 and "--result-name: seed_overhead or seed_overhead_<" in capsys.readouterr().err
