@@ -1,7 +1,7 @@
 """Decode taken apart: where a SmolLM2 decode step's time goes, against this machine's ceiling.
 
 ``bench/rollout_throughput.py`` times whole episodes (prefill, decode, environment, graph);
-its tokens/s mixes all of them. This one times decode alone: ``--batch`` sequences of a
+its tokens/s mixes all of them. This one times decode alone: ``--batches`` of sequences of a
 ``--prompt``-token prompt each, ``--new`` tokens after it, three ways on one model and dtype:
 
 - ``forward``: the model's own step in a plain loop (one token a sequence on its KV cache,
@@ -35,6 +35,7 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -48,15 +49,25 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::matmul", "aten::linear", "mkldnn", "onednn")
 
 
+def bare_steps(model: Any, prompts: torch.Tensor) -> Iterator[None]:
+    """The bare model's decode: the prefill, then one greedy step on the KV cache per ``next()``.
+    The caller pulls the steps it times or profiles inside its own ``no_grad``/``compute_in``
+    (a generator holding those would leave them on in the caller between steps)."""
+    out = model(input_ids=prompts, use_cache=True)
+    while True:
+        past, nxt = out.past_key_values, out.logits[:, -1].argmax(-1, keepdim=True)
+        yield
+        out = model(input_ids=nxt, past_key_values=past, use_cache=True)
+
+
 def forward_step_s(model: Any, prompts: torch.Tensor, new: int, dtype: torch.dtype) -> float:
     """Seconds a decode step costs the bare model (prefill excluded)."""
     with torch.no_grad(), compute_in(dtype):
-        out = model(input_ids=prompts, use_cache=True)
-        past, nxt = out.past_key_values, out.logits[:, -1].argmax(-1, keepdim=True)
+        steps = bare_steps(model, prompts)
+        next(steps)  # the prefill
         t0 = time.perf_counter()
         for _ in range(new):
-            out = model(input_ids=nxt, past_key_values=past, use_cache=True)
-            past, nxt = out.past_key_values, out.logits[:, -1].argmax(-1, keepdim=True)
+            next(steps)
         return (time.perf_counter() - t0) / new
 
 
@@ -92,12 +103,11 @@ def profile_ops(model: Any, prompts: torch.Tensor, steps: int, dtype: torch.dtyp
     from torch.profiler import ProfilerActivity, profile
 
     with torch.no_grad(), compute_in(dtype):
-        out = model(input_ids=prompts, use_cache=True)
-        past, nxt = out.past_key_values, out.logits[:, -1].argmax(-1, keepdim=True)
+        decode = bare_steps(model, prompts)
+        next(decode)  # the prefill, outside the profile
         with profile(activities=[ProfilerActivity.CPU]) as prof:
             for _ in range(steps):
-                out = model(input_ids=nxt, past_key_values=past, use_cache=True)
-                past, nxt = out.past_key_values, out.logits[:, -1].argmax(-1, keepdim=True)
+                next(decode)
     ops = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
     total = sum(e.self_cpu_time_total for e in ops)
     matmul = sum(e.self_cpu_time_total for e in ops if any(m in e.key for m in MATMUL_OPS))
