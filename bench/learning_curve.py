@@ -25,6 +25,10 @@ periodic held-out evaluation), so the curve is the product's, not a re-implement
 - ``seed-success-generic``: ``seed-success`` with one fixed sentence on every success, naming no
   tool, argument or answer (``atlas_skills.GENERIC_SUCCESS``): a control that tells the skill's
   content from distilling on successes at all.
+- ``seed-success-imitate``: ``seed-success-generic`` with the gate off (``gate_sharpness`` 0:
+  0.5 on every token, no teacher pass), so the term raises every sampled token of a successful
+  episode at half the OPD weight: plain imitation of successes beside GRPO, the control that
+  tells what the gate's per-token shape adds.
 
 Every ``--eval-every`` updates (and before the first) the whole held-out set is played
 greedily (disjoint places: a gain is a gain in using the tools, not a remembered fact) and
@@ -79,13 +83,14 @@ from bench.results import add_results_args, config_of, now, write_result  # noqa
 from bench.stats import compare, seeds_needed  # noqa: E402
 from seed_agents.types import AnswerFormat, SkillFailures, SkillOpening  # noqa: E402
 
-METHODS = ("grpo", "seed", "seed-oracle", "seed-episode", "seed-success", "seed-success-generic")
+METHODS = ("grpo", "seed", "seed-oracle", "seed-episode", "seed-success", "seed-success-generic", "seed-success-imitate")
 ORACLE = {"source": "external", "chat_model": "bench.atlas_skills:OracleSkills", "chat_model_kwargs": {"style": "specific"}}
 EPISODE = {"source": "external", "chat_model": "bench.atlas_skills:EpisodeSkills", "chat_model_kwargs": {"failures": "name"}}
 SUCCESSES = {**EPISODE, "chat_model_kwargs": {"failures": "none"}}
 GENERIC = {**EPISODE, "chat_model_kwargs": {"failures": "none", "successes": "generic"}}
 SKILLS = {"seed-oracle": ORACLE, "seed-episode": EPISODE, "seed-success": SUCCESSES, "seed-success-generic": GENERIC,
-          "seed": {"source": "self"}}
+          "seed-success-imitate": GENERIC, "seed": {"source": "self"}}
+UNGATED = {"seed-success-imitate"}  # gate_sharpness 0: the teacher cannot move the gradient
 # A digest names a run's settings and tasks, not the code that trained it. When a change of
 # code changes what a method's runs do, its revision goes up: the digest then carries it, so
 # runs trained before are not read back (here or from another file) as this code's.
@@ -152,6 +157,7 @@ def train_config(args: argparse.Namespace, method: str, seed: int, tasks: Path, 
         "trainer": {"learning_rate": args.lr, "lora_r": args.lora_r, "lora_alpha": 2 * args.lora_r,
                     "opd_coef": 0.0 if method == "grpo" else skill_opd_coef(args),
                     "kl_coef": args.kl_coef,
+                    **({"gate_sharpness": 0.0} if method in UNGATED else {}),
                     # only when on: runs without it keep the digests (and stored runs) they had
                     **({"guide_share": args.guide_share} if args.guide_share else {}),
                     **({"lr_schedule": args.lr_schedule} if args.lr_schedule != "linear" else {}),
@@ -448,7 +454,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--methods", default="grpo,seed",
                    help=f"Comma list of {', '.join(METHODS)} (seed-oracle: the bound with manifest-written skills; "
                         "seed-episode: skills read off each episode by rule; seed-success: the same on successes only; "
-                        "seed-success-generic: a fixed sentence on successes, the control).")
+                        "seed-success-generic: a fixed sentence on successes, the control; seed-success-imitate: "
+                        "the same with the gate off, plain imitation of successes).")
     p.add_argument("--seeds", default="0,1,2", help="Comma list of seeds (each method runs every seed).")
     p.add_argument("--level", type=int, default=0, help="Atlas level (0: one lookup; docs/results/atlas_band.json).")
     p.add_argument("--first-turn", choices=["forced", "auto"], default="forced")

@@ -771,7 +771,9 @@ def learning_curve(results: dict[str, Result], name: str = "learning_curve") -> 
                        ("seed_episode_minus_grpo", "SEED with skills read off each episode (seed-episode)"),
                        ("seed_success_minus_grpo", "SEED with skills read off successful episodes only (seed-success)"),
                        ("seed_success_generic_minus_grpo",
-                        "SEED with one fixed sentence on successes, the control (seed-success-generic)")):
+                        "SEED with one fixed sentence on successes, the control (seed-success-generic)"),
+                       ("seed_success_imitate_minus_grpo",
+                        "Imitation of successes, the gate off (seed-success-imitate)")):
         d = x.get(key)
         if d:
             out += ["", f"{label} - GRPO, final held-out answer success paired by seed (n={d['n']}): "

@@ -14,6 +14,9 @@ whose gradient is -g_t * grad l_theta_t: raise the probability of the sampled to
 where the skill-conditioned policy (the teacher) likes it more than the student does,
 softly gated so tokens the teacher dislikes are pushed less. ``gate_sharpness`` is the
 paper's beta, renamed because TRL's ``beta`` (``SEEDConfig.beta``) is the KL coefficient.
+At ``gate_sharpness`` 0 the gate is 0.5 everywhere and the term is plain imitation of the
+sampled tokens (gradient ``-0.5 * grad l_theta``), the teacher irrelevant: a control that
+tells what the gate adds from what raising the sampled tokens of skill-bearing episodes does.
 The coefficients and their paper defaults are ``seed_agents.config.core.SEEDCoefficients``.
 """
 

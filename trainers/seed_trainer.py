@@ -83,8 +83,8 @@ class SEEDConfig(GRPOConfig):
             raise ValueError("fuse_teacher scores the teacher in the loss forward, which must run the pre-update weights "
                              "and share the prompt's prefix: it needs share_prefix, num_iterations 1, "
                              "steps_per_generation 1 and gradient_accumulation_steps 1")
-        if self.opd_coef < 0 or self.gate_sharpness <= 0:
-            raise ValueError("opd_coef must be >= 0 and gate_sharpness > 0")
+        if self.opd_coef < 0 or self.gate_sharpness < 0:
+            raise ValueError("opd_coef and gate_sharpness must be >= 0")
 
 
 class EpochSeededSampler(RepeatSampler):
@@ -449,11 +449,19 @@ class SEEDTrainer(GRPOTrainer):
         return old
 
     def _fuses_teacher(self) -> bool:
-        return bool(self.args.fuse_teacher and self.coef.lam)
+        return bool(self.args.fuse_teacher and self.coef.lam and self.coef.gate_sharpness)
 
     def _teacher_logps(self, batch: RolloutBatch, out: dict[str, torch.Tensor], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Pre-update policy log-probs of the sampled completions under the skill prompt."""
+        """Pre-update policy log-probs of the sampled completions under the skill prompt.
+
+        Ungated (``gate_sharpness`` 0) the gate is 0.5 on every token, so the teacher cannot
+        change the gradient (``-0.5 * grad l_theta``): no teacher pass runs, and the
+        recorded log-probs stand in for it, so the logged OPD loss reads as the drift from
+        them rather than as a teacher's margin."""
         has_skill = torch.tensor([p is not None for p in batch.teacher_prompt_ids], device=out["advantages"].device)
+        if not self.coef.gate_sharpness:
+            opd_mask = has_skill.unsqueeze(-1).to(out["loss_mask"].dtype) * out["loss_mask"]
+            return out["old_per_token_logps"].detach().clone(), opd_mask
         teacher_logps = torch.zeros_like(out["old_per_token_logps"])
         if self.coef.lam and has_skill.any():
             self._teacher_pass(batch.teacher_prompt_ids, has_skill.nonzero().squeeze(-1), out, teacher_logps, pad_id)

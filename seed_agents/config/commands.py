@@ -97,7 +97,7 @@ class TrainerConfig(BaseModel):
     learning_rate: float = Field(PAPER_LEARNING_RATE, gt=0, le=1.0, description="Paper: 1e-6 (use larger for tiny CPU demos).")
     lr_schedule: Literal["linear", "constant"] = Field("linear", description="linear: the learning rate decays to 0 over the run's iterations (TRL's default; a short run then takes its last steps at a fraction of learning_rate); constant: every step at learning_rate.")
     opd_coef: float = Field(PAPER.lam, ge=0, description="lambda, the weight of the gated OPD term; 0 turns SEED into GRPO.")
-    gate_sharpness: float = Field(PAPER.gate_sharpness, gt=0, description="Sharpness of the OPD gate sigmoid(s * (teacher - student logprob)); the paper's beta (formerly opd_beta).")
+    gate_sharpness: float = Field(PAPER.gate_sharpness, ge=0, description="Sharpness of the OPD gate sigmoid(s * (teacher - student logprob)); the paper's beta (formerly opd_beta). 0: no gate (0.5 on every token), so the term imitates the sampled tokens of skill-bearing episodes whatever the teacher says; no teacher pass runs (a control, not SEED).")
     kl_coef: float = Field(PAPER.kl, ge=0, description="KL(pi || pi_ref) coefficient (TRL's beta).")
     entropy_coef: float = Field(PAPER.entropy, ge=0, description="Entropy bonus.")
     clip_eps: float = Field(PAPER.clip_eps, gt=0, lt=1, description="PPO clip range.")

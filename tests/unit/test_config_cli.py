@@ -183,6 +183,10 @@ def test_seed_config_takes_every_coefficient_from_its_own_field(tmp_path):
     args = seed_config(cfg, tmp_path / "run")
     assert (args.opd_coef, args.gate_sharpness, args.beta, args.entropy_coef, args.epsilon) == (0.02, 7.0, 0.03, 0.004, 0.25)
     assert args.report_to == ["tensorboard"]
+    # 0 is the ungated imitation control and reaches the trainer; below 0 is one clear error
+    assert seed_config(TrainConfig.model_validate({"trainer": {"gate_sharpness": 0}}), tmp_path / "r").gate_sharpness == 0
+    with pytest.raises(ValueError, match="gate_sharpness"):
+        TrainConfig.model_validate({"trainer": {"gate_sharpness": -1}})
 
 
 def test_the_update_layout_reaches_the_trainer_and_the_kv_reuse_the_backend(tmp_path):

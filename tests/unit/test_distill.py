@@ -54,6 +54,20 @@ def test_gated_opd_gradient_flows_only_through_the_student():
     assert torch.allclose(ls.grad, -gates / 2)  # d/dls of mean(g * (lt - ls)) with g held fixed
 
 
+def test_ungated_opd_is_imitation_whatever_the_teacher_says():
+    """gate_sharpness 0, the imitation control: every masked token is raised at half weight,
+    the teacher's log-probs moving the loss's value but never its gradient."""
+    grads = []
+    for teacher in ([[-0.5, -2.5, 0.0]], [[-9.0, -0.1, 0.0]]):
+        ls = torch.tensor([[-1.0, -2.0, -3.0]], requires_grad=True)
+        loss, gate = gated_opd_loss(ls, torch.tensor(teacher), torch.tensor([[1, 1, 0]]), gate_sharpness=0.0)
+        loss.backward()
+        assert gate.item() == 0.5
+        grads.append(ls.grad)
+    assert torch.equal(grads[0], grads[1])
+    assert grads[0].tolist() == [[-0.25, -0.25, 0.0]]  # -0.5 / 2 masked tokens; padding untouched
+
+
 def test_ppo_clip_loss_hand_computed():
     old = torch.log(torch.tensor([[0.5, 0.5]]))
     new = torch.log(torch.tensor([[0.75, 0.25]]))  # ratios 1.5, 0.5

@@ -87,6 +87,12 @@ def test_grpo_and_seed_differ_only_in_the_skills_and_the_distillation(tmp_path):
     generic = train_config(args, "seed-success-generic", 1, tmp_path / "t.jsonl", tmp_path / "h.jsonl", 200, 80,
                            tmp_path / "seed")  # the control: the success rule's content alone differs
     assert generic["skills"] == {**success["skills"], "chat_model_kwargs": {"failures": "none", "successes": "generic"}}
+    # the imitation control: the generic run with the gate off, and nothing else moved
+    imitate = train_config(args, "seed-success-imitate", 1, tmp_path / "t.jsonl", tmp_path / "h.jsonl", 200, 80,
+                           tmp_path / "seed")
+    assert imitate["trainer"] == {**generic["trainer"], "gate_sharpness": 0.0}
+    assert {k for k in imitate if imitate[k] != generic[k]} == {"trainer"}
+    assert "gate_sharpness" not in generic["trainer"]  # the gated methods keep their digests
     # another OPD weight moves the skill methods only: GRPO's run (and its stored digest) stays as it was
     heavier = argparse.Namespace(**{**vars(args), "opd_coef": 0.1})
     assert train_config(heavier, "grpo", 1, tmp_path / "t.jsonl", tmp_path / "h.jsonl", 200, 80, tmp_path / "grpo") == grpo

@@ -191,6 +191,35 @@ def test_teacher_logprobs_use_the_skill_prompt_and_pre_update_weights(tiny_model
                 assert (got - student[i][m]).abs().max() > 1e-3, (step, i)
 
 
+def test_an_ungated_step_runs_no_teacher_and_imitates_at_a_flat_half(tiny_model_dir, tokenizer, tmp_path, monkeypatch):
+    """gate_sharpness 0 (the imitation control): the teacher cannot move the gradient, so no
+    teacher pass runs; the OPD term still covers the skill-bearing rows, its gate 0.5."""
+    import seed_agents.trainers.seed_trainer as seed_module
+
+    trainer, _ = make_trainer(tiny_model_dir, tokenizer, tmp_path, gate_sharpness=0.0, opd_coef=0.1)
+
+    def no_teacher(*args, **kw):
+        raise AssertionError("an ungated step scored a teacher")
+
+    seen = []
+
+    def spy_objective(*args, **kw):
+        seen.append((kw["teacher_logp_B_T"].detach().clone(), kw["opd_mask_B_T"].detach().clone(), args[1].detach()))
+        return objective(*args, **kw)
+
+    objective = seed_module.seed_objective
+    monkeypatch.setattr(trainer, "_teacher_pass", no_teacher)
+    monkeypatch.setattr(seed_module, "seed_objective", spy_objective)
+    trainer.train()
+    teacher, mask, old = seen[0]
+    assert mask.sum() > 0
+    assert torch.equal(teacher, old)  # the recorded log-probs stand in
+    gates = [h["opd/gate"] for h in trainer.state.log_history if "opd/gate" in h]
+    assert gates and all(g == pytest.approx(0.5) for g in gates)
+    with pytest.raises(ValueError, match="gate_sharpness"):
+        SEEDConfig(output_dir=str(tmp_path), gate_sharpness=-1.0, use_cpu=True, bf16=False, report_to=[])
+
+
 def test_in_process_sync_bumps_the_version_stamped_on_new_calls(tiny_model_dir, tokenizer, tmp_path):
     trainer, backend = make_trainer(tiny_model_dir, tokenizer, tmp_path)
     sync = InProcessSync(backend)
