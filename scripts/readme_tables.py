@@ -573,7 +573,8 @@ def rollout_throughput(results: dict[str, Result]) -> list[str]:
 
 DECODE_GOAL = 0.5  # issue 21: rollout decode at half the bandwidth ceiling or more
 DECODE_WAYS = {"forward": "the bare model step (plain loop)", "generate": "transformers' generate",
-               "backend": "LocalBackend (the rollouts' path)"}
+               "backend": "LocalBackend (the rollouts' path)",
+               "backend-static": "LocalBackend, kv_cache static"}
 
 
 def decode_profile(results: dict[str, Result]) -> list[str]:
@@ -581,9 +582,11 @@ def decode_profile(results: dict[str, Result]) -> list[str]:
     c, x = r.config, r.results
     what = (f"{c['prompt']}-token prompts, {c['new']} new tokens a row, median of {c['repeats']}"
             + (f"; {x['note']}" if x.get("note") else ""))
-    rows = [[run["dtype"], str(run["batch"]), DECODE_WAYS.get(way, way), f"{w['step_s'] * 1e3:.1f}", f"{w['tokens_per_s']:.0f}",
+    rows = [[run["dtype"], str(run["batch"]), DECODE_WAYS.get(way, way), "below noise", "-", "-"]
+            if w["step_s"] is None else  # its one-token call took as long as the whole: not measured
+            [run["dtype"], str(run["batch"]), DECODE_WAYS.get(way, way), f"{w['step_s'] * 1e3:.1f}", f"{w['tokens_per_s']:.0f}",
              "-" if w["of_ceiling"] is None else f"{w['of_ceiling']:.2f}"
-             + (f" ({goal_words(w['of_ceiling'], DECODE_GOAL, at_most=False)})" if way == "backend" else "")]
+             + (f" ({goal_words(w['of_ceiling'], DECODE_GOAL, at_most=False)})" if way.startswith("backend") else "")]
             for run in x["runs"] for way, w in run["ways"].items()]
     profiles = [f"- {run['dtype']}, batch {run['batch']}: {p['self_cpu_us_per_step'] / 1e3:.1f} ms of self CPU time a "
                 f"step over {p['ops_launched_per_step']:.0f} ops, {p['matmul_share']:.0%} in matrix products; most: "

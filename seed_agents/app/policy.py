@@ -65,7 +65,7 @@ def build_policy(cfg: TrainConfig, out: Path) -> Policy:
         dtype, why = resolve_precision(served.precision)
         print(f"policy computes in {why} (rollouts and update alike)", flush=True)
         backend: Any = LocalBackend(model, tokenizer=tokenizer, max_batch_size=served.max_batch_size, compute_dtype=dtype,
-                                    **reuse_kwargs(served.reuse_kv))
+                                    kv_cache=served.kv_cache, **reuse_kwargs(served.reuse_kv))
         sync: Any = InProcessSync(backend)
     else:
         backend, _ = open_backend(served)

@@ -32,7 +32,7 @@ def make_backend(cfg: BackendConfig) -> tuple[Backend, Any]:
         dtype, why = resolve_precision(cfg.precision)
         print(f"local backend computes in {why}", flush=True)
         backend = LocalBackend(cfg.model, tokenizer=tokenizer, max_batch_size=cfg.max_batch_size, compute_dtype=dtype,
-                               **reuse_kwargs(cfg.reuse_kv))
+                               kv_cache=cfg.kv_cache, **reuse_kwargs(cfg.reuse_kv))
         return backend, backend.tokenizer
     from seed_agents.backends.vllm import VLLMBackend
     from seed_agents.backends.vllm_admin import api_key_from_env

@@ -55,7 +55,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from transformers.cache_utils import DynamicCache
+from transformers.cache_utils import DynamicCache, StaticCache
 
 from seed_agents.aio import stop_at_exit
 from seed_agents.backends.base import BackendError, CompletionPiece
@@ -199,6 +199,7 @@ class LocalBackend:
         policy_version: int = 0,
         share_prefix: bool = True,
         turn_cache_bytes: int = 1 << 30,
+        kv_cache: str = "dynamic",
     ) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -216,6 +217,13 @@ class LocalBackend:
         self.model.eval()
         if max_batch_size < 1:
             raise ValueError("max_batch_size must be >= 1")
+        if kv_cache not in ("dynamic", "static"):
+            raise ValueError(f"kv_cache must be 'dynamic' or 'static', got {kv_cache!r}")
+        # static: each batch's keys and values in buffers sized for its whole generation, so a
+        # decode step writes one column in place where the dynamic cache concatenates every
+        # layer's whole cache (26 ms of a 101 ms step at batch 8, docs/benchmarks.md "Decode taken
+        # apart"). Attention then spans the buffer, masked: the same tokens up to float rounding.
+        self.kv_cache = kv_cache
         self.max_batch_size = max_batch_size
         # bf16 where the CPU is fast at it: autocast over the (shared, fp32) weights
         # (``seed_agents.precision``); None or float32 computes in the weights' own dtype.
@@ -443,14 +451,14 @@ class LocalBackend:
         stop = set(params.stop_token_ids)
         if self.tokenizer.eos_token_id is not None:
             stop.add(int(self.tokenizer.eos_token_id))
-        input_ids, attention, extra = self._layout(prompts, owners)
+        input_ids, attention, extra = self._layout(prompts, owners, params.max_tokens)
         # A fresh GenerationConfig: the checkpoint's defaults (top_k=50, repetition
         # penalty, ...) would silently change the distribution we claim to sample from.
         # Greedy decoding throughout: sampling is the processors' (``_RowSampler``).
         cfg = GenerationConfig(
             max_new_tokens=params.max_tokens, do_sample=False, temperature=None, top_p=None,
             top_k=None, eos_token_id=sorted(stop), pad_token_id=self.pad_id,
-            output_logits=True, return_dict_in_generate=True,
+            output_logits=True, return_dict_in_generate=True, disable_compile=True,
         )
         mask = grammar_mask(params.structural_tag, self.tokenizer, self.model.config.vocab_size, len(prompts), stop)
         if mask is not None and on_token is not None:
@@ -487,7 +495,8 @@ class LocalBackend:
             ))
         return comps
 
-    def _layout(self, prompts: list[list[int]], owners: list[Any]) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
+    def _layout(self, prompts: list[list[int]], owners: list[Any],
+                max_new: int = 0) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
         """(input ids, attention mask, generate's extra kwargs) of a batch whose rows start
         from keys and values already computed: the row's episode's last prompt (the turn
         cache) or, where longer, the prefix every prompt of the batch shares (computed once).
@@ -517,6 +526,8 @@ class LocalBackend:
             attention[i, cache_width - n:cache_width] = 1
             attention[i, width - (len(p) - n):] = 1
         if not cache_width:
+            if self.kv_cache == "static":
+                return input_ids, attention, {cache_kwarg(self.model): self._static_cache(width + max_new, [])}
             return input_ids, attention, {}
         if all(kv is shared_kv for _, kv in sources):
             layers = [(k.expand(n_rows, -1, -1, -1), v.expand(n_rows, -1, -1, -1)) for k, v in shared_kv or []]
@@ -531,12 +542,21 @@ class LocalBackend:
                         v[i, :, cache_width - n:] = kv[layer][1][0]
                 layers.append((k, v))
         positions = (attention.cumsum(1) - 1).clamp(min=0)
-        return input_ids, attention, {cache_kwarg(self.model): DynamicCache(ddp_cache_data=layers), "position_ids": positions}
+        cache = self._static_cache(width + max_new, layers) if self.kv_cache == "static" else DynamicCache(ddp_cache_data=layers)
+        return input_ids, attention, {cache_kwarg(self.model): cache, "position_ids": positions}
+
+    def _static_cache(self, length: int, layers: list[tuple[torch.Tensor, torch.Tensor]]) -> Any:
+        """A cache of ``length`` columns a row, its first columns the given keys and values."""
+        cache = StaticCache(config=self.model.config, max_cache_len=length)
+        with torch.no_grad():
+            for i, (k, v) in enumerate(layers):
+                cache.update(k, v, i)
+        return cache
 
     def _keep_turns(self, past: Any, attention: torch.Tensor, prompts: list[list[int]], owners: list[Any]) -> None:
         """Each row's prompt keys and values, copied out of the batch's cache, as its
         episode's turn-cache entry (the columns its mask marks real, in order)."""
-        if self.turn_cache.max_bytes == 0 or all(o is None for o in owners) or not isinstance(past, DynamicCache):
+        if self.turn_cache.max_bytes == 0 or all(o is None for o in owners) or not isinstance(past, (DynamicCache, StaticCache)):
             return
         width = attention.shape[1]
         with self._lock:

@@ -295,12 +295,16 @@ def test_importing_the_package_loads_no_trainer_env_or_prebuilt_agent():
     assert loaded.stdout.strip() == "[]"
 
 
-@pytest.mark.parametrize("reuse", [True, False])
-def test_build_policy_gives_the_local_backend_the_kv_reuse_asked_for(tmp_path, tiny_model_dir, reuse):
-    """`backend.reuse_kv false` reaches the backend `train` samples from: no shared prefix, no turn cache."""
+@pytest.mark.parametrize(("reuse", "kv_cache"), [(True, "dynamic"), (False, "static")])
+def test_build_policy_gives_the_local_backend_the_kv_reuse_asked_for(tmp_path, tiny_model_dir, reuse, kv_cache):
+    """`backend.reuse_kv false` reaches the backend `train` samples from: no shared prefix, no turn cache;
+    so does `backend.kv_cache`, there and in the backend `eval` and `collect` open."""
     pytest.importorskip("trl")
     from seed_agents.app.policy import build_policy
+    from seed_agents.backends import make_backend
 
-    cfg = TrainConfig.model_validate({"backend": {"model": tiny_model_dir, "reuse_kv": reuse}, "stage1": {"run": "off"}})
+    cfg = TrainConfig.model_validate({"backend": {"model": tiny_model_dir, "reuse_kv": reuse, "kv_cache": kv_cache},
+                                      "stage1": {"run": "off"}})
     backend = build_policy(cfg, tmp_path / "run").backend
     assert backend.share_prefix is reuse and (backend.turn_cache.max_bytes > 0) is reuse
+    assert backend.kv_cache == make_backend(cfg.backend)[0].kv_cache == kv_cache

@@ -11,9 +11,10 @@ from seed_agents.types import SamplingParams
 from tests.conformance import BackendConformance
 
 
-@pytest.fixture(scope="module")
-def local_backend(tiny_model_dir: str) -> LocalBackend:
-    return LocalBackend(tiny_model_dir, max_batch_size=8)
+@pytest.fixture(scope="module", params=["dynamic", "static"])
+def local_backend(tiny_model_dir: str, request: pytest.FixtureRequest) -> LocalBackend:
+    """Both caches pass the suite: the static one is a speed option, not another sampler."""
+    return LocalBackend(tiny_model_dir, max_batch_size=8, kv_cache=request.param)
 
 
 class TestLocalConformance(BackendConformance):
@@ -97,14 +98,15 @@ def test_model_object_without_tokenizer_is_a_clear_error(tiny_model_dir):
         LocalBackend(model)
 
 
-async def test_a_shared_prompt_prefix_is_computed_once_and_changes_nothing(tiny_model_dir, monkeypatch):
+@pytest.mark.parametrize("kv_cache", ["dynamic", "static"])
+async def test_a_shared_prompt_prefix_is_computed_once_and_changes_nothing(tiny_model_dir, monkeypatch, kv_cache):
     """Prompts with one long system prompt: the batch runs the prefix once (a forward of one
     row), and every row's greedy tokens and logprobs equal that prompt sampled alone."""
     import asyncio
 
     import seed_agents.backends.local as local_module
 
-    backend = LocalBackend(tiny_model_dir, max_batch_size=8, batch_wait_s=0.05)
+    backend = LocalBackend(tiny_model_dir, max_batch_size=8, batch_wait_s=0.05, kv_cache=kv_cache)
     tok = backend.tokenizer
     system = "You answer questions about places in a private atlas; look facts up with the lookup tool. " * 3
     prompts = [tok(f"<|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\n{q}<|im_end|>\n<|im_start|>assistant\n",

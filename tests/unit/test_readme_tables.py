@@ -503,16 +503,20 @@ def test_a_curve_run_again_after_a_fix_pairs_with_the_one_before_and_says_the_co
 
 def test_decode_profile_judges_the_backend_against_half_the_ceiling_and_lists_the_profile(tmp_path):
     way = {"step_s": 0.05, "tokens_per_s": 160.0, "of_ceiling": 0.26}
-    run = {"dtype": "fp32", "batch": 8, "ways": {"forward": {**way, "of_ceiling": 0.6}, "generate": way, "backend": way},
+    run = {"dtype": "fp32", "batch": 8, "ways": {"forward": {**way, "of_ceiling": 0.6}, "generate": way, "backend": way,
+                                           "backend-static": {**way, "of_ceiling": 0.55}},
            "profile": {"self_cpu_us_per_step": 48000.0, "ops_launched_per_step": 7611.0, "matmul_share": 0.62,
                        "top": [{"op": "aten::mm", "self_us_per_step": 30000.0, "calls_per_step": 211.0}]}}
     write_result("decode_profile", {"prompt": 400, "new": 64, "repeats": 3},
-                 {"runs": [run, {**run, "batch": 64, "ways": {"backend": {**way, "of_ceiling": None}}}], "note": "quiet"},
+                 {"runs": [run, {**run, "batch": 64, "ways": {"backend": {**way, "of_ceiling": None},
+                                                               "generate": dict.fromkeys(way)}}], "note": "quiet"},
                  results_dir=tmp_path / "results")
     text = render(tmp_path, "decode_profile")
     assert "400-token prompts, 64 new tokens a row, median of 3; quiet" in text
     assert "| fp32 | 8 | LocalBackend (the rollouts' path) | 50.0 | 160 | 0.26 (goal >= 0.5: missed by 0.24) |" in text
-    assert "| fp32 | 8 | the bare model step (plain loop) | 50.0 | 160 | 0.60 |" in text  # only the backend is judged
+    assert "| fp32 | 8 | LocalBackend, kv_cache static | 50.0 | 160 | 0.55 (goal >= 0.5: met) |" in text
+    assert "| fp32 | 8 | the bare model step (plain loop) | 50.0 | 160 | 0.60 |" in text  # only the backends are judged
     assert "| fp32 | 64 | LocalBackend (the rollouts' path) | 50.0 | 160 | - |" in text  # no ceiling at that batch
+    assert "| fp32 | 64 | transformers' generate | below noise | - | - |" in text
     assert ("- fp32, batch 8: 48.0 ms of self CPU time a step over 7611 ops, 62% in matrix products; most: "
             "aten::mm 30.0 ms") in text

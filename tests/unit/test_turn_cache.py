@@ -85,8 +85,9 @@ async def _episode(backend, prompts, params, **labels):
         return [await backend.agenerate(p, params) for p in prompts]
 
 
-async def test_an_episodes_turns_reuse_its_last_prompt_and_sample_what_a_fresh_prompt_samples(tiny_model_dir):
-    backend = LocalBackend(tiny_model_dir, max_batch_size=4, batch_wait_s=0.01)
+@pytest.mark.parametrize("kv_cache", ["dynamic", "static"])
+async def test_an_episodes_turns_reuse_its_last_prompt_and_sample_what_a_fresh_prompt_samples(tiny_model_dir, kv_cache):
+    backend = LocalBackend(tiny_model_dir, max_batch_size=4, batch_wait_s=0.01, kv_cache=kv_cache)
     fresh = LocalBackend(backend.model, tokenizer=backend.tokenizer, turn_cache_bytes=0, share_prefix=False)
     prompts = _turns(backend.tokenizer)
     params = SamplingParams(max_tokens=6, temperature=0.0)
@@ -97,15 +98,27 @@ async def test_an_episodes_turns_reuse_its_last_prompt_and_sample_what_a_fresh_p
         assert c.token_ids == ref.token_ids
         assert max(abs(x - y) for x, y in zip(c.logprobs, ref.logprobs)) < 1e-4
     assert fresh.turn_cache.hits == 0 and len(fresh.turn_cache) == 0
+    # read, not recomputed: a later turn's first forward runs only the tokens its entry lacks
+    # (a cache handed over empty would still sample the same ids, from a whole-prompt prefill)
+    widths = []
+    hook = backend.model.register_forward_pre_hook(lambda m, a, kw: widths.append(kw["input_ids"].shape[1]),
+                                                   with_kwargs=True)
+    try:
+        await _episode(backend, prompts[:2], params, task_id="t1")
+    finally:
+        hook.remove()
+    prefills = [w for w in widths if w > 1]
+    assert prefills == [len(prompts[0]), len(prompts[1]) - len(prompts[0])], prefills
     gc.collect()
     assert len(backend.turn_cache) == 0  # the episode is over: its keys and values are freed
 
 
-async def test_a_batch_mixing_cached_shared_and_fresh_rows_samples_what_each_prompt_samples_alone(tiny_model_dir):
+@pytest.mark.parametrize("kv_cache", ["dynamic", "static"])
+async def test_a_batch_mixing_cached_shared_and_fresh_rows_samples_what_each_prompt_samples_alone(tiny_model_dir, kv_cache):
     """Two episodes at different turns and a third just starting, in one batch: rows read
     their own episode's entry, the batch's shared prefix, or nothing, and each row's tokens
     and logprobs are those of its prompt sampled alone without any cache."""
-    backend = LocalBackend(tiny_model_dir, max_batch_size=8, batch_wait_s=0.05)
+    backend = LocalBackend(tiny_model_dir, max_batch_size=8, batch_wait_s=0.05, kv_cache=kv_cache)
     fresh = LocalBackend(backend.model, tokenizer=backend.tokenizer, turn_cache_bytes=0, share_prefix=False)
     tok = backend.tokenizer
     a, b = _turns(tok, 3), _turns(tok, 2)
