@@ -8,7 +8,9 @@ values (``seed_agents.backends.prefix``; vLLM's prefix cache does the same acros
 ``share_prefix=False`` turns it off. Across the turns of an episode, a call reads the keys
 and values of the episode's previous prompt for the tokens the two share
 (``seed_agents.backends.turn_cache``: per episode, so an episode's numbers never depend on
-its neighbours); ``turn_cache_bytes=0`` turns it off.
+its neighbours); ``turn_cache_bytes=0`` turns it off. ``kv_cache="static"`` decodes into
+buffers sized for the whole generation, written in place, where the dynamic cache (the
+default) concatenates every layer's keys and values at every token.
 
 Reproducible runs. A row's logits depend on its batch: on this CPU, the same prompt alone,
 in a batch of four, or in the same four in another order gives logits that differ by
@@ -496,7 +498,7 @@ class LocalBackend:
         return comps
 
     def _layout(self, prompts: list[list[int]], owners: list[Any],
-                max_new: int = 0) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
+                max_new: int) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
         """(input ids, attention mask, generate's extra kwargs) of a batch whose rows start
         from keys and values already computed: the row's episode's last prompt (the turn
         cache) or, where longer, the prefix every prompt of the batch shares (computed once).
@@ -505,7 +507,8 @@ class LocalBackend:
         the cache's, right-aligned so that every row's own tokens start at the same column,
         and explicit positions (the count of real tokens before) keep each token where it
         sits in its own prompt. A batch whose rows all read the shared prefix reads it
-        without copying it per row."""
+        without copying it per row (the dynamic cache; a static one holds ``max_new`` more
+        columns a row, for the tokens to come, and copies it in)."""
         n_rows = len(prompts)
         shared = worth_sharing(prompts) if self.share_prefix else 0
         with (self._lock, torch.no_grad(), compute_in(self.compute_dtype)):
