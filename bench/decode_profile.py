@@ -16,6 +16,9 @@ its tokens/s mixes all of them. This one times decode alone: ``--batches`` of se
 - ``backend-static``: the same with ``kv_cache="static"`` (``backend.kv_cache``): keys and values
   written in place into buffers sized for the generation instead of concatenated every step.
 
+``bf16-fp32attn`` (a ``--dtypes`` entry) runs every way in bf16 with attention in fp32
+(``backend.attention float32``): CPU bf16 attention was 5x fp32's here.
+
 Each gives seconds a step and tokens/s (batch / step), as a fraction of
 ``docs/results/roofline*.json``'s decode ceiling at that batch and dtype (bandwidth-bound:
 every step reads every weight). Then ``torch.profiler`` over ``forward`` steps: the ops with the
@@ -45,9 +48,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: bench/ is on the path, its package is not
 from bench import results as bench_results  # noqa: E402
-from seed_agents.precision import compute_in  # noqa: E402
+from seed_agents.precision import attention_in_fp32, compute_in  # noqa: E402
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "bf16-fp32attn": torch.bfloat16}
+# bf16-fp32attn: bf16 products with attention in fp32 (backend.attention float32); its ceiling is bf16's
 MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::matmul", "aten::linear", "mkldnn", "onednn")
 
 
@@ -139,7 +143,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="smollm2-135m", help="Alias or local folder.")
     ap.add_argument("--batches", default="1,8", help="Comma list of batch sizes.")
-    ap.add_argument("--dtypes", default="fp32,bf16", help="Comma list from fp32, bf16 (bf16: autocast, as the backend).")
+    ap.add_argument("--dtypes", default="fp32,bf16,bf16-fp32attn",
+                    help="Comma list from fp32, bf16 (autocast, as the backend), bf16-fp32attn (the same, attention in fp32).")
     ap.add_argument("--prompt", type=int, default=400, help="Prompt tokens a row (an atlas turn is ~400).")
     ap.add_argument("--new", type=int, default=64, help="New tokens a row (the learning curves' max_tokens).")
     ap.add_argument("--repeats", type=int, default=3, help="Timed samples per way (the median is kept).")
@@ -156,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError:
         ap.error("--batches: comma-separated integers")
     if not batches or min(batches) < 1 or set(dtypes) - set(DTYPES) or args.new < 2 or args.prompt < 1:
-        ap.error("--batches: integers >= 1; --dtypes: from fp32, bf16; --new >= 2; --prompt >= 1")
+        ap.error(f"--batches: integers >= 1; --dtypes: from {', '.join(DTYPES)}; --new >= 2; --prompt >= 1")
     try:  # a ceiling from another CPU would misstate every fraction
         ceilings = bench_results.load_roofline(args.roofline).results["ceilings"]
     except bench_results.RooflineMismatch as e:
@@ -175,6 +180,10 @@ def main(argv: list[str] | None = None) -> int:
     runs = []
     for name in dtypes:
         dtype = DTYPES[name]
+        if name == "bf16-fp32attn":
+            attention_in_fp32(model)  # every way below, the bare step's included
+        else:
+            model.set_attn_implementation("sdpa")
         backends = {way: LocalBackend(model, tokenizer=tokenizer, max_batch_size=max(batches), compute_dtype=dtype,
                                       batch_wait_s=0.05, kv_cache=cache)
                     for way, cache in (("backend", "dynamic"), ("backend-static", "static"))}
@@ -191,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
                 own_prefill[way] = statistics.median(backend_s(backend, prompts, 1)[0] for _ in range(args.repeats))
                 took = [backend_s(backend, prompts, args.new) for _ in range(args.repeats)]
                 ways[way] = statistics.median((s - own_prefill[way]) / max(steps - 1, 1) for s, steps in took)
-            ceiling = ceilings[name]["decode_tokens_per_s"].get(str(b))
+            ceiling = ceilings[name.split("-")[0]]["decode_tokens_per_s"].get(str(b))
             run = {"dtype": name, "batch": b, "prefill_s": prefill, "backend_prefill_s": own_prefill["backend"],
                    "backend_static_prefill_s": own_prefill["backend-static"],
                    "decode_ceiling_tokens_per_s": ceiling,

@@ -55,3 +55,42 @@ def compute_in(dtype: torch.dtype | None, device: str = "cpu") -> Iterator[None]
         return
     with torch.autocast(device_type=device.split(":")[0], dtype=dtype):
         yield
+
+
+FP32_ATTENTION = "seed_sdpa_fp32"
+"""The attention implementation name ``attention_in_fp32`` registers with transformers."""
+
+
+def _sdpa_in_fp32(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                  attention_mask: torch.Tensor | None, **kwargs: object) -> tuple[torch.Tensor, None]:
+    """transformers' SDPA attention with queries, keys and values in fp32, its output cast back."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    # under autocast the rotary embedding has already promoted queries and keys to fp32 (values
+    # stay bf16), and autocast would cast all three back to bf16 for SDPA: it is turned off here
+    if query.dtype == key.dtype == value.dtype == torch.float32 and not torch.is_autocast_enabled(query.device.type):
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+    if attention_mask is not None and attention_mask.is_floating_point():
+        attention_mask = attention_mask.float()
+    with torch.autocast(query.device.type, enabled=False):
+        out, weights = sdpa_attention_forward(module, query.float(), key.float(), value.float(), attention_mask,
+                                              **kwargs)
+    return out.to(value.dtype), weights
+
+
+def attention_in_fp32(model: torch.nn.Module) -> None:
+    """Run ``model``'s attention in fp32 while its matmuls stay under bf16 autocast.
+
+    Why: on a CPU with AVX-512 BF16 but no AMX, torch's bf16 SDPA kernel is several times
+    slower than its fp32 one (51 against 10 ms of a batch-8 SmolLM2 decode step,
+    docs/results/decode_profile.json), which cancels bf16's faster products at decode. The
+    attention's inputs are upcast (their bf16 rounding stays), so the numbers are bf16
+    autocast's with a more exact softmax: not the plain bf16 path's bits. Through
+    transformers' public attention registry; the mask is SDPA's."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(FP32_ATTENTION, _sdpa_in_fp32)
+    AttentionMaskInterface.register(FP32_ATTENTION, sdpa_mask)
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    base.set_attn_implementation(FP32_ATTENTION)

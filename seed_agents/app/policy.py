@@ -19,7 +19,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.integrations import get_available_reporting_integrations
 
 from seed_agents.app.builders import open_backend, open_chat_model
-from seed_agents.backends import reuse_kwargs
+from seed_agents.backends import local_kwargs
 from seed_agents.backends.local import LocalBackend
 from seed_agents.chat_model import SeedChatModel
 from seed_agents.config import BackendConfig, TrainConfig
@@ -65,7 +65,7 @@ def build_policy(cfg: TrainConfig, out: Path) -> Policy:
         dtype, why = resolve_precision(served.precision)
         print(f"policy computes in {why} (rollouts and update alike)", flush=True)
         backend: Any = LocalBackend(model, tokenizer=tokenizer, max_batch_size=served.max_batch_size, compute_dtype=dtype,
-                                    kv_cache=served.kv_cache, **reuse_kwargs(served.reuse_kv))
+                                    **local_kwargs(served))
         sync: Any = InProcessSync(backend)
     else:
         backend, _ = open_backend(served)

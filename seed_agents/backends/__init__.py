@@ -9,13 +9,19 @@ from seed_agents.backends.base import Backend, BackendError, BackendUnavailable
 if TYPE_CHECKING:
     from seed_agents.config.core import BackendConfig
 
-__all__ = ["Backend", "BackendError", "BackendUnavailable", "make_backend", "reuse_kwargs"]
+__all__ = ["Backend", "BackendError", "BackendUnavailable", "local_kwargs", "make_backend", "reuse_kwargs"]
 
 
 def reuse_kwargs(reuse_kv: bool) -> dict[str, Any]:
     """``LocalBackend`` arguments for ``backend.reuse_kv``: off computes every prompt whole
     (no shared batch prefix, no per-episode turn cache)."""
     return {} if reuse_kv else {"share_prefix": False, "turn_cache_bytes": 0}
+
+
+def local_kwargs(cfg: BackendConfig) -> dict[str, Any]:
+    """``LocalBackend`` arguments for the config's local-only settings (KV reuse, the cache,
+    attention's precision), one place for every caller that builds one."""
+    return {"kv_cache": cfg.kv_cache, "fp32_attention": cfg.attention == "float32", **reuse_kwargs(cfg.reuse_kv)}
 
 
 def make_backend(cfg: BackendConfig) -> tuple[Backend, Any]:
@@ -32,7 +38,7 @@ def make_backend(cfg: BackendConfig) -> tuple[Backend, Any]:
         dtype, why = resolve_precision(cfg.precision)
         print(f"local backend computes in {why}", flush=True)
         backend = LocalBackend(cfg.model, tokenizer=tokenizer, max_batch_size=cfg.max_batch_size, compute_dtype=dtype,
-                               kv_cache=cfg.kv_cache, **reuse_kwargs(cfg.reuse_kv))
+                               **local_kwargs(cfg))
         return backend, backend.tokenizer
     from seed_agents.backends.vllm import VLLMBackend
     from seed_agents.backends.vllm_admin import api_key_from_env

@@ -202,6 +202,7 @@ class LocalBackend:
         share_prefix: bool = True,
         turn_cache_bytes: int = 1 << 30,
         kv_cache: str = "dynamic",
+        fp32_attention: bool = False,
     ) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -230,6 +231,10 @@ class LocalBackend:
         # bf16 where the CPU is fast at it: autocast over the (shared, fp32) weights
         # (``seed_agents.precision``); None or float32 computes in the weights' own dtype.
         self.compute_dtype = compute_dtype
+        if fp32_attention and compute_dtype not in (None, torch.float32):
+            from seed_agents.precision import attention_in_fp32
+
+            attention_in_fp32(self.model)  # the model's (shared with the trainer: the update's too)
         self.batch_wait_s = batch_wait_s
         self.share_prefix = share_prefix  # compute a batch's common prompt prefix once (seed_agents.backends.prefix)
         # an episode's next turn reads its last prompt's keys and values (seed_agents.backends.turn_cache)

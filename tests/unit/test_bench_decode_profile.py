@@ -14,7 +14,8 @@ from bench.results import write_result
 def _roofline(tmp_path):
     from bench.results import ceiling_flags
 
-    ceilings = {"fp32": {"decode_tokens_per_s": {"1": 100.0, "2": 200.0}}}
+    ceilings = {"fp32": {"decode_tokens_per_s": {"1": 100.0, "2": 200.0}},
+                "bf16": {"decode_tokens_per_s": {"1": 400.0}}}
     return write_result("roofline", {}, {"cpu_flags": ceiling_flags(), "ceilings": ceilings}, results_dir=tmp_path / "r")
 
 
@@ -38,6 +39,16 @@ def test_each_way_is_timed_and_read_against_the_ceiling(tiny_model_dir, tmp_path
         assert len(p["top"]) == 3 and 0 < p["matmul_share"] <= 1 and p["ops_launched_per_step"] > 30
     assert "| fp32 | 2 | backend" in capsys.readouterr().out
     assert step_figures(-0.001, 8, 100.0) == {"step_s": None, "tokens_per_s": None, "of_ceiling": None}
+
+
+def test_bf16_with_fp32_attention_is_read_against_bf16s_ceiling_then_fp32_runs_plain(tiny_model_dir, tmp_path):
+    out = tmp_path / "out"
+    assert main(["--model", tiny_model_dir, "--batches", "1", "--dtypes", "bf16-fp32attn,fp32", "--prompt", "8",
+                 "--new", "3", "--repeats", "1", "--profile-steps", "0", "--roofline", str(_roofline(tmp_path)),
+                 "--results-dir", str(out)]) == 0
+    attn, fp32 = json.loads((out / "decode_profile.json").read_text())["results"]["runs"]
+    assert attn["dtype"] == "bf16-fp32attn" and attn["decode_ceiling_tokens_per_s"] == 400.0
+    assert fp32["decode_ceiling_tokens_per_s"] == 100.0
     assert step_figures(0.05, 8, 100.0)["of_ceiling"] == pytest.approx(1.6)
 
 

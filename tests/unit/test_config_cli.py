@@ -295,16 +295,20 @@ def test_importing_the_package_loads_no_trainer_env_or_prebuilt_agent():
     assert loaded.stdout.strip() == "[]"
 
 
-@pytest.mark.parametrize(("reuse", "kv_cache"), [(True, "dynamic"), (False, "static")])
-def test_build_policy_gives_the_local_backend_the_kv_reuse_asked_for(tmp_path, tiny_model_dir, reuse, kv_cache):
+@pytest.mark.parametrize(("reuse", "kv_cache", "attention"), [(True, "dynamic", "same"), (False, "static", "float32")])
+def test_build_policy_gives_the_local_backend_the_kv_reuse_asked_for(tmp_path, tiny_model_dir, reuse, kv_cache, attention):
     """`backend.reuse_kv false` reaches the backend `train` samples from: no shared prefix, no turn cache;
-    so does `backend.kv_cache`, there and in the backend `eval` and `collect` open."""
+    so do `backend.kv_cache` and (in bf16) `backend.attention`, there and in the backend `eval` and `collect` open."""
     pytest.importorskip("trl")
     from seed_agents.app.policy import build_policy
     from seed_agents.backends import make_backend
+    from seed_agents.precision import FP32_ATTENTION
 
-    cfg = TrainConfig.model_validate({"backend": {"model": tiny_model_dir, "reuse_kv": reuse, "kv_cache": kv_cache},
+    cfg = TrainConfig.model_validate({"backend": {"model": tiny_model_dir, "reuse_kv": reuse, "kv_cache": kv_cache,
+                                                  "precision": "bfloat16", "attention": attention},
                                       "stage1": {"run": "off"}})
-    backend = build_policy(cfg, tmp_path / "run").backend
-    assert backend.share_prefix is reuse and (backend.turn_cache.max_bytes > 0) is reuse
-    assert backend.kv_cache == make_backend(cfg.backend)[0].kv_cache == kv_cache
+    for backend in (build_policy(cfg, tmp_path / "run").backend, make_backend(cfg.backend)[0]):
+        assert backend.share_prefix is reuse and (backend.turn_cache.max_bytes > 0) is reuse
+        assert backend.kv_cache == kv_cache
+        base = backend.model.get_base_model() if hasattr(backend.model, "get_base_model") else backend.model
+        assert (base.config._attn_implementation == FP32_ATTENTION) is (attention == "float32")
