@@ -81,6 +81,12 @@ def cache_key(cfg: TrainConfig, base: str) -> str:
         settings["completion_head"] = False
     if cfg.skills.answer_format != "paper":  # stage 1 trains on the analyzer prompt the run will ask with
         settings["answer_format"] = cfg.skills.answer_format
+    if cfg.skills.failures != "write":  # and only on the episodes it will be asked about
+        settings["failures"] = cfg.skills.failures
+    if cfg.backend.kv_cache != "dynamic":
+        settings["kv_cache"] = cfg.backend.kv_cache
+    if dtype != torch.float32 and cfg.backend.attention != "same":
+        settings["attention"] = cfg.backend.attention
     return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
@@ -128,11 +134,13 @@ def build(cfg: TrainConfig, base: str, root: Path, suite: EnvSuite | None = None
         "env": cfg.env, "split": cfg.split, "num_tasks": s.num_tasks, "seed": s.seed, "out": str(root / "collect"),
         "env_options": cfg.env_options,
         "backend": {"kind": "local", "model": base, "max_batch_size": cfg.backend.max_batch_size,
-                    "precision": cfg.backend.precision, "reuse_kv": cfg.backend.reuse_kv},
+                    "precision": cfg.backend.precision, "reuse_kv": cfg.backend.reuse_kv,
+                    "kv_cache": cfg.backend.kv_cache, "attention": cfg.backend.attention},
         "sampling": {"max_tokens": cfg.sampling.max_tokens, "temperature": s.temperature},
         "runner": {"group_size": s.group_size, "concurrency": cfg.runner.concurrency, "progress": cfg.runner.progress},
         "agent": cfg.agent.model_dump(), "analyzer": {"kind": "rule_based"},
         "min_words": cfg.skills.min_words, "max_words": cfg.skills.max_words, "answer_format": cfg.skills.answer_format,
+        "failures": cfg.skills.failures,
     })
     collected = run_collect(collect, suite=suite)
     shutil.rmtree(root / "sft", ignore_errors=True)  # a half-finished SFT starts over

@@ -51,6 +51,7 @@ from seed_agents.types import (
     EpisodeRecord,
     SamplingParams,
     SkillExample,
+    SkillFailures,
     Task,
     Trajectory,
 )
@@ -80,6 +81,9 @@ class CollectConfig(BaseModel):
     max_steps: int = Field(30, ge=1, description="Analyzer prompt: steps shown; longer episodes keep their head and tail.")
     answer_format: AnswerFormat = Field("paper", description=(
         "Analyzer prompt: the reply's format example (as in training; seed_agents.skills.ANSWER_FORMATS)."))
+    failures: SkillFailures = Field("write", description=(
+        "skip: a failed episode is not analyzed (as training with skills.failures skip asks for none), so stage 1 "
+        "teaches only the skills training will ask for; write: every episode."))
     min_words: int = Field(5, ge=1, description="Shorter skills are rejected (as in training).")
     max_words: int = Field(120, ge=5, description="Longer skills are rejected (as in training).")
 
@@ -203,7 +207,10 @@ def _collect(cfg: CollectConfig, suite: EnvSuite | None, llm: Any, analyzer: Ana
     # no skill is written about it, so stage 1 never imitates a verdict on a broken episode
     errored = [t for t in trajs if t.fault is not None]
     no_calls = [t for t in trajs if t.fault is None and not t.policy_calls]
-    todo = [t for t in trajs if t.fault is None and t.policy_calls and t.trajectory_id not in done]
+    skipped_failures = [t for t in trajs if t.fault is None and t.policy_calls and cfg.failures == "skip"
+                        and not t.success]
+    todo = [t for t in trajs if t.fault is None and t.policy_calls and t.trajectory_id not in done
+            and not (cfg.failures == "skip" and not t.success)]
     t1 = time.perf_counter()
     written, failures, cost = run_sync(_analyze_all(cfg, analyzer, todo, ex_path))
     analysis_s = time.perf_counter() - t1
@@ -217,6 +224,7 @@ def _collect(cfg: CollectConfig, suite: EnvSuite | None, llm: Any, analyzer: Ana
         "rolled_out_now": len(new),
         "skipped_errors": len(errored),
         "skipped_no_calls": len(no_calls),
+        "skipped_failures": len(skipped_failures),
         "analyzed_before": len(done),
         "analyzed_now": len(written),
         "examples": len(examples),

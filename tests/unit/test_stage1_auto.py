@@ -98,9 +98,16 @@ def test_cache_key_changes_with_every_setting_that_changes_the_model():
     for over in [{"stage1": {"epochs": 1}}, {"stage1": {"num_tasks": 3}}, {"stage1": {"temperature": 1.0}},
                  {"stage1": {"lora_r": 8}}, {"stage1": {"seed": 1}}, {"agent": {"max_turns": 5}}, {"sampling": {"max_tokens": 8}},
                  {"env_options": {"x": 1}}, {"backend": {"precision": "bfloat16"}}, {"backend": {"reuse_kv": False}},
-                 {"stage1": {"completion_head": False}}, {"skills": {"answer_format": "workflow"}}]:
+                 {"stage1": {"completion_head": False}}, {"skills": {"answer_format": "workflow"}},
+                 {"skills": {"failures": "skip"}}, {"backend": {"kv_cache": "static"}},
+                 {"backend": {"precision": "bfloat16", "attention": "float32"}}]:
         assert cache_key(TrainConfig.model_validate(over), "/m") != base, over
     assert cache_key(TrainConfig(), "/other") != base
+    # fp32 attention is bf16's option: in fp32 it changes nothing, so neither does the key
+    assert cache_key(TrainConfig.model_validate({"backend": {"attention": "float32"}}), "/m") == base
+    bf16_attn = {"backend": {"precision": "bfloat16", "attention": "float32"}}
+    assert cache_key(TrainConfig.model_validate(bf16_attn), "/m") != cache_key(
+        TrainConfig.model_validate({"backend": {"precision": "bfloat16"}}), "/m")
     # `auto` is keyed by what it resolves to: bf16's model where the CPU has it, fp32's elsewhere
     import torch
 
@@ -126,13 +133,16 @@ def test_build_passes_the_runs_format_and_sft_head_to_collect_and_sft(tmp_path, 
     seen = []
     monkeypatch.setattr(collect, "run_collect", lambda cfg, suite=None: seen.append(cfg) or {})
     monkeypatch.setattr(sft, "run_sft", lambda cfg: seen.append(cfg) or {})
-    auto.build(TrainConfig.model_validate({"backend": {"precision": "bfloat16", "reuse_kv": False},
+    auto.build(TrainConfig.model_validate({"backend": {"precision": "bfloat16", "reuse_kv": False, "kv_cache": "static",
+                                                       "attention": "float32"},
                                            "stage1": {"completion_head": False},
-                                           "skills": {"answer_format": "workflow"}}), "/m", tmp_path)
+                                           "skills": {"answer_format": "workflow", "failures": "skip"}}), "/m", tmp_path)
     auto.build(TrainConfig(), "/m", tmp_path)
     collected, trained, default_collected, default = seen
     assert (collected.backend.precision, collected.backend.reuse_kv) == ("bfloat16", False)
     # stage 1 trains on the prompt the run's hindsight node will ask with
     assert (collected.answer_format, default_collected.answer_format) == ("workflow", "paper")
+    assert (collected.failures, default_collected.failures) == ("skip", "write")  # and only where it will ask
+    assert (collected.backend.kv_cache, collected.backend.attention) == ("static", "float32")
     assert (trained.precision, trained.completion_head) == ("bfloat16", False)
     assert (default.precision, default.completion_head) == ("float32", True)

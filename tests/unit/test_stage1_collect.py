@@ -109,6 +109,22 @@ def test_rollouts_and_rule_based_examples(tmp_path, policy):
     assert len(strict_lines(out / "examples.jsonl")) == 4
 
 
+def test_failures_skip_analyzes_only_the_successes_training_will_ask_about(tmp_path, policy):
+    src = tmp_path / "played"
+    run_collect(config(src), suite=FakeSuite(), llm=policy)
+    trajs = list(read_jsonl(src / "trajectories.jsonl", Trajectory))
+    for t in trajs[:2]:  # the scripted rooms are lost by the fake policy: two of them won instead
+        t.success, t.reward = True, 1.0
+    mixed = tmp_path / "mixed.jsonl"
+    mixed.write_text("".join(t.model_dump_json() + "\n" for t in trajs))
+    out = tmp_path / "run"
+    summary = run_collect(config(out, failures="skip", from_trajectories=mixed), analyzer=CountingAnalyzer())
+    assert summary["skipped_failures"] == 2 and summary["analyzed_now"] == 2
+    assert {e.trajectory_id for e in strict_lines(out / "examples.jsonl")} == {t.trajectory_id for t in trajs[:2]}
+    every = run_collect(config(tmp_path / "all", from_trajectories=mixed), analyzer=CountingAnalyzer())
+    assert (every["skipped_failures"], every["analyzed_now"]) == (0, 4)
+
+
 def test_the_analyzer_prompt_carries_the_configured_answer_format(tmp_path, policy):
     out = tmp_path / "run"
     run_collect(config(out, answer_format="described"), suite=FakeSuite(), llm=policy)
