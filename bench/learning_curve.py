@@ -143,7 +143,10 @@ def train_config(args: argparse.Namespace, method: str, seed: int, tasks: Path, 
                   "tasks": str(tasks), "reward": "examples.atlas_tasks:answer_reward"},
         "backend": {"kind": "local", "model": args.model, "max_batch_size": args.tasks_per_update * args.group,
                     # only when not fp32: the runs before keep their digests (and stored runs)
-                    **({"precision": args.precision} if args.precision != "float32" else {})},
+                    **({"precision": args.precision} if args.precision != "float32" else {}),
+                    # the same for the faster paths: only when asked for
+                    **({"kv_cache": args.kv_cache} if args.kv_cache != "dynamic" else {}),
+                    **({"attention": args.attention} if args.attention != "same" else {})},
         "sampling": {"max_tokens": args.max_tokens, "temperature": args.temperature},
         "runner": {"group_size": args.group, "concurrency": args.tasks_per_update * args.group, "progress": False},
         "skills": {**SKILLS.get(method, {"source": "none"}),
@@ -473,6 +476,12 @@ def main(argv: list[str] | None = None) -> None:
                         "the main curve (learning_curve.json) trained at 0.7, so pass --temperature 0.7 to resume it.")
     p.add_argument("--precision", choices=["float32", "auto", "bfloat16"], default="float32",
                    help="backend.precision of the runs (rollouts and updates; auto: bf16 where the CPU has it).")
+    p.add_argument("--kv-cache", choices=["dynamic", "static"], default="dynamic",
+                   help="backend.kv_cache of the runs (static: decode into preallocated buffers). Another choice "
+                        "samples other float roundings: give it its own --result-name.")
+    p.add_argument("--attention", choices=["same", "float32"], default="same",
+                   help="backend.attention of the runs (float32: attention in fp32 under bf16; needs a bf16 "
+                        "--precision to change anything).")
     p.add_argument("--lora-r", type=int, default=8)
     p.add_argument("--lr", type=float, default=1e-4)
     p.add_argument("--lr-schedule", choices=["linear", "constant"], default="linear",

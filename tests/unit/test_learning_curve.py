@@ -61,6 +61,7 @@ def test_grpo_and_seed_differ_only_in_the_skills_and_the_distillation(tmp_path):
     args = argparse.Namespace(tasks_per_update=4, updates=30, group=8, first_turn="forced", model="smollm2-135m",
                               max_tokens=64, temperature=0.7, skill_tokens=64, lr=1e-4, lora_r=8, kl_coef=0.001,
                               eval_every=5, guide_share=0.0, lr_schedule="linear", precision="float32",
+                              kv_cache="dynamic", attention="same",
                               opd_coef=None, injector="system", fuse_teacher=False,
                               answer_format="paper", skill_opening="words", skill_failures="write")
     grpo, seed = (train_config(args, m, 1, tmp_path / "t.jsonl", tmp_path / "h.jsonl", 200, 80, tmp_path / m)
@@ -87,6 +88,11 @@ def test_grpo_and_seed_differ_only_in_the_skills_and_the_distillation(tmp_path):
     generic = train_config(args, "seed-success-generic", 1, tmp_path / "t.jsonl", tmp_path / "h.jsonl", 200, 80,
                            tmp_path / "seed")  # the control: the success rule's content alone differs
     assert generic["skills"] == {**success["skills"], "chat_model_kwargs": {"failures": "none", "successes": "generic"}}
+    # the faster decode paths reach the backend when asked for, and leave every digest alone when not
+    faster = argparse.Namespace(**{**vars(args), "kv_cache": "static", "attention": "float32"})
+    fast_grpo = train_config(faster, "grpo", 1, tmp_path / "t.jsonl", tmp_path / "h.jsonl", 200, 80, tmp_path / "grpo")
+    assert fast_grpo["backend"] == {**grpo["backend"], "kv_cache": "static", "attention": "float32"}
+    assert "kv_cache" not in grpo["backend"] and "attention" not in grpo["backend"]
     # the imitation control: the generic run with the gate off, and nothing else moved
     imitate = train_config(args, "seed-success-imitate", 1, tmp_path / "t.jsonl", tmp_path / "h.jsonl", 200, 80,
                            tmp_path / "seed")
@@ -206,6 +212,7 @@ def test_the_run_digest_ignores_where_the_files_live_but_not_what_they_hold(tmp_
     args = argparse.Namespace(tasks_per_update=4, updates=30, group=8, first_turn="forced", model="smollm2-135m",
                               max_tokens=64, temperature=0.7, skill_tokens=64, lr=1e-4, lora_r=8, kl_coef=0.001,
                               eval_every=5, guide_share=0.0, lr_schedule="linear", precision="float32",
+                              kv_cache="dynamic", attention="same",
                               opd_coef=None, injector="system", fuse_teacher=False,
                               answer_format="paper", skill_opening="words", skill_failures="write")
     for d in ("a", "b"):
@@ -238,6 +245,7 @@ def test_a_guide_share_changes_the_run_only_when_on_and_needs_a_free_first_turn(
     args = argparse.Namespace(tasks_per_update=4, updates=30, group=8, first_turn="auto", model="smollm2-135m",
                               max_tokens=64, temperature=0.7, skill_tokens=64, lr=1e-4, lora_r=8, kl_coef=0.001,
                               eval_every=5, guide_share=0.0, lr_schedule="linear", precision="float32",
+                              kv_cache="dynamic", attention="same",
                               opd_coef=None, injector="system", fuse_teacher=False,
                               answer_format="paper", skill_opening="words", skill_failures="write")
     (tmp_path / "t.jsonl").write_text("t\n")
