@@ -850,9 +850,10 @@ def _update_diagnostics(x: dict[str, Any]) -> list[str]:
         skills = [u["skill_parse_rate"] for m in runs for u in m if "skill_parse_rate" in u]
         if method != "grpo" and skills:
             parts.append(f"skills parsed {mean(skills):.2f} (mean over updates and seeds)")
-            gates = [u["opd/gate"] for m in runs for u in m if "opd/gate" in u]
+            # an update without a valid skill has no distillation token: its logged gate (0) is no gate
+            gates = [u["opd/gate"] for m in runs for u in m if "opd/gate" in u and u.get("skill_parse_rate", 1) > 0]
             if gates:
-                parts.append(f"OPD gate {mean(gates):.3f}")
+                parts.append(f"OPD gate {mean(gates):.3f} (mean over the updates with a skill)")
         if parts:
             lines += ["", f"{method}: " + "; ".join(parts) + "."]
     return lines

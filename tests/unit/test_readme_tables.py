@@ -520,3 +520,10 @@ def test_decode_profile_judges_the_backend_against_half_the_ceiling_and_lists_th
     assert "| fp32 | 64 | transformers' generate | below noise | - | - |" in text
     assert ("- fp32, batch 8: 48.0 ms of self CPU time a step over 7611 ops, 62% in matrix products; most: "
             "aten::mm 30.0 ms") in text
+
+
+def test_the_opd_gate_is_averaged_over_the_updates_that_had_a_skill():
+    """An update without a valid skill logs gate 0 (no distillation token): no gate, not a closed one."""
+    updates = [{"skill_parse_rate": 0.5, "opd/gate": 0.5, "kl": 0.1}, {"skill_parse_rate": 0.0, "opd/gate": 0.0, "kl": 0.1}]
+    x = {"methods": ["seed"], "runs": {"seed-s0": {"metrics": updates}}}
+    assert "OPD gate 0.500 (mean over the updates with a skill)" in "\n".join(tables._update_diagnostics(x))
