@@ -54,7 +54,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from transformers.cache_utils import DynamicCache, StaticCache
@@ -201,7 +201,7 @@ class LocalBackend:
         policy_version: int = 0,
         share_prefix: bool = True,
         turn_cache_bytes: int = 1 << 30,
-        kv_cache: str = "dynamic",
+        kv_cache: Literal["dynamic", "static"] = "dynamic",
         fp32_attention: bool = False,
     ) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
