@@ -521,6 +521,9 @@ def main(argv: list[str] | None = None) -> None:
         p.error("--guide-share: a share in [0, 1]")
     if args.guide_share and args.first_turn != "auto":
         p.error("--guide-share steers free first turns: it needs --first-turn auto")
+    if args.attention != "same" and args.precision == "float32":
+        p.error("--attention float32 changes only bf16 runs: give it --precision auto or bfloat16 (in fp32 it would "
+                "name another digest for the same run)")
     if args.opd_coef is not None and not args.opd_coef >= 0:
         p.error("--opd-coef: a weight >= 0")
     if not args.result_name.replace("_", "").replace("-", "").isalnum():

@@ -265,7 +265,9 @@ def test_a_guide_share_changes_the_run_only_when_on_and_needs_a_free_first_turn(
                                                                                             tmp_path / "h.jsonl")
     for argv, message in ((["--guide-share", "0.5"], "needs --first-turn auto"),
                           (["--first-turn", "auto", "--guide-share", "2"], "a share in"),
-                          (["--result-name", "../x"], "--result-name"), (["--opd-coef", "-1"], "a weight >= 0")):
+                          (["--result-name", "../x"], "--result-name"), (["--opd-coef", "-1"], "a weight >= 0"),
+                          # --methods bogus: were the check gone, main would stop there, not start a run
+                          (["--attention", "float32", "--methods", "bogus"], "changes only bf16 runs")):
         with pytest.raises(SystemExit):
             lc.main([*argv, "--work", str(tmp_path / "w")])
         assert message in capsys.readouterr().err
