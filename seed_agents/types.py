@@ -312,6 +312,7 @@ class EpisodeRecord(BaseModel):
     first_observation: str = Field("", description="The env's text after reset (it states the task).")
     steps: list[EnvStep] = Field(default_factory=list, description="Every turn, in order.")
     metadata: dict[str, Any] = Field(default_factory=dict, description="The env's info (objective, game type, ...), env steps left out.")
+    tools: list[str] = Field(default_factory=list, description="The names of the tools the policy's calls were offered (skills.tool_names; empty for a text env): what a `skills.opening call` skill may name.")
 
     @classmethod
     def from_metadata(cls, metadata: dict[str, Any], *, task_id: str = "", success: bool = False,

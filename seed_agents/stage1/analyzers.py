@@ -39,7 +39,7 @@ from seed_agents.config.core import BackendConfig
 from seed_agents.http import RetryableResponse, RetryPolicy, retryable_status
 from seed_agents.redact import redact
 from seed_agents.skills import Analyzer, AnalyzerReply, RuleBasedAnalyzer, count_of, fit_words
-from seed_agents.types import EpisodeRecord
+from seed_agents.types import EpisodeRecord, SkillOpening
 
 if TYPE_CHECKING:
     from seed_agents.envs import EnvSuite
@@ -331,16 +331,21 @@ class PolicyAnalyzer(_Paced):
     ``capture(purpose="analyzer")``, so an enclosing capture scope records the call with
     its token ids. Backend errors are not retried here (backends retry themselves).
     ``constrained`` (default): decode under ``backends.grammar.skill_tag``, so every reply
-    parses (``write_skill`` does the same for a bare ``SeedChatModel``).
+    parses (``write_skill`` does the same for a bare ``SeedChatModel``). The grammar takes
+    the word limits the replies are parsed with and, with ``opening="call"``, opens the
+    skill with "Call <tool> with" and a tool the episode offered (``EpisodeRecord.tools``),
+    as training does: stage 1 then teaches the skill form training will ask for.
     """
 
     def __init__(self, llm: Any, *, max_tokens: int = 512, temperature: float = 0.0, max_concurrency: int = 8,
-                 name: str | None = None, close_backend: bool = False, constrained: bool = True) -> None:
+                 name: str | None = None, close_backend: bool = False, constrained: bool = True,
+                 min_words: int = 5, max_words: int = 120, opening: SkillOpening = "words") -> None:
         super().__init__(max_concurrency, None, 0.0, 0.0)
         self.llm = llm
         self.constrained = constrained
         self.max_tokens = max_tokens
         self.temperature = temperature
+        self.min_words, self.max_words, self.opening = min_words, max_words, opening
         self.name = name or f"policy:{getattr(llm, 'model_name', 'seed-agents')}"
         self.close_backend = close_backend
 
@@ -351,7 +356,9 @@ class PolicyAnalyzer(_Paced):
 
         bound: dict[str, Any] = {"temperature": self.temperature, "max_tokens": self.max_tokens}
         if self.constrained and isinstance(self.llm, SeedChatModel):  # other chat models take no grammar
-            bound["structural_tag"] = skill_tag(max_tokens=self.max_tokens)
+            names = episode.tools if episode is not None and self.opening == "call" else []
+            bound["structural_tag"] = skill_tag(min_words=self.min_words, max_words=self.max_words,
+                                                max_tokens=self.max_tokens, call_names=names)
         with capture(purpose="analyzer"):
             return await _invoke_paced(self, self.llm.bind(**bound), messages, 0, (0.0, 0.0))
 
@@ -363,18 +370,23 @@ class PolicyAnalyzer(_Paced):
 # -- construction from a config -------------------------------------------------------------
 
 
-def make_analyzer(cfg: AnalyzerConfig, *, llm: Any = None, suite: EnvSuite | None = None) -> Analyzer:
+def make_analyzer(cfg: AnalyzerConfig, *, llm: Any = None, suite: EnvSuite | None = None,
+                  min_words: int = 5, max_words: int = 120, opening: SkillOpening = "words") -> Analyzer:
     """Build the configured analyzer, named ``cfg.name`` when given. ``llm``: the
     ``SeedChatModel`` a ``policy`` analyzer uses when the config names no backend or model
     (e.g. the collect run's policy); ``suite``: the env suite whose offline analyzer
-    ``rule_based`` means. Raises ``ValueError`` when one of them is needed and missing."""
-    analyzer = _make_analyzer(cfg, llm=llm, suite=suite)
+    ``rule_based`` means. ``min_words``, ``max_words``, ``opening``: the skill form a
+    ``policy`` analyzer's grammar enforces (the others are asked by the prompt alone).
+    Raises ``ValueError`` when one of them is needed and missing."""
+    analyzer = _make_analyzer(cfg, llm=llm, suite=suite, form={"min_words": min_words, "max_words": max_words,
+                                                                "opening": opening})
     if cfg.name:
         analyzer.name = cfg.name
     return analyzer
 
 
-def _make_analyzer(cfg: AnalyzerConfig, *, llm: Any = None, suite: EnvSuite | None = None) -> Analyzer:
+def _make_analyzer(cfg: AnalyzerConfig, *, llm: Any = None, suite: EnvSuite | None = None,
+                   form: dict[str, Any]) -> Analyzer:
     if cfg.kind == "rule_based":
         offline = suite.offline_analyzer() if suite is not None else None
         if offline is None:
@@ -398,11 +410,11 @@ def _make_analyzer(cfg: AnalyzerConfig, *, llm: Any = None, suite: EnvSuite | No
         if llm is None:
             raise ValueError("a policy analyzer needs analyzer.backend, analyzer.model or a chat model")
         return PolicyAnalyzer(llm, max_tokens=cfg.max_tokens, temperature=cfg.temperature,
-                              max_concurrency=cfg.max_concurrency)
+                              max_concurrency=cfg.max_concurrency, **form)
     from seed_agents.backends import make_backend
     from seed_agents.chat_model import SeedChatModel
 
     backend, tokenizer = make_backend(backend_cfg)
     chat = SeedChatModel(backend=backend, tokenizer=tokenizer, model_name=backend_cfg.model, purpose="analyzer")
     return PolicyAnalyzer(chat, max_tokens=cfg.max_tokens, temperature=cfg.temperature,
-                          max_concurrency=cfg.max_concurrency, close_backend=True)
+                          max_concurrency=cfg.max_concurrency, close_backend=True, **form)

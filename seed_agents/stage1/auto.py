@@ -140,7 +140,7 @@ def build(cfg: TrainConfig, base: str, root: Path, suite: EnvSuite | None = None
         "runner": {"group_size": s.group_size, "concurrency": cfg.runner.concurrency, "progress": cfg.runner.progress},
         "agent": cfg.agent.model_dump(), "analyzer": {"kind": "rule_based"},
         "min_words": cfg.skills.min_words, "max_words": cfg.skills.max_words, "answer_format": cfg.skills.answer_format,
-        "failures": cfg.skills.failures,
+        "failures": cfg.skills.failures, "opening": cfg.skills.opening,  # a rule-based analyzer writes words either way
     })
     collected = run_collect(collect, suite=suite)
     shutil.rmtree(root / "sft", ignore_errors=True)  # a half-finished SFT starts over

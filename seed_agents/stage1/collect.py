@@ -52,6 +52,7 @@ from seed_agents.types import (
     SamplingParams,
     SkillExample,
     SkillFailures,
+    SkillOpening,
     Task,
     Trajectory,
 )
@@ -84,6 +85,10 @@ class CollectConfig(BaseModel):
     failures: SkillFailures = Field("write", description=(
         "skip: a failed episode is not analyzed (as training with skills.failures skip asks for none), so stage 1 "
         "teaches only the skills training will ask for; write: every episode."))
+    opening: SkillOpening = Field("words", description=(
+        "call: a policy analyzer's grammar opens each skill with 'Call <tool> with' and a tool the episode offered "
+        "(as training with skills.opening call does; an episode offered none keeps words). Other analyzers are not "
+        "constrained: the rule-based ones write words, and the text envs that have them offer no tools."))
     min_words: int = Field(5, ge=1, description="Shorter skills are rejected (as in training).")
     max_words: int = Field(120, ge=5, description="Longer skills are rejected (as in training).")
 
@@ -174,7 +179,8 @@ def _collect(cfg: CollectConfig, suite: EnvSuite | None, llm: Any, analyzer: Ana
         llm = _policy_llm(cfg, owned)
     if analyzer is None:
         try:
-            analyzer = make_analyzer(a, llm=llm, suite=suite)
+            analyzer = make_analyzer(a, llm=llm, suite=suite, min_words=cfg.min_words, max_words=cfg.max_words,
+                                     opening=cfg.opening)
         except ValueError as e:
             raise ConfigError(f"analyzer: {e}") from None
         if isinstance(analyzer, PolicyAnalyzer) and analyzer.close_backend:
@@ -297,6 +303,7 @@ async def _analyze_all(cfg: CollectConfig, analyzer: Analyzer, todo: list[Trajec
         episode_steps,
         first_user_message,
         parse_skill,
+        tool_names,
     )
 
     written: list[SkillExample] = []
@@ -311,7 +318,7 @@ async def _analyze_all(cfg: CollectConfig, analyzer: Analyzer, todo: list[Trajec
                                            max_steps=cfg.max_steps, answer_format=cfg.answer_format)
         try:
             episode = EpisodeRecord.from_metadata(traj.metadata, task_id=traj.task_id, success=traj.success,
-                                                  reward=traj.reward)
+                                                  reward=traj.reward).model_copy(update={"tools": tool_names(traj.calls)})
             reply = await analyzer.analyze(messages, episode)
         except Exception as e:  # noqa: BLE001 - a broken analyzer fails this episode, not the run
             reply = AnalyzerReply(error=redact(f"{type(e).__name__}: {e}"))  # errors are written to summary.json

@@ -182,6 +182,28 @@ def test_tool_agent_keys_survive_the_wrap(tokenizer):
     assert "What is 3 + 4?" in cap.calls[-1].messages[-1]["content"]
 
 
+def test_an_analyzer_object_reads_the_tools_the_episode_offered(tokenizer):
+    """The hindsight node's ``EpisodeRecord`` names the tools the policy was offered (what a
+    ``skills.opening call`` skill may name); a text env's episode offers none."""
+    from seed_agents.stage1.analyzers import Analyzer, AnalyzerReply
+
+    class Reading(Analyzer):
+        name = "reading"
+        seen: list = []
+
+        async def analyze(self, messages, episode=None):
+            self.seen.append(episode.tools)
+            return AnalyzerReply(text=GOOD)
+
+    llm = make_llm(tokenizer, tool_reply(tokenizer), max_tokens=64)
+    with capture():
+        asyncio.run(with_hindsight(build_tool_agent(llm, TOOLS, max_turns=4), Reading()).ainvoke(
+            {"task": Task(task_id="c", data={"question": "What is 3 + 4?"})}))
+    reply, _ = scripted(tokenizer)
+    play(with_hindsight(build_env_agent(make_llm(tokenizer, reply), max_turns=5), Reading()))
+    assert Reading.seen == [sorted(t.name for t in TOOLS), []]
+
+
 def test_prebuilt_react_agent_under_the_runner_with_a_success_fn(tokenizer):
     from seed_agents.graphs.calculator import build_react_calculator, final_answer
 

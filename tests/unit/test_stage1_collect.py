@@ -125,6 +125,34 @@ def test_failures_skip_analyzes_only_the_successes_training_will_ask_about(tmp_p
     assert (every["skipped_failures"], every["analyzed_now"]) == (0, 4)
 
 
+def test_a_policy_analyzer_decodes_under_the_skill_form_training_asks_for(tmp_path, policy, tokenizer):
+    """``--opening call`` and the word limits reach a policy analyzer's grammar, naming the
+    tools each episode offered (training's ``write_skill`` builds the same tag)."""
+    from seed_agents.backends.grammar import skill_tag
+
+    src = tmp_path / "played"
+    run_collect(config(src), suite=FakeSuite(), llm=policy)
+    trajs = list(read_jsonl(src / "trajectories.jsonl", Trajectory))
+    for t in trajs:
+        for c in t.calls:
+            c.tools = [{"type": "function", "function": {"name": "lookup"}}, {"name": "add"}]
+    offered = tmp_path / "offered.jsonl"
+    offered.write_text("".join(t.model_dump_json() + "\n" for t in trajs))
+
+    class Recording(FakeBackend):
+        def _complete(self, prompt_ids: list[int], params: SamplingParams) -> Any:
+            tags.append(params.structural_tag)
+            return super()._complete(prompt_ids, params)
+
+    for opening, names in (("call", ["add", "lookup"]), ("words", [])):
+        tags: list[Any] = []
+        analyst = SeedChatModel(backend=Recording(tokenizer, SKILL_JSON), tokenizer=tokenizer, model_name="pol")
+        summary = run_collect(config(tmp_path / opening, from_trajectories=offered, opening=opening, min_words=7,
+                                     max_words=40, analyzer={"kind": "policy", "max_tokens": 300}), llm=analyst)
+        assert summary["analyzed_now"] == len(trajs) == len(tags)
+        assert set(tags) == {skill_tag(min_words=7, max_words=40, max_tokens=300, call_names=names)}
+
+
 def test_the_analyzer_prompt_carries_the_configured_answer_format(tmp_path, policy):
     out = tmp_path / "run"
     run_collect(config(out, answer_format="described"), suite=FakeSuite(), llm=policy)
