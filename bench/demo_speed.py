@@ -1,7 +1,7 @@
 """How long does the README's first command take, on the path before and on the path now?
 
 The default demo (``seed-agents train`` with no config: SEED on TextWorld, SmolLM2-135M,
-full fine-tuning, stage 1 first) is run on up to three paths, side by side in one invocation:
+full fine-tuning, stage 1 first) is run on up to four paths, side by side in one invocation:
 
 - ``before``: every prompt computed whole (``backend.reuse_kv false``: no shared batch
   prefix, no per-episode turn cache), TRL's padded update layout (``trainer.chunk_tokens 0``,
@@ -9,7 +9,9 @@ full fine-tuning, stage 1 first) is run on up to three paths, side by side in on
   (``stage1.completion_head false``), fp32 everywhere;
 - ``default``: the README's first command as it is (fp32, every reuse on);
 - ``auto``: the same with ``--backend.precision auto`` (bf16 where the CPU has bf16
-  instructions, as `train` prints; stage 1's rollouts and SFT included).
+  instructions, as `train` prints; stage 1's rollouts and SFT included);
+- ``auto-attn32``: ``auto`` with ``--backend.attention float32`` (attention in fp32 over the
+  bf16 products: bf16's decode was slower than fp32's for its attention, docs/benchmarks.md).
 
 What no flag can switch off (the local backend's batching, everything else that changed
 since) runs on both sides, so the ratios understate the change since the issue was filed.
@@ -52,6 +54,7 @@ SIDES: dict[str, dict[str, Any]] = {
                "stage1": {"completion_head": False}},
     "default": {},
     "auto": {"backend": {"precision": "auto"}},
+    "auto-attn32": {"backend": {"precision": "auto", "attention": "float32"}},
 }
 
 

@@ -220,7 +220,8 @@ def demo_speed(results: dict[str, Result], name: str = "demo_speed") -> list[str
     sides = [s for s in c["sides"].split(",") if s in x["iteration_s"]]
     base = sides[0]
     names = {"before": "before (fp32, every prompt whole, TRL's padded update and SFT head)",
-             "default": "default (the README's command)", "auto": "`--backend.precision auto`"}
+             "default": "default (the README's command)", "auto": "`--backend.precision auto`",
+             "auto-attn32": "`--backend.precision auto --backend.attention float32`"}
     stage1 = x.get("stage1", {})
     rows = []
     for side in sides:
@@ -232,7 +233,8 @@ def demo_speed(results: dict[str, Result], name: str = "demo_speed") -> list[str
                      "-" if side == base or s1 is None else f"{x['stage1_ratio'][side]:.2f}",
                      f"{x['iteration_s'][side]:.0f} s", f"{rollout:.0f} s",
                      "-" if side == base else f"{x['iteration_ratio'][side]:.2f}"])
-    what = (f"the embedded demo (TextWorld, SmolLM2-135M, full fine-tuning), stage 1 built once per side, "
+    built = ("stage 1 not timed (--no-stage1), " if c.get("no_stage1") else "stage 1 built once per side, ")
+    what = (f"the embedded demo (TextWorld, SmolLM2-135M, full fine-tuning), {built}"
             f"{c['repeats']} iteration(s) per side from one stage-1 model" + (f"; {c['note']}" if c.get("note") else ""))
     lines = [source_line(r, what), "",
              *table(["path", "stage 1 (collect + SFT)", f"vs {base}", "one iteration", "of which rollouts", f"vs {base}"],

@@ -24,14 +24,16 @@ def test_the_before_side_switches_off_every_reuse_and_the_others_keep_the_demo()
     assert before.stage1.completion_head is False and demo.stage1.completion_head is True
     assert cfg["default"] == demo  # the README's first command
     assert cfg["auto"] == demo.model_copy(update={"backend": demo.backend.model_copy(update={"precision": "auto"})})
+    fast = demo.backend.model_copy(update={"precision": "auto", "attention": "float32"})
+    assert cfg["auto-attn32"] == demo.model_copy(update={"backend": fast})
     # nothing else differs from the embedded demo
     assert before.model_copy(update={"backend": demo.backend, "trainer": demo.trainer, "stage1": demo.stage1}) == demo
 
 
 def test_iterations_start_from_one_model_and_the_ratios_read_against_the_goals(tmp_path, monkeypatch, capsys):
     calls = []
-    stage1_s = {"before": 100.0, "default": 80.0, "auto": 40.0}
-    iteration_s = {"before": 200.0, "default": 120.0, "auto": 90.0}
+    stage1_s = {"before": 100.0, "default": 80.0, "auto": 40.0, "auto-attn32": 38.0}
+    iteration_s = {"before": 200.0, "default": 120.0, "auto": 90.0, "auto-attn32": 70.0}
 
     def build_stage1(side, work, log):
         calls.append(("stage1", side))
@@ -48,14 +50,15 @@ def test_iterations_start_from_one_model_and_the_ratios_read_against_the_goals(t
     monkeypatch.setattr(demo_speed, "iterate", iterate)
     monkeypatch.setattr(demo_speed, "prepare_games", lambda: calls.append(("games",)))
     demo_speed.main(["--repeats", "2", "--results-dir", str(tmp_path / "results"), "--work", str(tmp_path / "w")])
-    assert calls[:4] == [("games",), ("stage1", "before"), ("stage1", "default"), ("stage1", "auto")]
-    assert [c[1] for c in calls[4:]] == ["before", "default", "auto", "auto", "default", "before"]
-    assert {c[2] for c in calls[4:]} == {"/before-model"}
+    sides = ["before", "default", "auto", "auto-attn32"]
+    assert calls[:5] == [("games",), *(("stage1", side) for side in sides)]
+    assert [c[1] for c in calls[5:]] == [*sides, *sides[::-1]]
+    assert {c[2] for c in calls[5:]} == {"/before-model"}
     doc = json.loads((tmp_path / "results" / "demo_speed.json").read_text())
     r = doc["results"]
-    assert r["iteration_ratio"] == pytest.approx({"default": 0.6, "auto": 0.45})
-    assert r["iteration_verdict"] == {"default": "missed by 0.20", "auto": "missed by 0.05"}
-    assert r["stage1_ratio"] == pytest.approx({"default": 0.8, "auto": 0.4})
+    assert r["iteration_ratio"] == pytest.approx({"default": 0.6, "auto": 0.45, "auto-attn32": 0.35})
+    assert r["iteration_verdict"] == {"default": "missed by 0.20", "auto": "missed by 0.05", "auto-attn32": "met"}
+    assert r["stage1_ratio"] == pytest.approx({"default": 0.8, "auto": 0.4, "auto-attn32": 0.38})
     assert r["stage1_verdict"]["auto"] == "met"
     assert "model" not in r["stage1"]["before"]  # a folder of this machine stays out of the file
     assert doc["config"]["side_settings"] == demo_speed.SIDES
@@ -71,6 +74,34 @@ def test_iterations_start_from_one_model_and_the_ratios_read_against_the_goals(t
     out = readme_tables.render(page, {"demo_speed": load_result(tmp_path / "results" / "demo_speed.json")})
     assert "| default (the README's command) | 80 s (40 + 40) | 0.80 | 120 s | 60 s | 0.60 |" in out
     assert "`auto` iteration 0.45x (goal <= 0.4: missed by 0.05), stage 1 0.40x (goal <= 0.5: met)" in out
+
+
+def test_without_stage1_the_iterations_start_from_the_given_model_and_say_so(tmp_path, monkeypatch):
+    seen = []
+    monkeypatch.setattr(demo_speed, "build_stage1", lambda *a: pytest.fail("stage 1 built under --no-stage1"))
+    monkeypatch.setattr(demo_speed, "prepare_games", lambda: None)
+
+    def iterate(side, work, model, repeat, log):
+        seen.append((side, model))
+        s = {"before": 100.0, "auto-attn32": 38.0}[side]
+        return {"time/step_s": s, "time/sync_s": 0.0, "time/rollout_s": s / 2, "time/score_s": 1.0, "iteration_s": s,
+                "process_s": s + 5}
+
+    monkeypatch.setattr(demo_speed, "iterate", iterate)
+    demo_speed.main(["--no-stage1", "--model", "/given", "--sides", "before,auto-attn32", "--result-name",
+                     "demo_speed_x", "--results-dir", str(tmp_path), "--work", str(tmp_path / "w")])
+    assert seen == [("before", "/given"), ("auto-attn32", "/given")]
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import readme_tables
+
+    from bench.results import load_result
+
+    doc = load_result(tmp_path / "demo_speed_x.json")
+    assert "stage1" not in doc.results and "model" not in doc.config
+    page = "<!-- results:demo_speed_x -->\n<!-- /results:demo_speed_x -->\n"
+    out = readme_tables.render(page, {"demo_speed_x": doc})
+    assert "stage 1 not timed (--no-stage1)" in out and "stage 1 built" not in out
+    assert "| `--backend.precision auto --backend.attention float32` | - | - | 38 s | 19 s | 0.38 |" in out
 
 
 @pytest.mark.parametrize(("argv", "message"), [(["--no-stage1"], "--no-stage1 needs --model"),
