@@ -715,6 +715,8 @@ def learning_curve(results: dict[str, Result], name: str = "learning_curve") -> 
             f"{' constant' if c.get('lr_schedule') == 'constant' else ''}, "
             f"T {c['temperature']:g}, held-out greedy every {c['eval_every']} updates"
             + (f", computing in {c['precision']}" if c.get("precision", "float32") != "float32" else "")
+            + (f", attention in {c['attention']}" if c.get("attention", "same") != "same" else "")
+            + (f", {c['kv_cache']} KV cache" if c.get("kv_cache", "dynamic") != "dynamic" else "")
             + (f"; {c['note']}" if c.get("note") else ""))
 
     def ci(v: Any) -> str:
@@ -759,6 +761,10 @@ def learning_curve(results: dict[str, Result], name: str = "learning_curve") -> 
             out += ["", f"Log-prob of the call's opening token under the policy, where the agent was free to choose "
                         f"(scored before each update, mean over seeds): update {lo} {logp_at(lo)}, update {hi} {logp_at(hi)}; "
                         "a greedy choice flips to a call only once it beats the prose reply's first token."]
+    clipped = x.get("clip_frac") or {}
+    if clipped:  # the sampler/trainer gap and grammar-masked tokens together (bench/learning_curve.py says why)
+        out += ["", "Trained tokens whose PPO ratio started outside the clip (one optimizer step an update; mean over "
+                    "updates): " + ", ".join(f"{run} {share:.3f}" for run, share in sorted(clipped.items())) + "."]
     quoted = {run: shares for run, shares in (x.get("quoted_answers") or {}).items() if shares}
     if quoted:  # a right answer in a form no user asked for: the levels above cannot tell
         out += ["", "Final held-out answers that copy a tool's response whole (`<tool_response>` tags included; right by "
@@ -795,7 +801,8 @@ def learning_curve(results: dict[str, Result], name: str = "learning_curve") -> 
 SUMMARY_KEYS = {"temperature": "T", "lr": "lr", "lr_schedule": "schedule", "opd_coef": "OPD weight",
                 "first_turn": "first turn", "guide_share": "guided share", "injector": "skill in", "precision": "precision",
                 "answer_format": "skill prompt's example", "skill_opening": "skill opening",
-                "skill_failures": "skills on failures", "lora_r": "LoRA rank"}
+                "skill_failures": "skills on failures", "lora_r": "LoRA rank", "attention": "attention",
+                "kv_cache": "KV cache"}
 ALWAYS = {"temperature", "lr", "lr_schedule", "opd_coef"}
 SUMMARY_DEFAULTS = {"first_turn": "forced", "lora_r": 8}
 
@@ -870,7 +877,7 @@ _MEASURE = {"level", "first_turn", "heldout", "model", "max_tokens"}
 #: Flags added to bench/learning_curve.py after curves were stored: what an older file without them ran.
 _ADDED_LATER = {"guide_share": 0.0, "lr_schedule": "linear", "precision": "float32", "opd_coef": 0.01,
                 "injector": "system", "fuse_teacher": False, "answer_format": "paper", "skill_opening": "words",
-                "skill_failures": "write"}
+                "skill_failures": "write", "attention": "same", "kv_cache": "dynamic"}
 #: Settings a method's runs do not read: GRPO trains without the distillation term and writes no skill.
 _UNREAD = {"grpo": {"opd_coef", "injector", "answer_format", "skill_opening", "skill_failures"}}
 

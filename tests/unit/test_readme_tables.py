@@ -409,6 +409,19 @@ def test_a_curve_whose_answers_copy_the_tool_response_says_so():
     assert "copy a tool's response whole" in text and "first and last evaluation: grpo-s0 0.00 -> 1.00." in text
 
 
+def test_a_curve_states_its_clip_fraction_and_its_faster_path_settings():
+    pilot = load_result(ROOT / "docs" / "results" / "learning_curve_guided.json")
+    text = "\n".join(tables.learning_curve({pilot.name: pilot}, pilot.name))
+    assert "outside the clip" not in text and "attention in" not in text and "KV cache" not in text
+    x = json.loads(json.dumps(pilot.results))
+    x["clip_frac"] = {"grpo-s1": 0.2, "grpo-s0": 0.23456}
+    config = {**pilot.config, "precision": "auto", "attention": "float32", "kv_cache": "static"}
+    pilot = dataclasses.replace(pilot, results=x, config=config)
+    text = "\n".join(tables.learning_curve({pilot.name: pilot}, pilot.name))
+    assert "started outside the clip (one optimizer step an update; mean over updates): grpo-s0 0.235, grpo-s1 0.200." in text
+    assert "computing in auto, attention in float32, static KV cache" in text
+
+
 def test_a_curve_says_what_its_skills_named():
     pilot = load_result(ROOT / "docs" / "results" / "learning_curve_guided.json")
     x = json.loads(json.dumps(pilot.results))
