@@ -63,7 +63,8 @@ class SkillConfig(BaseModel):
     opening: SkillOpening = Field("words", description=(
         "How the skill grammar opens a skill a served model writes in the hindsight node: words, the paper's free "
         "text; call, 'Call <tool> with ...', the tool one of those the episode was offered (a skill naming the call "
-        "a task needed is one a 135M model can copy). `skills collect --opening call` gives a policy analyzer the same grammar; automatic stage 1's rule-based analyzers write words (its text envs offer no tools)."))
+        "a task needed is one a 135M model can copy). `skills collect --opening call` gives a policy analyzer the "
+        "same grammar; automatic stage 1's rule-based analyzers write words (its text envs offer no tools)."))
     failures: SkillFailures = Field("write", description=(
         "write: a failed episode gets a skill too (the paper's avoidance rules); skip: no analyzer call for it, its "
         "rows get no teacher. A 135M writer's failure skill names the failed call and raises it in the teacher; on "
