@@ -174,8 +174,8 @@ def with_hindsight(
             return {"skill": Skill(task_id=getattr(task, "task_id", ""), success=success, valid=False, reject_reason=reason)}
         text = task_text(state) if task_text is not None else first_user_message(calls)
         episode = EpisodeRecord.from_metadata(state.get("metadata") or {}, task_id=getattr(task, "task_id", ""),
-                                              success=success, reward=float(state.get("reward", 0.0)))
-        episode.tools = tool_names(calls)
+                                              success=success, reward=float(state.get("reward", 0.0)),
+                                              tools=tool_names(calls))
         return {"skill": await write_skill(llm, calls, text, success, episode=episode, **skill_options)}
 
     g = StateGraph(state_schema or _outer_schema(agent_graph))

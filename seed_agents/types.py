@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Sequence
 from enum import Enum
 from typing import Any, Literal
 
@@ -316,10 +317,10 @@ class EpisodeRecord(BaseModel):
 
     @classmethod
     def from_metadata(cls, metadata: dict[str, Any], *, task_id: str = "", success: bool = False,
-                      reward: float = 0.0) -> EpisodeRecord:
+                      reward: float = 0.0, tools: Sequence[str] = ()) -> EpisodeRecord:
         """From a final graph state's (or a trajectory's) ``metadata``; ``steps`` is empty
         when the graph recorded none (an older trajectory, a graph that is not an env agent)."""
         raw = metadata.get(ENV_STEPS_KEY) or []
         info = {k: v for k, v in metadata.items() if k not in (ENV_STEPS_KEY, FIRST_OBSERVATION_KEY)}
         return cls(task_id=task_id, success=success, reward=reward, steps=[EnvStep.model_validate(s) for s in raw],
-                   first_observation=str(metadata.get(FIRST_OBSERVATION_KEY) or ""), metadata=info)
+                   first_observation=str(metadata.get(FIRST_OBSERVATION_KEY) or ""), metadata=info, tools=list(tools))

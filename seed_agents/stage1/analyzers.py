@@ -378,15 +378,14 @@ def make_analyzer(cfg: AnalyzerConfig, *, llm: Any = None, suite: EnvSuite | Non
     ``rule_based`` means. ``min_words``, ``max_words``, ``opening``: the skill form a
     ``policy`` analyzer's grammar enforces (the others are asked by the prompt alone).
     Raises ``ValueError`` when one of them is needed and missing."""
-    analyzer = _make_analyzer(cfg, llm=llm, suite=suite, form={"min_words": min_words, "max_words": max_words,
-                                                                "opening": opening})
+    analyzer = _make_analyzer(cfg, llm=llm, suite=suite, min_words=min_words, max_words=max_words, opening=opening)
     if cfg.name:
         analyzer.name = cfg.name
     return analyzer
 
 
-def _make_analyzer(cfg: AnalyzerConfig, *, llm: Any = None, suite: EnvSuite | None = None,
-                   form: dict[str, Any]) -> Analyzer:
+def _make_analyzer(cfg: AnalyzerConfig, *, llm: Any, suite: EnvSuite | None, min_words: int, max_words: int,
+                   opening: SkillOpening) -> Analyzer:
     if cfg.kind == "rule_based":
         offline = suite.offline_analyzer() if suite is not None else None
         if offline is None:
@@ -410,11 +409,13 @@ def _make_analyzer(cfg: AnalyzerConfig, *, llm: Any = None, suite: EnvSuite | No
         if llm is None:
             raise ValueError("a policy analyzer needs analyzer.backend, analyzer.model or a chat model")
         return PolicyAnalyzer(llm, max_tokens=cfg.max_tokens, temperature=cfg.temperature,
-                              max_concurrency=cfg.max_concurrency, **form)
+                              max_concurrency=cfg.max_concurrency, min_words=min_words, max_words=max_words,
+                              opening=opening)
     from seed_agents.backends import make_backend
     from seed_agents.chat_model import SeedChatModel
 
     backend, tokenizer = make_backend(backend_cfg)
     chat = SeedChatModel(backend=backend, tokenizer=tokenizer, model_name=backend_cfg.model, purpose="analyzer")
     return PolicyAnalyzer(chat, max_tokens=cfg.max_tokens, temperature=cfg.temperature,
-                          max_concurrency=cfg.max_concurrency, close_backend=True, **form)
+                          max_concurrency=cfg.max_concurrency, close_backend=True, min_words=min_words,
+                          max_words=max_words, opening=opening)

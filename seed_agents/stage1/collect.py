@@ -318,7 +318,7 @@ async def _analyze_all(cfg: CollectConfig, analyzer: Analyzer, todo: list[Trajec
                                            max_steps=cfg.max_steps, answer_format=cfg.answer_format)
         try:
             episode = EpisodeRecord.from_metadata(traj.metadata, task_id=traj.task_id, success=traj.success,
-                                                  reward=traj.reward).model_copy(update={"tools": tool_names(traj.calls)})
+                                                  reward=traj.reward, tools=tool_names(traj.calls))
             reply = await analyzer.analyze(messages, episode)
         except Exception as e:  # noqa: BLE001 - a broken analyzer fails this episode, not the run
             reply = AnalyzerReply(error=redact(f"{type(e).__name__}: {e}"))  # errors are written to summary.json
