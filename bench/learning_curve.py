@@ -80,7 +80,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run as a script: bench/ and examples/ are on the path
 from bench.children import run_logged, stop_children_on_sigterm  # noqa: E402
 from bench.results import add_results_args, config_of, now, write_result  # noqa: E402
-from bench.stats import compare, seeds_needed  # noqa: E402
+from bench.stats import compare, paired_tests, seeds_needed  # noqa: E402
 from seed_agents.types import AnswerFormat, SkillFailures, SkillOpening  # noqa: E402
 
 METHODS = ("grpo", "seed", "seed-oracle", "seed-episode", "seed-success", "seed-success-generic", "seed-success-imitate")
@@ -407,7 +407,7 @@ def analyse(runs: dict[str, dict[int, dict[str, Any]]]) -> dict[str, Any]:
         p = compare(finals[method], finals["grpo"])
         out[f"{method.replace('-', '_')}_minus_grpo"] = {
             "n": p.n, "mean": p.mean, "ci": p.ci, "seeds_needed": p.seeds_needed,
-            "higher": p.higher, "lower": p.lower, "equal": p.equal}
+            "higher": p.higher, "lower": p.lower, "equal": p.equal, "t_ci": p.t_ci, "p_t": p.p_t, "p_sign": p.p_sign}
     grpo = out["methods"].get("grpo", {})
     ci = grpo.get("gain_ci")
     seeds = len(grpo.get("gain_per_seed", {}))
@@ -620,9 +620,10 @@ def main(argv: list[str] | None = None) -> None:
         d = analysis.get(f"{method.replace('-', '_')}_minus_grpo")
         if d:
             ci = d["ci"]
-            print(f"{method.upper()} - GRPO (final held-out, paired by seed, n={d['n']}): {d['mean']:+.3f}, 95% CI "
-                  f"{'-' if ci is None else f'[{ci[0]:+.3f}, {ci[1]:+.3f}]'}; a paired test needs "
-                  f"{d['seeds_needed'] or '-'} seeds")
+            tests = paired_tests(d)
+            print(f"{method.upper()} - GRPO (final held-out, paired by seed, n={d['n']}): {d['mean']:+.3f}, 95% bootstrap "
+                  f"CI {'-' if ci is None else f'[{ci[0]:+.3f}, {ci[1]:+.3f}]'}{f'; {tests}' if tests else ''}; "
+                  f"a paired test needs {d['seeds_needed'] or '-'} seeds")
     for name, shares in analysis["quoted_answers"].items():
         print(f"{name}: final held-out answers that copy a tool's response whole, per evaluation: "
               + ", ".join(f"update {u} {v:.2f}" for u, v in shares.items()))

@@ -3,6 +3,7 @@ seed count would make a benchmark's conclusion wrong while every run is fine."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 
@@ -65,3 +66,65 @@ def test_compare_counts_float_noise_as_a_tie():
     assert (p.n, p.higher, p.lower, p.equal) == (3, 1, 1, 1)
     assert p.mean == pytest.approx(0.0) and p.sd == pytest.approx(0.25)
     assert p.ci[0] < 0 < p.ci[1] and p.seeds_needed is None
+
+
+@pytest.mark.parametrize("df, t", [(1, 12.706205), (2, 4.302653), (3, 3.182446), (4, 2.776445), (5, 2.570582),
+                                   (10, 2.228139), (30, 2.042272)])
+def test_t_critical_values_are_the_published_table(df, t):
+    """Two-sided 95% critical values of Student's t (any statistics table)."""
+    assert stats.t_critical(df) == pytest.approx(t, abs=2e-6)
+
+
+@pytest.mark.parametrize("t", [0.0, 0.3, 1.0, 2.5, 9.0])
+def test_t_within_is_the_closed_form_at_one_two_and_three_degrees_of_freedom(t):
+    assert stats.t_within(t, 1) == pytest.approx(2 * math.atan(t) / math.pi)  # Cauchy
+    assert stats.t_within(t, 2) == pytest.approx(t / math.sqrt(2 + t * t))
+    u = t / math.sqrt(3)
+    assert stats.t_within(t, 3) == pytest.approx(2 / math.pi * (math.atan(u) + u / (1 + u * u)))
+    assert stats.t_within(-t, 5) == stats.t_within(t, 5)  # P(|T| < t): the sign does not matter
+
+
+def test_t_within_tends_to_the_normal_and_refuses_no_degrees_of_freedom():
+    assert stats.t_within(1.959964, 20_000) == pytest.approx(0.95, abs=1e-4)
+    with pytest.raises(ValueError):
+        stats.t_within(1.0, 0)
+
+
+def test_paired_t_is_the_hand_computed_test_on_four_seeds():
+    xs = [0.2, 0.2875, 0.1875, 0.125]  # the own-skill curve's SEED - GRPO by seed
+    mean, sd = statistics.fmean(xs), statistics.stdev(xs)
+    se = sd / 2
+    (low, high), p = stats.paired_t(xs)
+    assert (low, high) == pytest.approx((mean - 3.182446 * se, mean + 3.182446 * se), abs=1e-6)
+    assert p == pytest.approx(1 - stats.t_within(mean / se, 3))
+    assert 0.005 < p < 0.015  # t = 5.97 on 3 degrees of freedom
+    # the bootstrap's interval is narrower than the t interval at this size: the reason for both
+    boot = stats.bootstrap_ci(xs)
+    assert low < boot[0] and boot[1] < high
+    assert stats.paired_t([0.1]) == (None, None)
+    assert stats.paired_t([0.1, 0.1]) == ((0.1, 0.1), 0.0) and stats.paired_t([0.0, 0.0])[1] == 1.0
+
+
+def test_the_t_tests_p_is_five_percent_at_the_critical_value():
+    xs = [0.02, -0.02, 0.02, -0.02]
+    shifted = [x + 3.182446 * statistics.stdev(xs) / 2 for x in xs]  # the mean at t_crit(3) standard errors
+    assert stats.paired_t(shifted)[1] == pytest.approx(0.05, abs=1e-6)
+    assert stats.paired_t(shifted)[0][0] == pytest.approx(0.0, abs=1e-6)  # and the interval touches 0
+
+
+@pytest.mark.parametrize("higher, lower, p", [(4, 0, 0.125), (5, 0, 0.0625), (6, 0, 0.03125), (0, 6, 0.03125),
+                                              (3, 1, 0.625), (2, 2, 1.0), (9, 1, 0.021484375)])
+def test_sign_test_is_the_exact_binomial(higher, lower, p):
+    assert stats.sign_test(higher, lower) == pytest.approx(p)
+
+
+def test_compare_carries_both_tests_and_says_them():
+    p = stats.compare({0: 0.7, 1: 0.8, 2: 0.75, 3: 0.6}, {0: 0.5, 1: 0.55, 2: 0.55, 3: 0.55})
+    assert p.p_sign == 0.125 and p.t_ci == pytest.approx(stats.paired_t([0.2, 0.25, 0.2, 0.05])[0])
+    words = stats.paired_tests(p)
+    assert words.startswith(f"t interval [{p.t_ci[0]:+.3f}, {p.t_ci[1]:+.3f}], paired t-test p = {p.p_t:.3f}")
+    assert words.endswith("sign test 4 of 4 p = 0.125")
+    assert stats.paired_tests(dataclasses.asdict(p)) == words  # a stored comparison reads the same
+    one = stats.compare({0: 0.7}, {0: 0.5})
+    assert (one.t_ci, one.p_t, one.p_sign) == (None, None, None) and stats.paired_tests(one) == ""
+    assert stats.paired_tests({"mean": 0.1, "ci": [0.0, 0.2], "n": 3}) == ""  # stored before the tests

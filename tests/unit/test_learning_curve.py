@@ -36,6 +36,7 @@ def test_a_clear_gain_meets_the_goal_and_no_gain_misses_it():
     assert g["zero_variance_groups"] == pytest.approx(0.5) and g["updates"] == 30
     d = a["seed_minus_grpo"]
     assert d["n"] == 3 and d["mean"] == pytest.approx(0.25 - 0.5) and d["lower"] == 3
+    assert d["p_sign"] == 0.25 and d["t_ci"] == (pytest.approx(-0.25), pytest.approx(-0.25)) and d["p_t"] == 0.0  # no spread
     assert analyse({"grpo": flat})["goal"]["verdict"] == "missed"
     one_seed = analyse({"grpo": {0: gain[0]}})["goal"]["verdict"]
     assert one_seed.startswith("not decided: 1 seed(s)") and "clears it" in one_seed

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from bench import stats
 from bench.results import load_result, write_result
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -312,7 +313,8 @@ def test_a_variant_is_paired_by_seed_with_its_nearest_curve_and_names_what_diffe
     # seed 3 has no partner; a note or a switch added later (None -> 0.0) is not a difference
     assert "learning_curve.json's" in text and "n=3" in text and "temperature 0.7 -> 0.5" in text
     assert "guide_share" not in text and "note" not in text
-    assert "+0.017 (seed 0 -0.050, seed 1 +0.100, seed 2 +0.000)" in text and "95% CI" in text
+    assert "+0.017 (seed 0 -0.050, seed 1 +0.100, seed 2 +0.000)" in text and "95% bootstrap CI" in text
+    assert "paired t-test p = 0.742, sign test 1 of 2 p = 1.000" in text
     # the lr probe pairs with the curve it differs from in one setting, on its one seed
     text = " ".join(tables.against_nearest_curve(results, "learning_curve_lr"))
     assert "learning_curve_t05.json's" in text and "lr 0.0003 -> 0.001" in text
@@ -540,3 +542,23 @@ def test_the_opd_gate_is_averaged_over_the_updates_that_had_a_skill():
     updates = [{"skill_parse_rate": 0.5, "opd/gate": 0.5, "kl": 0.1}, {"skill_parse_rate": 0.0, "opd/gate": 0.0, "kl": 0.1}]
     x = {"methods": ["seed"], "runs": {"seed-s0": {"metrics": updates}}}
     assert "OPD gate 0.500 (mean over the updates with a skill)" in "\n".join(tables._update_diagnostics(x))
+
+
+def test_a_comparison_stored_before_the_t_test_gets_it_from_the_files_runs():
+    """Files written before bench/stats.py had the t-test keep each run's held-out bits:
+    the tests are computed from those, and only when they give the stored mean back."""
+    def run(bits: str) -> dict:
+        return {"digest": bits, "scores": {"0": {"right_answer": "0000"}, "8": {"right_answer": bits}}}
+
+    x = {"runs": {"grpo-s0": run("1000"), "grpo-s1": run("1100"), "grpo-s2": run("10-0"),
+                  "seed-s0": run("1110"), "seed-s1": run("1111"), "seed-s2": run("11-1")}}
+    r = tables.Result(name="learning_curve_x", config={"seeds": [0, 1, 2]}, results=x)
+    assert tables._finals(r, "seed") == {"0": 0.75, "1": 1.0, "2": 1.0}  # a task not scored ("-") is not a task
+    stored = {"n": 3, "mean": round((0.5 + 0.5 + 2 / 3) / 3, 6), "ci": [0.5, 0.667], "seeds_needed": 2,
+              "higher": 3, "lower": 0, "equal": 0}
+    both = tables._against_grpo(r, "seed", stored)
+    assert both["p_sign"] == 0.25 and both["p_t"] == pytest.approx(stats.paired_t([0.5, 0.5, 2 / 3])[1])
+    assert tables._against_grpo(r, "seed", {**stored, "mean": 0.4}) == {**stored, "mean": 0.4}  # not these runs
+    assert tables._against_grpo(r, "seed", {**stored, "p_t": 0.5}) == {**stored, "p_t": 0.5}  # stored: kept
+    assert tables._paired_cell(both) == f"+0.556 [+0.500, +0.667], p {both['p_t']:.3f}"
+    assert tables._paired_cell({"mean": 0.1, "ci": None}) == "+0.100 (one seed)" and tables._paired_cell(None) == "-"
