@@ -117,7 +117,14 @@ def paired_t(xs: Sequence[float], *, confidence: float = 0.95) -> tuple[tuple[fl
     p is 0 (or 1 at mean 0)."""
     if len(xs) < 2:
         return None, None
-    n, mean, sd = len(xs), statistics.fmean(xs), statistics.stdev(xs)
+    return t_test(len(xs), statistics.fmean(xs), statistics.stdev(xs), confidence=confidence)
+
+
+def t_test(n: int, mean: float, sd: float, *, confidence: float = 0.95) -> tuple[tuple[float, float], float]:
+    """``paired_t`` from a sample's size, mean and standard deviation (n - 1), as a result
+    file written before the test keeps them."""
+    if n < 2:
+        raise ValueError(f"a t-test needs two values or more, got {n}")
     if sd == 0:
         return (mean, mean), (1.0 if mean == 0 else 0.0)
     se = sd / math.sqrt(n)

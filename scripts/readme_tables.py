@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run as a script: scripts/ is on the path, the repo root is not
 
 from bench.results import Result, load_results  # noqa: E402
-from bench.stats import compare, paired_tests  # noqa: E402
+from bench.stats import compare, paired_tests, sign_test, t_test  # noqa: E402
 
 MARKER = re.compile(r"(<!-- results:(?P<name>[a-z0-9_]+) -->\n)(?P<body>.*?)(<!-- /results:(?P=name) -->)", re.S)
 OPENING = re.compile(r"<!-- results:(?P<name>[a-z0-9_]+) -->")
@@ -288,10 +288,14 @@ def sample_efficiency(results: dict[str, Result]) -> list[str]:
            *table(["method", "start", "mean over the curve", f"final ({final_at} episodes)", "final - start",
                    f"seeds reaching {th:g}"], rows), ""]
     for name, p in x["paired"].items():
+        if p.get("p_t") is None and p["n"] > 1:  # written before the tests: its n, mean and sd give the t-test
+            t_ci, p_t = t_test(p["n"], p["mean"], p["sd"])
+            p = {**p, "t_ci": t_ci, "p_t": p_t, "p_sign": sign_test(p["higher"], p["lower"])}
         ci = "n/a" if p["ci"] is None else f"[{p['ci'][0]:+.3f}, {p['ci'][1]:+.3f}]"
         need = "no effect to detect" if p["seeds_needed"] is None else f"{p['seeds_needed']} seeds"
         out.append(f"- paired by seed, `{name}`: {p['mean']:+.3f} ± {p['sd']:.3f} over {p['n']} seeds ({p['higher']} "
-                   f"higher, {p['lower']} lower, {p['equal']} equal); 95% bootstrap CI {ci}; to detect it "
+                   f"higher, {p['lower']} lower, {p['equal']} equal); 95% bootstrap CI {ci}"
+                   + (f"; {paired_tests(p)}" if paired_tests(p) else "") + "; to detect it "
                    f"(paired t, alpha 0.05, power 0.8): {need}")
     return out
 

@@ -128,3 +128,10 @@ def test_compare_carries_both_tests_and_says_them():
     one = stats.compare({0: 0.7}, {0: 0.5})
     assert (one.t_ci, one.p_t, one.p_sign) == (None, None, None) and stats.paired_tests(one) == ""
     assert stats.paired_tests({"mean": 0.1, "ci": [0.0, 0.2], "n": 3}) == ""  # stored before the tests
+
+
+def test_the_t_test_from_a_stored_summary_is_the_one_on_the_values():
+    xs = [0.0, 0.125, 0.0833, 0.0972]  # sample_efficiency's seeds: its file keeps n, mean and sd only
+    assert stats.t_test(4, statistics.fmean(xs), statistics.stdev(xs)) == stats.paired_t(xs)
+    with pytest.raises(ValueError):
+        stats.t_test(1, 0.1, 0.0)
