@@ -227,6 +227,9 @@ def main(argv: list[str] | None = None) -> None:
                     help="skills.failures during the collect (skip: the analyzer is not asked about failures).")
     ap.add_argument("--lora-r", type=int, default=0, help="LoRA rank of the timed update (0: every weight).")
     ap.add_argument("--temperature", type=float, default=0.7, help="The policy's sampling temperature.")
+    ap.add_argument("--gradient-checkpointing", choices=["on", "off"], default="on",
+                    help="Activation checkpointing in the timed update (on: as `train` runs it, trainer."
+                         "gradient_checkpointing; off: every activation kept, as this benchmark ran before 2026-12-06).")
     ap.add_argument("--result-name", default=None,
                     help="Result file name (default seed_overhead, or seed_overhead_ENV with --env).")
     ap.add_argument("--repeats", type=int, default=3)
@@ -247,6 +250,9 @@ def main(argv: list[str] | None = None) -> None:
     started = bench_results.now()
 
     trainer, rollout, tasks = build(args)
+    from bench.update_throughput import set_checkpointing
+
+    set_checkpointing(trainer.model, args.gradient_checkpointing == "on")  # Trainer.train() would; we never call it
 
     # -- one iteration's rollouts, collected once ------------------------------------------
     t0 = time.perf_counter()

@@ -135,11 +135,18 @@ def build(args: argparse.Namespace) -> tuple[Any, Any, list[Any]]:
 def set_layout(trainer: Any, layout: str) -> None:
     chunk, share, checkpointing, _ = LAYOUTS[layout]
     trainer.args.chunk_tokens, trainer.args.share_prefix = chunk, share
-    model = trainer.model
+    set_checkpointing(trainer.model, checkpointing)
+
+
+def set_checkpointing(model: Any, on: bool) -> None:
+    """Turn activation (gradient) checkpointing on or off. ``Trainer.train()`` turns it on
+    when its arguments ask (``train``'s default); a benchmark that drives the update itself
+    never calls ``train()``, so without this it would time, and hold in memory, an update
+    that keeps every activation."""
     new = hasattr(model, "activation_checkpointing_enable")  # transformers 5's name
-    if checkpointing and new:
+    if on and new:
         model.activation_checkpointing_enable({"use_reentrant": False})
-    elif checkpointing:
+    elif on:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     else:
         (model.activation_checkpointing_disable if new else model.gradient_checkpointing_disable)()

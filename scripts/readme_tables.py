@@ -146,7 +146,11 @@ def seed_overhead(results: dict[str, Result], name: str = "seed_overhead") -> li
     n = len(x["repeats"])
     what = (f"{c['env']}, {c['tasks']} tasks x {c['group']} episodes, {c['max_turns']} turns, "
             f"{x['rows']} rows, teacher prompts on {x['rows_with_teacher']}/{x['rows']} rows ({c['skill_coverage']})"
-            + (f", LoRA r{c['lora_r']}" if c.get("lora_r") else "") + (f", T {c['temperature']:g}" if "temperature" in c else ""))
+            + (f", LoRA r{c['lora_r']}" if c.get("lora_r") else "") + (f", T {c['temperature']:g}" if "temperature" in c else "")
+            # the benchmark drives the update without Trainer.train(), which is what turns checkpointing on
+            + (", activation checkpointing on (as `train` runs)" if c.get("gradient_checkpointing") == "on" else
+               ", no activation checkpointing (`train` checkpoints by default: each side's backward recomputes "
+               "less here than in training)"))
     placed = x.get("placements", {})
     order = [side for side in c.get("injectors") or [] if side in placed] or list(placed)  # the run's order
     rows = [["GRPO (lambda 0)", f"{x['grpo_update_s']:.1f}", f"{x['grpo_score_s']:.1f} (reference)"]]

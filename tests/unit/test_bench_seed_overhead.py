@@ -61,3 +61,28 @@ def test_a_result_name_outside_the_tables_family_is_refused(bad, capsys):
     with pytest.raises(SystemExit) as e:
         main(["--result-name", bad, "--injectors", "nope"])  # refused first: a broken check fails fast here
     assert e.value.code == 2 and "--result-name: seed_overhead or seed_overhead_<" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flag, on", [([], True), (["--gradient-checkpointing", "off"], False)])
+def test_the_timed_update_checkpoints_activations_as_train_does_unless_told_not_to(tiny_model_dir, tmp_path, monkeypatch,
+                                                                                   flag, on):
+    """``train`` checkpoints by default, but only ``Trainer.train()`` turns it on, and the
+    benchmark drives the update itself: without turning it on, it timed (and held in memory)
+    an update that keeps every activation."""
+    import json
+
+    from bench import seed_overhead
+
+    seen = []
+    real = seed_overhead.Updater.__call__
+
+    def spy(self, batch, lam, fuse=False):
+        seen.append(self.trainer.model.is_activation_checkpointing)
+        return real(self, batch, lam, fuse)
+
+    monkeypatch.setattr(seed_overhead.Updater, "__call__", spy)
+    main(["--model", tiny_model_dir, "--env", "fake", "--tasks", "1", "--group", "2", "--max-turns", "1",
+          "--analyzer-tokens", "8", "--repeats", "1", "--results-dir", str(tmp_path), *flag])
+    assert seen and set(seen) == {on}
+    config = json.loads((tmp_path / "seed_overhead_fake.json").read_text())["config"]
+    assert config["gradient_checkpointing"] == ("on" if on else "off")

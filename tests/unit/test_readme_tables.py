@@ -190,11 +190,13 @@ def test_seed_overhead_table_header_names_the_departures_and_the_miss(tmp_path):
             "4 of its 290 tokens with the row's | 44.0 | 9.5 (reference; the teacher inside the loss, 100% of its rows "
             "fused) |") in text
     assert "skill after the prompt, teacher fused into the loss forward 700, skill in the system message 2217" in text
-    assert "teacher prompts on 12/12 rows (full) (" in text  # no LoRA, no temperature stored: neither named
-    config.update(skill_coverage="successes", lora_r=8, temperature=0.5)
+    # no LoRA, no temperature stored: neither named; no checkpointing stored: the run kept every activation
+    assert "teacher prompts on 12/12 rows (full), no activation checkpointing (`train` checkpoints" in text
+    config.update(skill_coverage="successes", lora_r=8, temperature=0.5, gradient_checkpointing="on")
     res["rows_with_teacher"] = 5
     write_result("seed_overhead", config, res, paper=so.PAPER, labels=so.LABELS, results_dir=tmp_path / "results")
-    assert "teacher prompts on 5/12 rows (successes), LoRA r8, T 0.5 (" in render(tmp_path, "seed_overhead")
+    assert ("teacher prompts on 5/12 rows (successes), LoRA r8, T 0.5, activation checkpointing on (as `train` runs) ("
+            in render(tmp_path, "seed_overhead"))
 
 
 def test_update_memory_and_skill_usefulness_render_from_their_scripts_keys(tmp_path):
