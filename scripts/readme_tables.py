@@ -400,7 +400,10 @@ def tool_agent(results: dict[str, Result]) -> list[str]:
         ci = p.get("ci95") or [None, None]
         ci_text = "n/a (one seed)" if len(p["diffs"]) < 2 or ci[0] is None else f"[{ci[0]:+.3f}, {ci[1]:+.3f}]"
         need = p.get("seeds_needed")
+        diffs = dict(enumerate(p["diffs"]))
+        tests = paired_tests(compare(diffs, dict.fromkeys(diffs, 0.0)))  # the stored differences, tested against 0
         out.append(f"Paired by seed, SEED - GRPO held-out {key}: {p['mean']:+.3f}, 95% bootstrap CI {ci_text}, "
+                   + (f"{tests}, " if tests else "") +
                    f"seeds a paired test would need: {'n/a' if need is None else need}.  ")
     out[-1] = out[-1].rstrip()
     return out
