@@ -160,7 +160,6 @@ class Paired:
     p_sign: float | None = None  # two-sided exact sign test over the seeds that differ
 
 
-
 def paired_tests(p: Paired | Mapping[str, Any]) -> str:
     """A comparison's two tests in a few words (a ``Paired`` or its stored dict): "t interval
     [a, b], paired t-test p = x, sign test h of m p = y"; "" for fewer than two seeds or a
