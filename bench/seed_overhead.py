@@ -128,6 +128,7 @@ def build(args: argparse.Namespace) -> tuple[Any, Any, list[Any]]:
     backend = LocalBackend(model, tokenizer=tokenizer, max_batch_size=args.tasks * args.group)
     llm = SeedChatModel(backend=backend, tokenizer=tokenizer,
                         sampling=SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature))
+    judged: dict[str, Any] = {}  # the hindsight node's success_fn, where the env does not set success itself
     if args.env == "textworld":
         from seed_agents.tools.textworld import TextWorldSuite
 
@@ -141,12 +142,15 @@ def build(args: argparse.Namespace) -> tuple[Any, Any, list[Any]]:
 
         tasks = make_tasks("train", per_level=args.tasks, levels=[0])
         graph, make_env, reward = build_agent(llm, max_turns=args.max_turns), None, answer_reward
+        # the outcome is the reward function's (run after the graph): the hindsight node asks it,
+        # as `train` does, or it sees no success and, under --skill-failures skip, writes nothing
+        judged["success_fn"] = lambda state: answer_reward(state["task"], state) >= 1.0
     else:
         from seed_agents.testing import ScriptedEnv
 
         tasks = [Task(task_id=f"fake-{i}") for i in range(args.tasks)]
         graph, make_env = build_env_agent(llm, max_turns=args.max_turns), (lambda task: ScriptedEnv())
-    graph = with_hindsight(graph, llm, max_tokens=args.analyzer_tokens, failures=args.skill_failures)
+    graph = with_hindsight(graph, llm, max_tokens=args.analyzer_tokens, failures=args.skill_failures, **judged)
     runner = EpisodeRunner(graph, RunnerConfig(group_size=args.group, concurrency=args.tasks * args.group, progress=False),
                            make_env=make_env, **({"reward_fn": reward} if args.env == "atlas" else {}))
     rollout = GraphRollout(runner, llm, skills="self", injector=make_injector(args.injectors[0].removesuffix("+fused")))

@@ -86,3 +86,26 @@ def test_the_timed_update_checkpoints_activations_as_train_does_unless_told_not_
     assert seen and set(seen) == {on}
     config = json.loads((tmp_path / "seed_overhead_fake.json").read_text())["config"]
     assert config["gradient_checkpointing"] == ("on" if on else "off")
+
+
+def test_on_the_atlas_the_hindsight_node_judges_success_by_the_reward_function(tiny_model_dir, monkeypatch):
+    """The atlas graph sets no success of its own (the runner's reward function judges the
+    answer after the graph), so the hindsight node must be handed that judgement, as `train`
+    hands it; without it every episode looked failed and, under --skill-failures skip, no skill
+    was ever asked for (a run with 0 analyzer calls)."""
+    from types import SimpleNamespace
+
+    import examples.atlas_tasks as atlas
+    import seed_agents.graphs.hindsight as hindsight
+    from bench import seed_overhead
+
+    given = {}
+    monkeypatch.setattr(hindsight, "with_hindsight", lambda graph, llm, **kw: given.update(kw) or graph)
+    rewards = iter([1.0, 0.0])
+    monkeypatch.setattr(atlas, "answer_reward", lambda task, state: next(rewards))
+    args = SimpleNamespace(model=tiny_model_dir, seed=0, lora_r=0, tasks=1, group=2, max_tokens=8, temperature=0.5,
+                           env="atlas", max_turns=2, analyzer_tokens=8, skill_failures="skip", injectors=["system"],
+                           opd_coef=0.1, score_batch_size=4, cache_dir=None)
+    seed_overhead.build(args)
+    assert given["failures"] == "skip"
+    assert given["success_fn"]({"task": None}) is True and given["success_fn"]({"task": None}) is False
