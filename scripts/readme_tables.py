@@ -862,6 +862,7 @@ def learning_summary(results: dict[str, Result]) -> list[str]:
             curve = m["curve"]
             a, b = curve[min(curve, key=int)], curve[max(curve, key=int)]
             paired = x.get(f"{method.replace('-', '_')}_minus_grpo")
+            paired = _against_grpo(r, method, paired) if paired else None  # before a retired method's name changes
             shown = [k for k in SUMMARY_KEYS if k not in _UNREAD.get(method, set())
                      and (k in ALWAYS or _setting(r, k) not in (None, _ADDED_LATER.get(k), SUMMARY_DEFAULTS.get(k)))]
             settings = ", ".join(f"{SUMMARY_KEYS[k]} {_setting(r, k):g}" if isinstance(_setting(r, k), float)
@@ -872,7 +873,7 @@ def learning_summary(results: dict[str, Result]) -> list[str]:
                          f"{a['right_answer']:.3f} -> {b['right_answer']:.3f}",
                          f"{f(m['gain'], '+.3f')} [{m['gain_ci'][0]:+.3f}, {m['gain_ci'][1]:+.3f}]"
                          if m.get("gain_ci") else f(m["gain"], "+.3f"),
-                         _paired_cell(_against_grpo(r, method, paired) if paired else None)])
+                         _paired_cell(paired)])
     return ["*Every `docs/results/learning_curve*.json`: atlas level 0, SmolLM2-135M with LoRA, 80 held-out tasks "
             "played greedily; settings as each file states (its section below has the rest). A row per method a file "
             "trained; paired: minus GRPO's final held-out success, seed by seed, with its 95% bootstrap CI and the "

@@ -564,3 +564,25 @@ def test_a_comparison_stored_before_the_t_test_gets_it_from_the_files_runs():
     assert tables._against_grpo(r, "seed", {**stored, "p_t": 0.5}) == {**stored, "p_t": 0.5}  # stored: kept
     assert tables._paired_cell(both) == f"+0.556 [+0.500, +0.667], p {both['p_t']:.3f}"
     assert tables._paired_cell({"mean": 0.1, "ci": None}) == "+0.100 (one seed)" and tables._paired_cell(None) == "-"
+
+
+def test_a_retired_methods_summary_row_gets_the_t_test_from_its_runs(monkeypatch):
+    """The summary renames a method a later fix retired; its test is still computed from
+    the runs stored under the method's own name."""
+    import bench.learning_curve as lc
+
+    monkeypatch.setattr(lc, "REVISIONS", {"seed": 2})
+
+    def run(bits: str) -> dict:
+        return {"digest": bits, "scores": {"0": {"right_answer": "0000"}, "8": {"right_answer": bits}}}
+
+    point = {"right_answer": 0.0, "right_calls": 0.0, "parsed": 1.0}
+    methods = {m: {"curve": {"0": point, "8": point}, "gain": 0.1, "gain_ci": [0.0, 0.2]} for m in ("grpo", "seed")}
+    x = {"methods": methods, "seed_minus_grpo": {"n": 3, "mean": round((0.5 + 0.5 + 0.25) / 3, 6), "ci": [0.25, 0.5]},
+         "runs": {"grpo-s0": run("1000"), "grpo-s1": run("1100"), "grpo-s2": run("1000"),
+                  "seed-s0": run("1110"), "seed-s1": run("1111"), "seed-s2": run("1100")}}
+    r = tables.Result(name="learning_curve_x", config={"seeds": [0, 1, 2], "temperature": 0.5, "lr": 3e-4,
+                                                        "lr_schedule": "constant", "opd_coef": 0.1}, results=x)
+    row = next(line for line in tables.learning_summary({r.name: r}) if "retired" in line)
+    p_t = stats.paired_t([0.5, 0.5, 0.25])[1]
+    assert row.endswith(f"| +0.417 [+0.250, +0.500], p {p_t:.3f} |")
