@@ -59,6 +59,8 @@ def run_train(cfg: TrainConfig, resume: bool = False) -> dict[str, Any]:
         if checkpoint is None:
             print(f"--resume: {out} has no complete checkpoint yet; restarting it from step 0", flush=True)
         truncate_traces(out, done_steps)
+    # restarted at step 0 over a finished evaluation of the same initial weights: keep it, once
+    initial_eval_kept = resume and done_steps == 0 and keep_initial_eval(out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(cfg.model_dump_json(indent=2))
     if src.store is not None and not (out / STORE_TASKS).exists():
@@ -76,7 +78,7 @@ def run_train(cfg: TrainConfig, resume: bool = False) -> dict[str, Any]:
                           processing_class=policy.tokenizer)
     evaluate = build_periodic_eval(cfg, src, policy, out, world_size=args.world_size)
     trainer.add_callback(_SyncAndLog(policy.sync, policy.backend, out, evaluate=evaluate,
-                                     every=cfg.eval.every if cfg.eval else 0, at_start=bool(cfg.eval and cfg.eval.at_start),
+                                     every=cfg.eval.every if cfg.eval else 0, at_start=bool(cfg.eval and cfg.eval.at_start) and not initial_eval_kept,
                                      last=cfg.iterations, resync=resume))
     t0 = time.perf_counter()
     trainer.train(resume_from_checkpoint=checkpoint if resume else None)
@@ -97,9 +99,9 @@ def _iteration_of(record: dict[str, Any]) -> int:
     return int(record.get("metadata", {}).get("iteration", -1))
 
 
-def truncate_traces(out: Path, keep_before: int) -> None:
+def truncate_traces(out: Path, keep_before: int, names: tuple[str, ...] = TRACE_FILES) -> None:
     """Drop records of iterations >= ``keep_before`` (they will be re-run on resume)."""
-    for name in TRACE_FILES:
+    for name in names:
         path = out / name
         if not path.exists():
             continue
@@ -113,6 +115,21 @@ def truncate_traces(out: Path, keep_before: int) -> None:
         tmp = path.with_suffix(".tmp")
         tmp.write_text("".join(x + "\n" for x in kept), encoding="utf-8")
         tmp.replace(path)
+
+
+def keep_initial_eval(out: Path) -> bool:
+    """Whether ``out`` holds a finished evaluation of the initial policy: its eval.jsonl row
+    (written after its trajectories). A run restarted at step 0 serves the same initial
+    weights, so it keeps that evaluation instead of adding a second one beside it; the
+    initial trajectories of an evaluation killed before its row are dropped, to be redone.
+    Call after ``truncate_traces(out, 0)`` (every line left parses)."""
+    rows, trajs = out / "eval.jsonl", out / "eval_trajectories.jsonl"
+    if rows.exists() and any(_iteration_of(json.loads(x)) == -1 for x in rows.read_text(encoding="utf-8").splitlines()
+                             if x.strip()):
+        return True
+    if trajs.exists():
+        truncate_traces(out, -1, names=("eval_trajectories.jsonl",))
+    return False
 
 
 def store_policy(cfg: TrainConfig) -> Any:

@@ -33,6 +33,11 @@ def lines(path):
     return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
 
 
+def sampled(trajs):
+    """What each call sampled, token for token (ids and the time of the call differ run to run)."""
+    return [[(c["prompt_ids"], c["completion_ids"], c["logprobs"]) for c in t["calls"]] for t in trajs]
+
+
 def test_train_any_graph_writes_every_trace_and_resumes_without_duplicates(tmp_path, tiny_model_dir):
     cfg = calc_config(tmp_path, tiny_model_dir)
     summary = run_train(cfg)
@@ -144,3 +149,31 @@ def test_eval_split_must_be_held_out():
         TrainConfig.model_validate({"split": "train", "eval": {"split": "train"}})
     with pytest.raises(ValueError, match="eval.tasks"):
         TrainConfig.model_validate({"graph": {"build": "a:b", "tasks": "t.jsonl", "reward": "a:c"}, "eval": {}})
+
+
+def test_resume_before_the_first_checkpoint_keeps_a_finished_initial_eval(tmp_path, tiny_model_dir):
+    """A run killed after its initial evaluation but before checkpoint 1 restarts at step 0:
+    the initial policy's held-out rows are kept once, not evaluated again beside the kept
+    ones; a half-written initial evaluation (trajectories without their row) is redone."""
+    import shutil
+
+    eval_cfg = {"tasks": str(CALC_TASKS), "num_tasks": 2, "every": 2, "at_start": True}
+    cfg = calc_config(tmp_path, tiny_model_dir, iterations=2, eval=eval_cfg)
+    run_train(cfg)
+    out = tmp_path / "run"
+    full = {name: lines(out / name) for name in ("eval.jsonl", "eval_trajectories.jsonl", "trajectories.jsonl")}
+    shutil.rmtree(out / "checkpoints")
+    run_train(cfg, resume=True)
+    assert [r["updates"] for r in lines(out / "eval.jsonl")] == [0, 2]
+    assert [t["metadata"]["iteration"] for t in lines(out / "eval_trajectories.jsonl")] == [-1, -1, 1, 1]
+    # the training episodes are those of the uninterrupted run: skipping the evaluation moves no RNG
+    assert sampled(lines(out / "trajectories.jsonl")) == sampled(full["trajectories.jsonl"])
+
+    # killed between the initial trajectories and their row: the trajectories are dropped and the evaluation redone
+    shutil.rmtree(out / "checkpoints")
+    (out / "eval.jsonl").write_text("")
+    run_train(cfg, resume=True)
+    assert [r["updates"] for r in lines(out / "eval.jsonl")] == [0, 2]
+    evals = lines(out / "eval_trajectories.jsonl")
+    assert [t["metadata"]["iteration"] for t in evals] == [-1, -1, 1, 1]
+    assert sampled(evals) == sampled(full["eval_trajectories.jsonl"])
