@@ -38,7 +38,9 @@ gain. Per update it keeps training success, the fraction of GRPO groups with zer
 variance (no outcome gradient), the skill parse rate and the KL to the start.
 
 Runs live under ``--work``; a killed benchmark resumes without redoing finished runs
-(``seed-agents train --resume`` continues a run from its last checkpoint). Each finished
+(``seed-agents train --resume`` continues a run from its last checkpoint). A run starts with
+the initial policy's held-out evaluation a run beside it already played, when nothing that
+reaches it differs (``initial_eval_key``; ``--initial-eval own`` plays it in every run). Each finished
 run's held-out scores (per task, per level, per evaluation) and per-update metrics are also
 kept in the result file, keyed by a digest of its settings, tasks and the method's code
 revision (``REVISIONS``: a fix that changes what a method does retires its runs): a later
@@ -200,6 +202,75 @@ def run_one(config: dict[str, Any], out: Path, log: Path, revision: int = 1) -> 
         raise SystemExit(f"error: training {out.name} failed (exit {returncode}); see {log}; rerun to resume")
     done.write_text(json.dumps({"config": digest, "wall_s": wall}))
     return wall
+
+
+# The initial policy's held-out evaluation is the same in every run of a curve: the LoRA
+# adapter starts as the identity (PEFT zeroes its B factor), the evaluation is greedy
+# (temperature 0 draws no random number) and held-out episodes carry no skill, so a run's
+# seed, method and training settings cannot reach it. Each run used to play it again (about 2
+# of a run's ~22 min). A run whose sibling in --work already played it starts with a copy and
+# `train --resume` keeps it (seed_agents.app.train.keep_initial_eval); every stored curve's
+# runs agree at update 0 to the task, across seeds, methods and both CPUs, and
+# tests/unit/test_train_cli.py checks two runs of other seeds and methods evaluate it alike.
+INITIAL_EVAL_FROM = "initial-eval-from.json"
+
+
+def initial_eval_key(config: dict[str, Any]) -> str | None:
+    """What a run's initial held-out evaluation depends on: its settings without the seed,
+    the folder, the update count, the trainer's and the skills' settings and the evaluation's
+    period (model, backend, sampling, graph, tasks and runner stay). None when the evaluation
+    samples (temperature above 0): then it is the run's own."""
+    evaluation = config.get("eval") or {}
+    if evaluation.get("temperature") != 0.0 or not evaluation.get("at_start"):
+        return None
+    same = {k: v for k, v in config.items() if k not in ("seed", "out", "iterations", "trainer", "skills")}
+    same["eval"] = {k: v for k, v in evaluation.items() if k != "every"}
+    return hashlib.sha256(json.dumps(same, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _initial_lines(path: Path) -> list[str]:
+    """The lines of a trace file that belong to the initial evaluation (iteration -1), as
+    written; a line a running sibling is still writing is skipped."""
+    kept = []
+    for line in path.read_text(encoding="utf-8").splitlines() if path.exists() else []:
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if not isinstance(record, dict):
+            continue
+        if record.get("iteration", (record.get("metadata") or {}).get("iteration")) == -1:
+            kept.append(line)
+    return kept
+
+
+def reuse_initial_eval(config: dict[str, Any], out: Path, work: Path) -> str | None:
+    """Start the fresh run folder ``out`` with the initial evaluation a sibling under ``work``
+    finished with the same ``initial_eval_key`` (its eval.jsonl row and the trajectories
+    before it, copied line for line, the row last as `train` writes it); the sibling's name,
+    or None (nothing to reuse, or ``out`` already holds something)."""
+    key = initial_eval_key(config)
+    if key is None or (out.exists() and any(out.iterdir())):
+        return None
+    for cfg_path in sorted(work.glob("*.json")):
+        sibling = work / cfg_path.stem
+        if sibling == out or not (sibling / "eval.jsonl").exists():
+            continue
+        try:
+            other = json.loads(cfg_path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if not isinstance(other, dict) or initial_eval_key(other) != key:
+            continue
+        row, trajectories = _initial_lines(sibling / "eval.jsonl"), _initial_lines(sibling / "eval_trajectories.jsonl")
+        if len(row) != 1 or len(trajectories) != json.loads(row[0]).get("episodes"):
+            continue
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "eval_trajectories.jsonl").write_text("".join(x + "\n" for x in trajectories), encoding="utf-8")
+        (out / "eval.jsonl").write_text(row[0] + "\n", encoding="utf-8")
+        (out / INITIAL_EVAL_FROM).write_text(json.dumps({"run": sibling.name}))
+        return sibling.name
+    return None
 
 
 # -- reading a run ----------------------------------------------------------------------
@@ -512,6 +583,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--guide-share", type=float, default=0.0,
                    help="With --first-turn auto: share of each group's training episodes steered into a tool call "
                         "at their first free choice (guided openings; held-out episodes stay free).")
+    p.add_argument("--initial-eval", choices=["reuse", "own"], default="reuse",
+                   help="reuse: a run starts with the initial policy's held-out evaluation a run beside it under "
+                        "--work already played (the same weights, greedy; ~2 min a run); own: every run plays it.")
     p.add_argument("--result-name", default="learning_curve",
                    help="Result file stem under --results-dir (a variant keeps the main curve).")
     p.add_argument("--note", default="", help="What else ran on the machine (it shapes the wall time).")
@@ -567,9 +641,14 @@ def main(argv: list[str] | None = None) -> None:
                 print(f"{name}: finished in an earlier invocation ({walls[name]:.0f} s), read from {source}.json", flush=True)
                 continue
             print(f"{name}: training ({args.updates} updates of {args.tasks_per_update} tasks x {args.group})", flush=True)
+            if args.initial_eval == "reuse" and (source := reuse_initial_eval(config, out, args.work)):
+                print(f"{name}: the initial policy's held-out evaluation copied from {source} (the same weights, "
+                      "played greedily)", flush=True)
             walls[name] = run_one(config, out, log, revision)
             runs.setdefault(method, {})[s] = {"scores": heldout_scores(out, heldout), "metrics": per_update(out)}
             packed[name] = pack_run(runs[method][s], digest, walls[name])
+            if (out / INITIAL_EVAL_FROM).exists():  # its wall time lacks that evaluation's minutes
+                packed[name]["initial_eval_from"] = json.loads((out / INITIAL_EVAL_FROM).read_text())["run"]
             if revision != 1:
                 packed[name]["revision"] = revision
             print(f"{name}: done in {walls[name]:.0f} s", flush=True)

@@ -78,7 +78,8 @@ def run_train(cfg: TrainConfig, resume: bool = False) -> dict[str, Any]:
                           processing_class=policy.tokenizer)
     evaluate = build_periodic_eval(cfg, src, policy, out, world_size=args.world_size)
     trainer.add_callback(_SyncAndLog(policy.sync, policy.backend, out, evaluate=evaluate,
-                                     every=cfg.eval.every if cfg.eval else 0, at_start=bool(cfg.eval and cfg.eval.at_start) and not initial_eval_kept,
+                                     every=cfg.eval.every if cfg.eval else 0,
+                                     at_start=bool(cfg.eval and cfg.eval.at_start) and not initial_eval_kept,
                                      last=cfg.iterations, resync=resume))
     t0 = time.perf_counter()
     trainer.train(resume_from_checkpoint=checkpoint if resume else None)
@@ -119,16 +120,19 @@ def truncate_traces(out: Path, keep_before: int, names: tuple[str, ...] = TRACE_
 
 def keep_initial_eval(out: Path) -> bool:
     """Whether ``out`` holds a finished evaluation of the initial policy: its eval.jsonl row
-    (written after its trajectories). A run restarted at step 0 serves the same initial
-    weights, so it keeps that evaluation instead of adding a second one beside it; the
-    initial trajectories of an evaluation killed before its row are dropped, to be redone.
-    Call after ``truncate_traces(out, 0)`` (every line left parses)."""
-    rows, trajs = out / "eval.jsonl", out / "eval_trajectories.jsonl"
-    if rows.exists() and any(_iteration_of(json.loads(x)) == -1 for x in rows.read_text(encoding="utf-8").splitlines()
-                             if x.strip()):
+    and as many initial trajectories as the row counts (they are written before it). A run
+    restarted at step 0 serves the same initial weights, so it keeps that evaluation instead
+    of adding a second one beside it; anything less (killed before the row, a trace cut short)
+    is dropped, to be redone. Call after ``truncate_traces(out, 0)`` (every line left parses)."""
+    def initial(name: str) -> list[dict[str, Any]]:
+        path = out / name
+        records = [json.loads(x) for x in path.read_text(encoding="utf-8").splitlines() if x.strip()] if path.exists() else []
+        return [r for r in records if _iteration_of(r) == -1]
+
+    rows = initial("eval.jsonl")
+    if len(rows) == 1 and rows[0].get("episodes") == len(initial("eval_trajectories.jsonl")):
         return True
-    if trajs.exists():
-        truncate_traces(out, -1, names=("eval_trajectories.jsonl",))
+    truncate_traces(out, -1, names=("eval.jsonl", "eval_trajectories.jsonl"))
     return False
 
 

@@ -448,3 +448,62 @@ def test_a_revised_method_does_not_read_runs_its_older_code_trained(tmp_path, mo
     assert trained[-1] == ("grpo-s0", 1) and len(trained) == 5
     out = capsys.readouterr().out
     assert "learning_curve_new.json and learning_curve_other.json hold run" in out and "reading neither" in out
+
+
+def _args(**over):
+    import argparse
+
+    return argparse.Namespace(**{
+        "tasks_per_update": 4, "updates": 8, "group": 8, "first_turn": "forced", "model": "smollm2-135m",
+        "max_tokens": 64, "temperature": 0.5, "skill_tokens": 64, "lr": 3e-4, "lora_r": 8, "kl_coef": 0.001,
+        "eval_every": 4, "guide_share": 0.0, "lr_schedule": "constant", "precision": "float32", "kv_cache": "dynamic",
+        "attention": "same", "opd_coef": 0.1, "injector": "system", "fuse_teacher": False, "answer_format": "paper",
+        "skill_opening": "words", "skill_failures": "skip", **over})
+
+
+def _played_initial_eval(work, name, config, episodes=2, later=True):
+    """A run folder as `train` leaves it after its initial evaluation (and one later one)."""
+    out = work / name
+    out.mkdir(parents=True)
+    (work / f"{name}.json").write_text(json.dumps(config))
+    trajs = [{"task_id": f"h{i}", "metadata": {"iteration": -1}} for i in range(episodes)]
+    rows = [{"iteration": -1, "updates": 0, "episodes": episodes}]
+    if later:
+        trajs += [{"task_id": f"h{i}", "metadata": {"iteration": 3}} for i in range(episodes)]
+        rows.append({"iteration": 3, "updates": 4, "episodes": episodes})
+    (out / "eval_trajectories.jsonl").write_text("".join(json.dumps(t) + "\n" for t in trajs) + '{"task_id": "half')
+    (out / "eval.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return out
+
+
+def test_a_run_starts_with_the_initial_evaluation_a_sibling_played_only_when_it_is_the_same(tmp_path):
+    from bench.learning_curve import INITIAL_EVAL_FROM, initial_eval_key, reuse_initial_eval
+
+    work = tmp_path / "work"
+    grpo = train_config(_args(), "grpo", 0, work / "t.jsonl", work / "h.jsonl", 4, 2, work / "grpo-s0")
+    seed = train_config(_args(), "seed", 1, work / "t.jsonl", work / "h.jsonl", 4, 2, work / "seed-s1")
+    assert initial_eval_key(grpo) == initial_eval_key(seed)  # seed, method and training settings do not reach it
+    sibling = _played_initial_eval(work, "grpo-s0", grpo)
+    assert reuse_initial_eval(seed, work / "seed-s1", work) == "grpo-s0"
+    copied = work / "seed-s1"
+    initial = [x for x in (sibling / "eval_trajectories.jsonl").read_text().splitlines()[:2]]
+    assert (copied / "eval_trajectories.jsonl").read_text().splitlines() == initial
+    assert [json.loads(x)["iteration"] for x in (copied / "eval.jsonl").read_text().splitlines()] == [-1]
+    assert json.loads((copied / INITIAL_EVAL_FROM).read_text()) == {"run": "grpo-s0"}
+    assert reuse_initial_eval(seed, copied, work) is None  # a folder that holds something is left alone
+
+    # another backend, a sampled evaluation or no initial one: the run plays its own
+    for other in ({**seed, "backend": {**seed["backend"], "precision": "bfloat16"}},
+                  {**seed, "eval": {**seed["eval"], "temperature": 0.7}},
+                  {**seed, "eval": {**seed["eval"], "at_start": False}},
+                  {**seed, "graph": {**seed["graph"], "build": "examples.atlas_tasks:build_auto_agent"}}):
+        assert reuse_initial_eval(other, tmp_path / "fresh", work) is None and not (tmp_path / "fresh").exists()
+    # an evaluation that samples is each run's own, even beside a sibling that sampled it alike
+    sampled = {**grpo, "eval": {**grpo["eval"], "temperature": 0.7}}
+    _played_initial_eval(tmp_path / "sampling", "grpo-s0", sampled)
+    assert reuse_initial_eval({**sampled, "seed": 1}, tmp_path / "sampling" / "grpo-s1", tmp_path / "sampling") is None
+    # a sibling whose initial trajectories fall short of its row is not copied
+    lone = tmp_path / "lone"
+    short = _played_initial_eval(lone, "grpo-s0", grpo, later=False)
+    (short / "eval_trajectories.jsonl").write_text((short / "eval_trajectories.jsonl").read_text().splitlines()[0] + "\n")
+    assert reuse_initial_eval(seed, lone / "seed-s1", lone) is None
