@@ -586,3 +586,20 @@ def test_a_retired_methods_summary_row_gets_the_t_test_from_its_runs(monkeypatch
     row = next(line for line in tables.learning_summary({r.name: r}) if "retired" in line)
     p_t = stats.paired_t([0.5, 0.5, 0.25])[1]
     assert row.endswith(f"| +0.417 [+0.250, +0.500], p {p_t:.3f} |")
+
+
+def test_a_capture_row_whose_graph_side_ran_faster_claims_no_goal():
+    """With a real model the batching local backend can favour either side: a negative
+    framework cost and a ratio above 1 measure batching, not the framework."""
+    def run(name, backend, plain, graph, per_step):
+        return tables.Result(name=name, config={"backend": backend, "model": "m", "episodes": 8, "max_turns": 5,
+                                                "concurrency": 8},
+                             results={"plain_eps_median": plain, "graph_eps_median": graph, "ratio": graph / plain,
+                                      "goal": 0.9, "goal_ms_per_step": 5.0, "framework_ms_per_step": per_step,
+                                      "repeats": [{}]})
+    rows = [x for x in tables.capture_overhead({"capture_overhead_fake": run("capture_overhead_fake", "fake", 40, 28, 2.6),
+                                                "capture_overhead_local": run("capture_overhead_local", "local", 0.25,
+                                                                              0.31, -144.0)}) if x.startswith("| ")]
+    fake, local = rows[-2], rows[-1]
+    assert "goal <= 5: met" in fake and "missed" in fake
+    assert "met" not in local and "not resolved" in local and "-144.00 ms" in local
