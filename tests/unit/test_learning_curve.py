@@ -8,6 +8,18 @@ import pytest
 from bench.learning_curve import analyse, hierarchical_ci, run_one, train_config
 
 
+def _args(**over):
+    """bench/learning_curve.py's parsed flags, as the tests below need them (``over`` changes some)."""
+    import argparse
+
+    return argparse.Namespace(**{
+        "tasks_per_update": 4, "updates": 30, "group": 8, "first_turn": "forced", "model": "smollm2-135m",
+        "max_tokens": 64, "temperature": 0.7, "skill_tokens": 64, "lr": 1e-4, "lora_r": 8, "kl_coef": 0.001,
+        "eval_every": 5, "guide_share": 0.0, "lr_schedule": "linear", "precision": "float32", "kv_cache": "dynamic",
+        "attention": "same", "opd_coef": None, "injector": "system", "fuse_teacher": False, "answer_format": "paper",
+        "skill_opening": "words", "skill_failures": "write", **over})
+
+
 def _run(start: list[bool], end: list[bool], zero_var: float = 0.5) -> dict:
     def levels(ok: bool) -> dict:
         return {"parsed": True, "right_calls": ok, "right_answer": ok, "fault": False}
@@ -59,12 +71,7 @@ def test_a_finished_run_is_not_run_again_and_other_settings_are_refused(tmp_path
 def test_grpo_and_seed_differ_only_in_the_skills_and_the_distillation(tmp_path):
     import argparse
 
-    args = argparse.Namespace(tasks_per_update=4, updates=30, group=8, first_turn="forced", model="smollm2-135m",
-                              max_tokens=64, temperature=0.7, skill_tokens=64, lr=1e-4, lora_r=8, kl_coef=0.001,
-                              eval_every=5, guide_share=0.0, lr_schedule="linear", precision="float32",
-                              kv_cache="dynamic", attention="same",
-                              opd_coef=None, injector="system", fuse_teacher=False,
-                              answer_format="paper", skill_opening="words", skill_failures="write")
+    args = _args()
     grpo, seed = (train_config(args, m, 1, tmp_path / "t.jsonl", tmp_path / "h.jsonl", 200, 80, tmp_path / m)
                   for m in ("grpo", "seed"))
     assert grpo["skills"]["source"] == "none" and grpo["trainer"]["opd_coef"] == 0.0
@@ -210,12 +217,7 @@ def test_the_run_digest_ignores_where_the_files_live_but_not_what_they_hold(tmp_
 
     from bench.learning_curve import run_digest
 
-    args = argparse.Namespace(tasks_per_update=4, updates=30, group=8, first_turn="forced", model="smollm2-135m",
-                              max_tokens=64, temperature=0.7, skill_tokens=64, lr=1e-4, lora_r=8, kl_coef=0.001,
-                              eval_every=5, guide_share=0.0, lr_schedule="linear", precision="float32",
-                              kv_cache="dynamic", attention="same",
-                              opd_coef=None, injector="system", fuse_teacher=False,
-                              answer_format="paper", skill_opening="words", skill_failures="write")
+    args = _args()
     for d in ("a", "b"):
         (tmp_path / d).mkdir()
         (tmp_path / d / "t.jsonl").write_text("t\n")
@@ -243,12 +245,7 @@ def test_a_guide_share_changes_the_run_only_when_on_and_needs_a_free_first_turn(
 
     import bench.learning_curve as lc
 
-    args = argparse.Namespace(tasks_per_update=4, updates=30, group=8, first_turn="auto", model="smollm2-135m",
-                              max_tokens=64, temperature=0.7, skill_tokens=64, lr=1e-4, lora_r=8, kl_coef=0.001,
-                              eval_every=5, guide_share=0.0, lr_schedule="linear", precision="float32",
-                              kv_cache="dynamic", attention="same",
-                              opd_coef=None, injector="system", fuse_teacher=False,
-                              answer_format="paper", skill_opening="words", skill_failures="write")
+    args = _args(first_turn="auto")
     (tmp_path / "t.jsonl").write_text("t\n")
     (tmp_path / "h.jsonl").write_text("h\n")
 
@@ -450,17 +447,6 @@ def test_a_revised_method_does_not_read_runs_its_older_code_trained(tmp_path, mo
     assert "learning_curve_new.json and learning_curve_other.json hold run" in out and "reading neither" in out
 
 
-def _args(**over):
-    import argparse
-
-    return argparse.Namespace(**{
-        "tasks_per_update": 4, "updates": 8, "group": 8, "first_turn": "forced", "model": "smollm2-135m",
-        "max_tokens": 64, "temperature": 0.5, "skill_tokens": 64, "lr": 3e-4, "lora_r": 8, "kl_coef": 0.001,
-        "eval_every": 4, "guide_share": 0.0, "lr_schedule": "constant", "precision": "float32", "kv_cache": "dynamic",
-        "attention": "same", "opd_coef": 0.1, "injector": "system", "fuse_teacher": False, "answer_format": "paper",
-        "skill_opening": "words", "skill_failures": "skip", **over})
-
-
 def _played_initial_eval(work, name, config, episodes=2, later=True):
     """A run folder as `train` leaves it after its initial evaluation (and one later one)."""
     out = work / name
@@ -480,13 +466,15 @@ def test_a_run_starts_with_the_initial_evaluation_a_sibling_played_only_when_it_
     from bench.learning_curve import INITIAL_EVAL_FROM, initial_eval_key, reuse_initial_eval
 
     work = tmp_path / "work"
-    grpo = train_config(_args(), "grpo", 0, work / "t.jsonl", work / "h.jsonl", 4, 2, work / "grpo-s0")
-    seed = train_config(_args(), "seed", 1, work / "t.jsonl", work / "h.jsonl", 4, 2, work / "seed-s1")
+    curve = _args(updates=8, temperature=0.5, lr=3e-4, eval_every=4, lr_schedule="constant", opd_coef=0.1,
+                  skill_failures="skip")
+    grpo = train_config(curve, "grpo", 0, work / "t.jsonl", work / "h.jsonl", 4, 2, work / "grpo-s0")
+    seed = train_config(curve, "seed", 1, work / "t.jsonl", work / "h.jsonl", 4, 2, work / "seed-s1")
     assert initial_eval_key(grpo) == initial_eval_key(seed)  # seed, method and training settings do not reach it
     sibling = _played_initial_eval(work, "grpo-s0", grpo)
     assert reuse_initial_eval(seed, work / "seed-s1", work) == "grpo-s0"
     copied = work / "seed-s1"
-    initial = [x for x in (sibling / "eval_trajectories.jsonl").read_text().splitlines()[:2]]
+    initial = (sibling / "eval_trajectories.jsonl").read_text().splitlines()[:2]
     assert (copied / "eval_trajectories.jsonl").read_text().splitlines() == initial
     assert [json.loads(x)["iteration"] for x in (copied / "eval.jsonl").read_text().splitlines()] == [-1]
     assert json.loads((copied / INITIAL_EVAL_FROM).read_text()) == {"run": "grpo-s0"}
