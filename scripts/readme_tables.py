@@ -749,6 +749,11 @@ def learning_curve(results: dict[str, Result], name: str = "learning_curve") -> 
            *table(["method", "updates per seed", "held-out right answer", "gain, 95% CI (seeds x tasks)",
                    "right tool + arguments", "a call parses", "training success", "groups with zero reward variance"],
                   rows)]
+    series = {method: m["curve"] for method, m in x["methods"].items() if len(m["curve"]) > 2}
+    if series:  # the points between start and end: whether a curve still climbs, flattens or falls back
+        out += ["", "Held-out right answer at each evaluation, mean over seeds (update: success): " + "; ".join(
+            f"{method} " + ", ".join(f"{u}: {curve[u]['right_answer']:.3f}" for u in sorted(curve, key=int))
+            for method, curve in series.items()) + "."]
     for method, m in x["methods"].items():
         per_seed = m.get("gain_per_seed") or {}
         if len(per_seed) > 1:  # the spread over seeds is what the pooled CI hides
@@ -836,14 +841,14 @@ def _against_grpo(r: Result, method: str, stored: dict[str, Any]) -> dict[str, A
 
 
 #: The settings the summary names (label by key): those in ALWAYS on every row, the rest where
-#: they differ from the family's first runs (forced first turn, no guiding, system block, fp32).
+#: they differ from the family's first runs (forced first turn, no guiding, system block, fp32, rank 8, 8 updates).
 SUMMARY_KEYS = {"temperature": "T", "lr": "lr", "lr_schedule": "schedule", "opd_coef": "OPD weight",
                 "first_turn": "first turn", "guide_share": "guided share", "injector": "skill in", "precision": "precision",
                 "answer_format": "skill prompt's example", "skill_opening": "skill opening",
                 "skill_failures": "skills on failures", "lora_r": "LoRA rank", "attention": "attention",
-                "kv_cache": "KV cache"}
+                "kv_cache": "KV cache", "updates": "updates"}
 ALWAYS = {"temperature", "lr", "lr_schedule", "opd_coef"}
-SUMMARY_DEFAULTS = {"first_turn": "forced", "lora_r": 8}
+SUMMARY_DEFAULTS = {"first_turn": "forced", "lora_r": 8, "updates": 8}
 
 
 def learning_summary(results: dict[str, Result]) -> list[str]:

@@ -426,6 +426,21 @@ def test_a_curve_states_its_clip_fraction_and_its_faster_path_settings():
     assert "computing in auto, attention in float32, static KV cache" in text
 
 
+def test_a_curve_lists_every_evaluation_between_its_start_and_end():
+    """Start -> end hides whether a long curve still climbs or fell back: the points between
+    are listed in update order (10 before 2 would be a string sort), a two-point curve gets none."""
+    pilot = load_result(ROOT / "docs" / "results" / "learning_curve_guided.json")
+    x = json.loads(json.dumps(pilot.results))
+    point = {"right_calls": 0.5, "parsed": 1.0}
+    x["methods"] = {"grpo": {**x["methods"]["grpo"], "curve": {str(u): {**point, "right_answer": a} for u, a in
+                                                               ((0, 0.4), (10, 0.55), (2, 0.5), (30, 0.45))}}}
+    text = "\n".join(tables.learning_curve({pilot.name: dataclasses.replace(pilot, results=x)}, pilot.name))
+    assert "(update: success): grpo 0: 0.400, 2: 0.500, 10: 0.550, 30: 0.450." in text
+    x["methods"]["grpo"]["curve"] = {"0": {**point, "right_answer": 0.4}, "8": {**point, "right_answer": 0.5}}
+    text = "\n".join(tables.learning_curve({pilot.name: dataclasses.replace(pilot, results=x)}, pilot.name))
+    assert "at each evaluation" not in text
+
+
 def test_a_curve_says_what_its_skills_named():
     pilot = load_result(ROOT / "docs" / "results" / "learning_curve_guided.json")
     x = json.loads(json.dumps(pilot.results))
@@ -477,7 +492,8 @@ def test_the_learning_summary_has_a_row_per_run_set_and_marks_runs_a_later_fix_r
 
     def curve(name: str, methods: dict[str, tuple[str, int]], **config) -> "tables.Result":
         """methods: name -> (digest prefix, code revision) of its one seed's run."""
-        cfg = {"seeds": [0], "temperature": 0.5, "lr": 3e-4, "lr_schedule": "constant", "opd_coef": 0.1, **config}
+        cfg = {"seeds": [0], "temperature": 0.5, "lr": 3e-4, "lr_schedule": "constant", "opd_coef": 0.1, "updates": 8,
+               **config}
         point = {"right_answer": 0.4, "right_calls": 0.4, "parsed": 1.0}
         x = {"methods": {m: {"curve": {"0": point, "8": {**point, "right_answer": 0.5}}, "gain": 0.1,
                              "gain_ci": [0.02, 0.2]} for m in methods},
@@ -489,15 +505,17 @@ def test_the_learning_summary_has_a_row_per_run_set_and_marks_runs_a_later_fix_r
     first = curve("learning_curve_a", {"grpo": ("g", 1), "seed": ("s1", 1)}, lora_r=8)
     again = curve("learning_curve_b", {"grpo": ("g", 1), "seed": ("s2", 2)}, injector="last_turn")
     wider = curve("learning_curve_c", {"grpo": ("g32", 1)}, lora_r=32)
-    lines = tables.learning_summary({c.name: c for c in (again, first, wider)})
+    longer = curve("learning_curve_d", {"grpo": ("g30", 1)}, updates=30)
+    lines = tables.learning_summary({c.name: c for c in (again, first, wider, longer)})
     rows = [line for line in lines if line.startswith("| `")]
+    assert "schedule constant, updates 30 |" in rows.pop()  # a budget named where it is not the curves' 8 updates
     assert "schedule constant, LoRA rank 32 |" in rows.pop()  # a rank named where it is not the curves' 8
     # GRPO's run read back by digest in the second file is the first file's row only
     assert [r.split(" | ")[:2] for r in rows] == [["| `learning_curve_a`", "grpo"],
                                                   ["| `learning_curve_a`", "seed (retired: code revision 1, now 2)"],
                                                   ["| `learning_curve_b`", "seed"]]
     # settings: the always-named ones, the rest where they moved; GRPO's row has no OPD weight
-    assert "T 0.5, lr 0.0003, schedule constant |" in rows[0]  # rank 8 is not named
+    assert "T 0.5, lr 0.0003, schedule constant |" in rows[0]  # rank 8 is not named, nor 8 updates
     assert "OPD weight 0.1, skill in last_turn" in rows[2]
     assert "0.400 -> 0.500 | +0.100 [+0.020, +0.200] | -0.050 (one seed)" in rows[2]
 
