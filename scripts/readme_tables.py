@@ -751,8 +751,8 @@ def learning_curve(results: dict[str, Result], name: str = "learning_curve") -> 
                   rows)]
     series = {method: m["curve"] for method, m in x["methods"].items() if len(m["curve"]) > 2}
     if series:  # the points between start and end: whether a curve still climbs, flattens or falls back
-        out += ["", "Held-out right answer at each evaluation, mean over seeds (update: success): " + "; ".join(
-            f"{method} " + ", ".join(f"{u}: {curve[u]['right_answer']:.3f}" for u in sorted(curve, key=int))
+        out += ["", "Held-out right answer at each evaluation, mean over seeds: " + "; ".join(
+            f"{method}: " + ", ".join(f"update {u} {curve[u]['right_answer']:.3f}" for u in sorted(curve, key=int))
             for method, curve in series.items()) + "."]
     for method, m in x["methods"].items():
         per_seed = m.get("gain_per_seed") or {}

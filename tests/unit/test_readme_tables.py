@@ -435,7 +435,7 @@ def test_a_curve_lists_every_evaluation_between_its_start_and_end():
     x["methods"] = {"grpo": {**x["methods"]["grpo"], "curve": {str(u): {**point, "right_answer": a} for u, a in
                                                                ((0, 0.4), (10, 0.55), (2, 0.5), (30, 0.45))}}}
     text = "\n".join(tables.learning_curve({pilot.name: dataclasses.replace(pilot, results=x)}, pilot.name))
-    assert "(update: success): grpo 0: 0.400, 2: 0.500, 10: 0.550, 30: 0.450." in text
+    assert "mean over seeds: grpo: update 0 0.400, update 2 0.500, update 10 0.550, update 30 0.450." in text
     x["methods"]["grpo"]["curve"] = {"0": {**point, "right_answer": 0.4}, "8": {**point, "right_answer": 0.5}}
     text = "\n".join(tables.learning_curve({pilot.name: dataclasses.replace(pilot, results=x)}, pilot.name))
     assert "at each evaluation" not in text
