@@ -7,7 +7,9 @@ level of ``examples/atlas_tasks.py`` (one lookup; a lookup then ``add``; two loo
 ``add``), ``--group`` episodes per task at each of ``--temperatures``, in two modes:
 
 - ``forced``: the first turn must call a tool (``tool_choice="any"``, the tools' grammar);
-- ``auto``: every turn chooses between answering and calling.
+- ``auto``: every turn chooses between answering and calling;
+- ``forced-two`` (asked for by name): the first two turns must call a tool, for level 1,
+  where a lookup forced alone is followed by an answer in every episode.
 
 Per level and mode it prints the success rate (the binary ``answer_reward``), the three
 levels of ``score_levels`` (a call parsed / the right calls / the right answer), and the
@@ -40,19 +42,21 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run as a script: bench/ and examples/ are on the path
 from bench.results import add_results_args, config_of, now, write_result  # noqa: E402
 
-MODES = ("forced", "auto")
+MODES = ("forced", "auto", "forced-two")
+DEFAULT_MODES = ("forced", "auto")
 BAND = (0.2, 0.6)
 SCORES = ("parsed", "right_calls", "right_answer")
 
 
 def play(mode: str, tasks: list[Any], llm: Any, args: argparse.Namespace) -> list[dict[str, Any]]:
     """One record per episode: temperature, task, level, reward, fault and the three levels."""
-    from examples.atlas_tasks import answer_reward, build_agent, build_auto_agent, score_levels
+    import examples.atlas_tasks as atlas
+    from examples.atlas_tasks import answer_reward, score_levels
     from seed_agents.capture import capture
     from seed_agents.config.core import RunnerConfig
     from seed_agents.runner import EpisodeRunner
 
-    graph = (build_agent if mode == "forced" else build_auto_agent)(llm, max_turns=args.max_turns)
+    graph = getattr(atlas, atlas.BUILDERS[mode])(llm, max_turns=args.max_turns)
     runner = EpisodeRunner(graph, RunnerConfig(group_size=args.group, concurrency=args.concurrency, progress=False),
                            reward_fn=answer_reward, seed=args.seed)
     with capture():
@@ -126,7 +130,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="smollm2-135m", help="Local backend model (alias, folder or hub id).")
     p.add_argument("--levels", type=int, nargs="+", default=[0, 1, 2], help="Difficulty levels to play.")
-    p.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES), help="First turn forced, auto, or both.")
+    p.add_argument("--modes", nargs="+", choices=MODES, default=list(DEFAULT_MODES),
+                   help="First turn forced, auto (both by default), or the first two turns forced (forced-two).")
     p.add_argument("--tasks", type=int, default=8, help="Training tasks per level (the manifest's first ones).")
     p.add_argument("--group", type=int, default=4, help="Episodes per task (the GRPO group).")
     p.add_argument("--temperatures", type=float, nargs="+", default=[0.7],

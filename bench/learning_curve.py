@@ -59,6 +59,9 @@ for another name, so a variant does not replace the main curve).
 then steers that share of each group's training episodes into a call at their first free
 choice (guided openings, docs/training.md) while held-out episodes stay free: whether the
 steering transfers to an agent left to choose is what the held-out curve then shows.
+``--first-turn forced-two`` forces the first two turns, training and held-out alike, for
+``--level 1`` (a lookup, then ``add``), where one forced turn is followed by an answer in
+every episode (docs/results/atlas_band_levels12.json).
 
     .venv/bin/python bench/learning_curve.py --note "nothing else ran"
     .venv/bin/python bench/learning_curve.py --seeds 0 --methods grpo --updates 2 --tasks-per-update 1 \\
@@ -83,6 +86,7 @@ sys.path.insert(0, str(ROOT))  # run as a script: bench/ and examples/ are on th
 from bench.children import run_logged, stop_children_on_sigterm  # noqa: E402
 from bench.results import add_results_args, config_of, now, write_result  # noqa: E402
 from bench.stats import compare, paired_tests, seeds_needed  # noqa: E402
+from examples.atlas_tasks import BUILDERS  # noqa: E402
 from seed_agents.types import AnswerFormat, SkillFailures, SkillOpening  # noqa: E402
 
 METHODS = ("grpo", "seed", "seed-oracle", "seed-episode", "seed-success", "seed-success-generic", "seed-success-imitate")
@@ -141,7 +145,7 @@ def train_config(args: argparse.Namespace, method: str, seed: int, tasks: Path, 
     return {
         "num_tasks": n_train, "tasks_per_iteration": args.tasks_per_update, "iterations": args.updates, "seed": seed,
         "out": str(out),
-        "graph": {"build": f"examples.atlas_tasks:{'build_agent' if args.first_turn == 'forced' else 'build_auto_agent'}",
+        "graph": {"build": f"examples.atlas_tasks:{BUILDERS[args.first_turn]}",
                   "tasks": str(tasks), "reward": "examples.atlas_tasks:answer_reward"},
         "backend": {"kind": "local", "model": args.model, "max_batch_size": args.tasks_per_update * args.group,
                     # only when not fp32: the runs before keep their digests (and stored runs)
@@ -532,7 +536,9 @@ def main(argv: list[str] | None = None) -> None:
                         "the same with the gate off, plain imitation of successes).")
     p.add_argument("--seeds", default="0,1,2", help="Comma list of seeds (each method runs every seed).")
     p.add_argument("--level", type=int, default=0, help="Atlas level (0: one lookup; docs/results/atlas_band.json).")
-    p.add_argument("--first-turn", choices=["forced", "auto"], default="forced")
+    p.add_argument("--first-turn", choices=list(BUILDERS), default="forced",
+                   help="forced: the first turn calls a tool; auto: every turn chooses; forced-two: the first two "
+                        "turns call a tool (level 1's lookup and add)")
     p.add_argument("--updates", type=int, default=30)
     p.add_argument("--tasks-per-update", type=int, default=4)
     p.add_argument("--group", type=int, default=8)

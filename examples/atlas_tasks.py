@@ -51,8 +51,9 @@ from examples.knowledge_base import (
 from seed_agents.tool_calls import parse_tool_calls
 from seed_agents.types import Task, Trajectory
 
-__all__ = ["ATLAS_SEED", "ATLAS_SIZE", "LEVELS", "SPLITS", "TASKS_PER_LEVEL", "TOOLS", "answer_reward", "build_agent",
-           "build_auto_agent", "make_tasks", "places", "score_levels", "write_manifest"]
+__all__ = ["ATLAS_SEED", "ATLAS_SIZE", "BUILDERS", "LEVELS", "SPLITS", "TASKS_PER_LEVEL", "TOOLS", "answer_reward",
+           "build_agent", "build_auto_agent", "build_two_call_agent", "make_tasks", "places", "score_levels",
+           "write_manifest"]
 
 ATLAS_SEED = 22
 """Not the knowledge base's seed: this atlas shares no place with ``bench/tool_agent``."""
@@ -132,6 +133,22 @@ def build_agent(llm: Any, max_turns: int = 4) -> Any:
     from seed_agents.graphs.tool_agent import build_tool_agent
 
     return build_tool_agent(llm, TOOLS, system_prompt=SYSTEM_PROMPT, max_turns=max_turns, first_tool_choice="any")
+
+
+def build_two_call_agent(llm: Any, max_turns: int = 4) -> Any:
+    """The tool agent with its first two turns forced to call a tool: level 1 needs a lookup
+    and then ``add``, and SmolLM2 forced only on the first turn answers after the lookup in
+    every episode (0 of 512: docs/results/atlas_band_levels12.json). Which tool the second
+    call names, and with which arguments, stays the model's: the force is the tools' grammar,
+    not the call."""
+    from seed_agents.graphs.tool_agent import build_tool_agent
+
+    return build_tool_agent(llm, TOOLS, system_prompt=SYSTEM_PROMPT, max_turns=max_turns, first_tool_choice="any",
+                            first_turns=2)
+
+
+#: Each ``--first-turn`` mode of the benches and the agent that plays it.
+BUILDERS = {"forced": "build_agent", "auto": "build_auto_agent", "forced-two": "build_two_call_agent"}
 
 
 def build_auto_agent(llm: Any, max_turns: int = 4) -> Any:

@@ -723,7 +723,8 @@ def learning_curve(results: dict[str, Result], name: str = "learning_curve") -> 
     r = one(results, name)
     c, x = r.config, r.results
     seeds = c["seeds"]
-    what = (f"atlas level {c['level']} ({c['first_turn']} first turn"
+    turns = "first two turns forced" if c["first_turn"] == "forced-two" else f"{c['first_turn']} first turn"
+    what = (f"atlas level {c['level']} ({turns}"
             + (f", guided openings in a share {c['guide_share']:g} of training episodes" if c.get("guide_share") else "")
             + f"), {c['train_tasks']} training / {c['heldout']} "
             f"held-out tasks (disjoint places), {len(seeds)} seed(s), LoRA r{c['lora_r']} lr {c['lr']:g}"
@@ -841,14 +842,14 @@ def _against_grpo(r: Result, method: str, stored: dict[str, Any]) -> dict[str, A
 
 
 #: The settings the summary names (label by key): those in ALWAYS on every row, the rest where
-#: they differ from the family's first runs (forced first turn, no guiding, system block, fp32, rank 8, 8 updates).
+#: they differ from the family's first runs (level 0, forced first turn, no guiding, system block, fp32, rank 8, 8 updates).
 SUMMARY_KEYS = {"temperature": "T", "lr": "lr", "lr_schedule": "schedule", "opd_coef": "OPD weight",
                 "first_turn": "first turn", "guide_share": "guided share", "injector": "skill in", "precision": "precision",
                 "answer_format": "skill prompt's example", "skill_opening": "skill opening",
                 "skill_failures": "skills on failures", "lora_r": "LoRA rank", "attention": "attention",
-                "kv_cache": "KV cache", "updates": "updates"}
+                "kv_cache": "KV cache", "updates": "updates", "level": "level"}
 ALWAYS = {"temperature", "lr", "lr_schedule", "opd_coef"}
-SUMMARY_DEFAULTS = {"first_turn": "forced", "lora_r": 8, "updates": 8}
+SUMMARY_DEFAULTS = {"first_turn": "forced", "lora_r": 8, "updates": 8, "level": 0}
 
 
 def learning_summary(results: dict[str, Result]) -> list[str]:
@@ -883,7 +884,7 @@ def learning_summary(results: dict[str, Result]) -> list[str]:
                          f"{f(m['gain'], '+.3f')} [{m['gain_ci'][0]:+.3f}, {m['gain_ci'][1]:+.3f}]"
                          if m.get("gain_ci") else f(m["gain"], "+.3f"),
                          _paired_cell(paired)])
-    return ["*Every `docs/results/learning_curve*.json`: atlas level 0, SmolLM2-135M with LoRA, 80 held-out tasks "
+    return ["*Every `docs/results/learning_curve*.json`: atlas level 0 (unless named), SmolLM2-135M with LoRA, 80 held-out tasks "
             "played greedily; settings as each file states (its section below has the rest). A row per method a file "
             "trained; paired: minus GRPO's final held-out success, seed by seed, with its 95% bootstrap CI and the "
             "paired t-test's p (at three to six seeds the bootstrap interval is too narrow: bench/stats.py).*", "",

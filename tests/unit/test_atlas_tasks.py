@@ -182,3 +182,29 @@ def test_the_band_probe_refuses_a_greedy_or_repeated_temperature_and_a_path_as_n
     with pytest.raises(SystemExit) as e:
         main(argv)
     assert e.value.code == 2 and "error:" in capsys.readouterr().err
+
+
+def test_each_first_turn_mode_builds_the_agent_it_names(tokenizer) -> None:
+    """The benches pick the agent by mode name: ``forced-two`` forces the lookup and the call
+    after it (level 1's ``add``), then the answer is free; a forced turn's prompt ends in the
+    call's opening."""
+    import asyncio
+
+    import examples.atlas_tasks as atlas_tasks
+    from seed_agents.capture import capture
+    from seed_agents.chat_model import SeedChatModel
+    from seed_agents.testing import FakeBackend
+    from seed_agents.types import SamplingParams
+
+    task = make_tasks("train", 1, levels=(1,))[0]
+    replies = [f'<tool_call>\n{json.dumps({"name": c["name"], "arguments": c["args"]})}\n</tool_call>'
+               for c in task.data["calls"]] + [str(task.data["answer"])]
+    forced = {"forced": [True, False, False], "auto": [False, False, False], "forced-two": [True, True, False]}
+    assert set(atlas_tasks.BUILDERS) == set(forced)
+    for mode, builder in atlas_tasks.BUILDERS.items():
+        llm = SeedChatModel(backend=FakeBackend(tokenizer, replies), tokenizer=tokenizer,
+                            sampling=SamplingParams(max_tokens=64, temperature=0.5))
+        with capture() as cap:
+            state = asyncio.run(getattr(atlas_tasks, builder)(llm).ainvoke({"task": task}))
+        assert [c.messages[-1]["role"] == "assistant" for c in cap.calls] == forced[mode], mode
+        assert answer_reward(task, state) == 1.0

@@ -129,3 +129,20 @@ def test_generic_tool_agent_feeds_back_malformed_calls(tokenizer):
     state = asyncio.run(graph.ainvoke({"task": Task(task_id="q", data={"question": "3+4?"})}))
     assert state["invalid_actions"] == 1 and state["answer"] == "7" and state["stop_reason"] == StopReason.DONE
     assert state["steps"] == 3
+
+
+def test_the_tool_agent_forces_as_many_leading_turns_as_asked(tokenizer):
+    """``first_turns`` turns take ``first_tool_choice`` (a task that needs two calls can have
+    both forced); the turns after choose freely. A forced turn's prompt ends in the call's opening."""
+    import pytest
+
+    from seed_agents.types import Task
+
+    for first_turns, forced in ((1, [True, False, False]), (2, [True, True, False]), (0, [False, False, False])):
+        graph = build_tool_agent(llm_with(tokenizer, [CALL, CALL, "7"]), TOOLS, max_turns=5, first_tool_choice="any",
+                                 first_turns=first_turns)
+        with capture() as cap:
+            state = asyncio.run(graph.ainvoke({"task": Task(task_id="q", data={"question": "3+4?"})}))
+        assert [c.messages[-1]["role"] == "assistant" for c in cap.calls] == forced and state["answer"] == "7"
+    with pytest.raises(ValueError, match="first_turns must be >= 0"):
+        build_tool_agent(llm_with(tokenizer, ["7"]), TOOLS, first_tool_choice="any", first_turns=-1)

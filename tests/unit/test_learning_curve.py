@@ -259,6 +259,8 @@ def test_a_guide_share_changes_the_run_only_when_on_and_needs_a_free_first_turn(
     # so with the learning-rate schedule: TRL's linear decay leaves the section as it was
     assert "lr_schedule" not in off["trainer"] and config(lr_schedule="constant")["trainer"]["lr_schedule"] == "constant"
     assert off["graph"]["build"].endswith(":build_auto_agent")
+    assert config(first_turn="forced")["graph"]["build"].endswith(":build_agent")  # the stored runs' digests stay
+    assert config(first_turn="forced-two")["graph"]["build"].endswith(":build_two_call_agent")
     assert lc.run_digest(off, tmp_path / "t.jsonl", tmp_path / "h.jsonl") != lc.run_digest(on, tmp_path / "t.jsonl",
                                                                                             tmp_path / "h.jsonl")
     for argv, message in ((["--guide-share", "0.5"], "needs --first-turn auto"),
