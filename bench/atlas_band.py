@@ -8,8 +8,10 @@ level of ``examples/atlas_tasks.py`` (one lookup; a lookup then ``add``; two loo
 
 - ``forced``: the first turn must call a tool (``tool_choice="any"``, the tools' grammar);
 - ``auto``: every turn chooses between answering and calling;
-- ``forced-two`` (asked for by name): the first two turns must call a tool, for level 1,
-  where a lookup forced alone is followed by an answer in every episode.
+- asked for by name, for level 1 (a lookup, then ``add``), where a lookup forced alone is
+  followed by an answer in every episode: ``forced-two``, the first two turns must call a
+  tool; ``lookup-add``, the first must call ``lookup`` and the second ``add`` (the tool
+  sequence scripted, the arguments and the answer the model's).
 
 Per level and mode it prints the success rate (the binary ``answer_reward``), the three
 levels of ``score_levels`` (a call parsed / the right calls / the right answer), and the
@@ -42,7 +44,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run as a script: bench/ and examples/ are on the path
 from bench.results import add_results_args, config_of, now, write_result  # noqa: E402
 
-MODES = ("forced", "auto", "forced-two")
+MODES = ("forced", "auto", "forced-two", "lookup-add")  # examples.atlas_tasks.BUILDERS's keys
 DEFAULT_MODES = ("forced", "auto")
 BAND = (0.2, 0.6)
 SCORES = ("parsed", "right_calls", "right_answer")
@@ -131,7 +133,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default="smollm2-135m", help="Local backend model (alias, folder or hub id).")
     p.add_argument("--levels", type=int, nargs="+", default=[0, 1, 2], help="Difficulty levels to play.")
     p.add_argument("--modes", nargs="+", choices=MODES, default=list(DEFAULT_MODES),
-                   help="First turn forced, auto (both by default), or the first two turns forced (forced-two).")
+                   help="First turn forced, auto (both by default); the first two turns forced to any tool "
+                        "(forced-two) or to lookup then add (lookup-add).")
     p.add_argument("--tasks", type=int, default=8, help="Training tasks per level (the manifest's first ones).")
     p.add_argument("--group", type=int, default=4, help="Episodes per task (the GRPO group).")
     p.add_argument("--temperatures", type=float, nargs="+", default=[0.7],

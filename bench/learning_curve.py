@@ -59,9 +59,10 @@ for another name, so a variant does not replace the main curve).
 then steers that share of each group's training episodes into a call at their first free
 choice (guided openings, docs/training.md) while held-out episodes stay free: whether the
 steering transfers to an agent left to choose is what the held-out curve then shows.
-``--first-turn forced-two`` forces the first two turns, training and held-out alike, for
-``--level 1`` (a lookup, then ``add``), where one forced turn is followed by an answer in
-every episode (docs/results/atlas_band_levels12.json).
+For ``--level 1`` (a lookup, then ``add``), where one forced turn is followed by an answer
+in every episode (docs/results/atlas_band_levels12.json), ``--first-turn forced-two`` forces
+the first two turns to a tool call and ``lookup-add`` to ``lookup`` then ``add`` (the
+sequence scripted, the arguments and the answer the model's), training and held-out alike.
 
     .venv/bin/python bench/learning_curve.py --note "nothing else ran"
     .venv/bin/python bench/learning_curve.py --seeds 0 --methods grpo --updates 2 --tasks-per-update 1 \\
@@ -538,7 +539,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--level", type=int, default=0, help="Atlas level (0: one lookup; docs/results/atlas_band.json).")
     p.add_argument("--first-turn", choices=list(BUILDERS), default="forced",
                    help="forced: the first turn calls a tool; auto: every turn chooses; forced-two: the first two "
-                        "turns call a tool (level 1's lookup and add)")
+                        "turns call a tool; lookup-add: the first calls lookup, the second add (level 1)")
     p.add_argument("--updates", type=int, default=30)
     p.add_argument("--tasks-per-update", type=int, default=4)
     p.add_argument("--group", type=int, default=8)

@@ -52,8 +52,8 @@ from seed_agents.tool_calls import parse_tool_calls
 from seed_agents.types import Task, Trajectory
 
 __all__ = ["ATLAS_SEED", "ATLAS_SIZE", "BUILDERS", "LEVELS", "SPLITS", "TASKS_PER_LEVEL", "TOOLS", "answer_reward",
-           "build_agent", "build_auto_agent", "build_two_call_agent", "make_tasks", "places", "score_levels",
-           "write_manifest"]
+           "build_agent", "build_auto_agent", "build_lookup_add_agent", "build_two_call_agent", "make_tasks", "places",
+           "score_levels", "write_manifest"]
 
 ATLAS_SEED = 22
 """Not the knowledge base's seed: this atlas shares no place with ``bench/tool_agent``."""
@@ -136,19 +136,33 @@ def build_agent(llm: Any, max_turns: int = 4) -> Any:
 
 
 def build_two_call_agent(llm: Any, max_turns: int = 4) -> Any:
-    """The tool agent with its first two turns forced to call a tool: level 1 needs a lookup
-    and then ``add``, and SmolLM2 forced only on the first turn answers after the lookup in
-    every episode (0 of 512: docs/results/atlas_band_levels12.json). Which tool the second
-    call names, and with which arguments, stays the model's: the force is the tools' grammar,
-    not the call."""
+    """The tool agent with its first two turns forced to call a tool, any tool. Level 1 needs
+    a lookup, then ``add``; forced on the first turn only, SmolLM2 answers after the lookup in
+    every sampled episode (0 of 512: docs/results/atlas_band_levels12.json). Forced on two,
+    it still solves none (0 of 128: docs/results/atlas_band_level1_forced_two.json): read
+    greedily, it calls ``add`` first with a number made up for the fact ("plus 305" in the
+    question), or looks the same fact up twice."""
     from seed_agents.graphs.tool_agent import build_tool_agent
 
-    return build_tool_agent(llm, TOOLS, system_prompt=SYSTEM_PROMPT, max_turns=max_turns, first_tool_choice="any",
-                            first_turns=2)
+    return build_tool_agent(llm, TOOLS, system_prompt=SYSTEM_PROMPT, max_turns=max_turns,
+                            turn_tool_choices=("any", "any"))
+
+
+def build_lookup_add_agent(llm: Any, max_turns: int = 4) -> Any:
+    """The tool agent for level 1 with its first call forced to be ``lookup`` and its second
+    ``add`` (the way ``build_two_call_agent`` misses it, above). The tool sequence is then
+    scripted, so what a curve on it measures is the rest, which stays the model's: the
+    lookup's place and field, ``add``'s arguments (the number the lookup returned and the
+    question's), and the answer after."""
+    from seed_agents.graphs.tool_agent import build_tool_agent
+
+    return build_tool_agent(llm, TOOLS, system_prompt=SYSTEM_PROMPT, max_turns=max_turns,
+                            turn_tool_choices=("lookup", "add"))
 
 
 #: Each ``--first-turn`` mode of the benches and the agent that plays it.
-BUILDERS = {"forced": "build_agent", "auto": "build_auto_agent", "forced-two": "build_two_call_agent"}
+BUILDERS = {"forced": "build_agent", "auto": "build_auto_agent", "forced-two": "build_two_call_agent",
+            "lookup-add": "build_lookup_add_agent"}
 
 
 def build_auto_agent(llm: Any, max_turns: int = 4) -> Any:

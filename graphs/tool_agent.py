@@ -32,22 +32,25 @@ class ToolAgentState(TypedDict, total=False):
 
 def build_tool_agent(llm: Any, tools: Sequence[BaseTool], *, system_prompt: str | None = None, max_turns: int = 6,
                      first_tool_choice: str | None = None, tool_choice: str | None = None,
-                     first_turns: int = 1) -> Any:
+                     turn_tool_choices: Sequence[str | None] = ()) -> Any:
     """Compile the agent. ``llm`` needs ``bind_tools`` (``SeedChatModel`` has it).
 
-    ``first_tool_choice``: the ``tool_choice`` of the first ``first_turns`` turns (e.g.
-    ``"any"`` where every task needs a tool: a small model that would answer from memory must
-    look first; two turns where every task needs two calls, and the model answers after one);
-    ``tool_choice``: that of every turn (the first ones too, unless ``first_tool_choice``
-    says otherwise). Unset, turns choose freely between answering and calling. The
-    continual loop passes what the deployed agent sends (``ToolAgentConfig.tool_choice``),
-    so a replay is forced where production is."""
+    ``first_tool_choice``: the ``tool_choice`` of the first turn only (e.g. ``"any"`` where
+    every task needs a tool: a small model that would answer from memory must look first);
+    ``turn_tool_choices``: that of each of the first turns, in order (``("lookup", "any")``:
+    a task that needs a lookup and then another call, where the model left free answers after
+    the first; ``None`` leaves a turn free); it replaces ``first_tool_choice``.
+    ``tool_choice``: that of every later turn (the first ones too, unless the two above say
+    otherwise). Unset, turns choose freely between answering and calling. The continual loop
+    passes what the deployed agent sends (``ToolAgentConfig.tool_choice``), so a replay is
+    forced where production is."""
     if max_turns < 1:
         raise ValueError(f"max_turns must be >= 1, got {max_turns}")
-    if first_turns < 0:
-        raise ValueError(f"first_turns must be >= 0, got {first_turns}")
+    if first_tool_choice and turn_tool_choices:
+        raise ValueError("first_tool_choice and turn_tool_choices both set: give the first turn's in turn_tool_choices")
     bound = llm.bind_tools(list(tools), tool_choice=tool_choice) if tool_choice else llm.bind_tools(list(tools))
-    first = llm.bind_tools(list(tools), tool_choice=first_tool_choice) if first_tool_choice else bound
+    leading = [llm.bind_tools(list(tools), tool_choice=choice) if choice else bound
+               for choice in (turn_tool_choices or (first_tool_choice,))]
 
     def start(state: ToolAgentState) -> ToolAgentState:
         question = state["task"].data.get("question")
@@ -57,7 +60,8 @@ def build_tool_agent(llm: Any, tools: Sequence[BaseTool], *, system_prompt: str 
         return {"messages": [*msgs, HumanMessage(question)], "steps": 0, "invalid_actions": 0}
 
     async def agent(state: ToolAgentState) -> ToolAgentState:
-        reply: AIMessage = await (first if state["steps"] < first_turns else bound).ainvoke(state["messages"])
+        reply: AIMessage = await (leading[state["steps"]] if state["steps"] < len(leading) else bound).ainvoke(
+            state["messages"])
         update: ToolAgentState = {"messages": [reply], "steps": state["steps"] + 1}
         if reply.invalid_tool_calls:
             errors = "; ".join(str(c.get("error")) for c in reply.invalid_tool_calls)

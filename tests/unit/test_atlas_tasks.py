@@ -199,8 +199,11 @@ def test_each_first_turn_mode_builds_the_agent_it_names(tokenizer) -> None:
     task = make_tasks("train", 1, levels=(1,))[0]
     replies = [f'<tool_call>\n{json.dumps({"name": c["name"], "arguments": c["args"]})}\n</tool_call>'
                for c in task.data["calls"]] + [str(task.data["answer"])]
-    forced = {"forced": [True, False, False], "auto": [False, False, False], "forced-two": [True, True, False]}
-    assert set(atlas_tasks.BUILDERS) == set(forced)
+    from bench.atlas_band import MODES
+
+    forced = {"forced": [True, False, False], "auto": [False, False, False], "forced-two": [True, True, False],
+              "lookup-add": [True, True, False]}
+    assert set(atlas_tasks.BUILDERS) == set(forced) == set(MODES)
     for mode, builder in atlas_tasks.BUILDERS.items():
         llm = SeedChatModel(backend=FakeBackend(tokenizer, replies), tokenizer=tokenizer,
                             sampling=SamplingParams(max_tokens=64, temperature=0.5))
@@ -208,3 +211,6 @@ def test_each_first_turn_mode_builds_the_agent_it_names(tokenizer) -> None:
             state = asyncio.run(getattr(atlas_tasks, builder)(llm).ainvoke({"task": task}))
         assert [c.messages[-1]["role"] == "assistant" for c in cap.calls] == forced[mode], mode
         assert answer_reward(task, state) == 1.0
+        if mode == "lookup-add":  # the tools named: each forced opening carries its tool's name
+            assert [c.messages[-1]["content"].endswith(f'"name": "{n}", "arguments":') for c, n in
+                    zip(cap.calls, ("lookup", "add"))] == [True, True]

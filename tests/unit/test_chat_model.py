@@ -131,18 +131,22 @@ def test_generic_tool_agent_feeds_back_malformed_calls(tokenizer):
     assert state["steps"] == 3
 
 
-def test_the_tool_agent_forces_as_many_leading_turns_as_asked(tokenizer):
-    """``first_turns`` turns take ``first_tool_choice`` (a task that needs two calls can have
-    both forced); the turns after choose freely. A forced turn's prompt ends in the call's opening."""
+def test_the_tool_agent_gives_each_leading_turn_its_tool_choice(tokenizer):
+    """``turn_tool_choices`` forces each of the first turns as it says (a named tool, any tool,
+    or free); the turns after choose freely. A forced turn's prompt ends in the call's opening,
+    naming the tool where one is named."""
     import pytest
 
     from seed_agents.types import Task
 
-    for first_turns, forced in ((1, [True, False, False]), (2, [True, True, False]), (0, [False, False, False])):
-        graph = build_tool_agent(llm_with(tokenizer, [CALL, CALL, "7"]), TOOLS, max_turns=5, first_tool_choice="any",
-                                 first_turns=first_turns)
+    for choices, forced in (((), [True, False, False]), (("any", "any"), [True, True, False]),
+                            (("add", None), [True, False, False]), ((None, "any"), [False, True, False])):
+        graph = build_tool_agent(llm_with(tokenizer, [CALL, CALL, "7"]), TOOLS, max_turns=5,
+                                 **({"turn_tool_choices": choices} if choices else {"first_tool_choice": "any"}))
         with capture() as cap:
             state = asyncio.run(graph.ainvoke({"task": Task(task_id="q", data={"question": "3+4?"})}))
         assert [c.messages[-1]["role"] == "assistant" for c in cap.calls] == forced and state["answer"] == "7"
-    with pytest.raises(ValueError, match="first_turns must be >= 0"):
-        build_tool_agent(llm_with(tokenizer, ["7"]), TOOLS, first_tool_choice="any", first_turns=-1)
+        if choices and choices[0] == "add":
+            assert cap.calls[0].messages[-1]["content"].endswith('"name": "add", "arguments":')
+    with pytest.raises(ValueError, match="both set"):
+        build_tool_agent(llm_with(tokenizer, ["7"]), TOOLS, first_tool_choice="any", turn_tool_choices=("any",))

@@ -261,6 +261,7 @@ def test_a_guide_share_changes_the_run_only_when_on_and_needs_a_free_first_turn(
     assert off["graph"]["build"].endswith(":build_auto_agent")
     assert config(first_turn="forced")["graph"]["build"].endswith(":build_agent")  # the stored runs' digests stay
     assert config(first_turn="forced-two")["graph"]["build"].endswith(":build_two_call_agent")
+    assert config(first_turn="lookup-add")["graph"]["build"].endswith(":build_lookup_add_agent")
     assert lc.run_digest(off, tmp_path / "t.jsonl", tmp_path / "h.jsonl") != lc.run_digest(on, tmp_path / "t.jsonl",
                                                                                             tmp_path / "h.jsonl")
     for argv, message in ((["--guide-share", "0.5"], "needs --first-turn auto"),
