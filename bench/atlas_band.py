@@ -8,7 +8,7 @@ level of ``examples/atlas_tasks.py`` (one lookup; a lookup then ``add``; two loo
 
 - ``forced``: the first turn must call a tool (``tool_choice="any"``, the tools' grammar);
 - ``auto``: every turn chooses between answering and calling;
-- asked for by name, for level 1 (a lookup, then ``add``), where a lookup forced alone is
+- asked for by name, for level 1 (a lookup, then ``add``), where a forced first call is
   followed by an answer in every episode: ``forced-two``, the first two turns must call a
   tool; ``lookup-add``, the first must call ``lookup`` and the second ``add`` (the tool
   sequence scripted, the arguments and the answer the model's).

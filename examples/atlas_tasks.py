@@ -137,7 +137,7 @@ def build_agent(llm: Any, max_turns: int = 4) -> Any:
 
 def build_two_call_agent(llm: Any, max_turns: int = 4) -> Any:
     """The tool agent with its first two turns forced to call a tool, any tool. Level 1 needs
-    a lookup, then ``add``; forced on the first turn only, SmolLM2 answers after the lookup in
+    a lookup, then ``add``; forced on the first turn only, SmolLM2 answers after that call in
     every sampled episode (0 of 512: docs/results/atlas_band_levels12.json). Forced on two,
     it still solves none (0 of 128: docs/results/atlas_band_level1_forced_two.json): read
     greedily, it calls ``add`` first with a number made up for the fact ("plus 305" in the
