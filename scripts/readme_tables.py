@@ -717,13 +717,17 @@ def update_throughput(results: dict[str, Result], name: str = "update_throughput
                 f"({goal_words(best, 0.4, at_most=False)})."]
 
 
+#: How a curve's ``first_turn`` mode reads where it is not "<mode> first turn" (examples/atlas_tasks.py BUILDERS).
+TURNS = {"forced-two": "first two turns forced to a tool", "lookup-add": "first turn forced to lookup, second to add"}
+
+
 def learning_curve(results: dict[str, Result], name: str = "learning_curve") -> list[str]:
     """Held-out success from the start to the end of training, each method, with its CI
     (``name``: the main curve or a variant written with ``--result-name``)."""
     r = one(results, name)
     c, x = r.config, r.results
     seeds = c["seeds"]
-    turns = "first two turns forced" if c["first_turn"] == "forced-two" else f"{c['first_turn']} first turn"
+    turns = TURNS.get(c["first_turn"], f"{c['first_turn']} first turn")
     what = (f"atlas level {c['level']} ({turns}"
             + (f", guided openings in a share {c['guide_share']:g} of training episodes" if c.get("guide_share") else "")
             + f"), {c['train_tasks']} training / {c['heldout']} "

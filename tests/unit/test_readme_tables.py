@@ -439,6 +439,9 @@ def test_a_curve_lists_every_evaluation_between_its_start_and_end():
     x["methods"]["grpo"]["curve"] = {"0": {**point, "right_answer": 0.4}, "8": {**point, "right_answer": 0.5}}
     text = "\n".join(tables.learning_curve({pilot.name: dataclasses.replace(pilot, results=x)}, pilot.name))
     assert "at each evaluation" not in text
+    scripted = dataclasses.replace(pilot, results=x, config={**pilot.config, "first_turn": "lookup-add"})
+    assert "(first turn forced to lookup, second to add" in "\n".join(tables.learning_curve({pilot.name: scripted},
+                                                                                              pilot.name))
 
 
 def test_a_curve_says_what_its_skills_named():
