@@ -140,8 +140,8 @@ def build_two_call_agent(llm: Any, max_turns: int = 4) -> Any:
     a lookup, then ``add``; forced on the first turn only, SmolLM2 answers after that call in
     every sampled episode (0 of 512: docs/results/atlas_band_levels12.json). Forced on two,
     it still solves none (0 of 128: docs/results/atlas_band_level1_forced_two.json): read
-    greedily, it calls ``add`` first with a number made up for the fact ("plus 305" in the
-    question), or looks the same fact up twice."""
+    greedily on four tasks, it called ``add`` first with a number made up for the fact ("plus
+    305" in the question) every time, then ``add`` again."""
     from seed_agents.graphs.tool_agent import build_tool_agent
 
     return build_tool_agent(llm, TOOLS, system_prompt=SYSTEM_PROMPT, max_turns=max_turns,
