@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import resource
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -449,7 +450,16 @@ class _SyncAndLog(TrainerCallback):
             file.write(json.dumps(row) + "\n")
         print(f"iter {row['iteration']:>3}  success {logs['success_rate']:.2f}  reward {logs.get('reward', 0):.2f}  "
               f"parse {logs.get('skill_parse_rate', 0):.2f}  ppo {logs.get('loss/ppo', 0):+.4f}  "
-              f"opd {logs.get('loss/opd', 0):+.4f}  gate {logs.get('opd/gate', 0):.2f}  v{self.backend.policy_version}", flush=True)
+              f"opd {logs.get('loss/opd', 0):+.4f}  gate {logs.get('opd/gate', 0):.2f}  v{self.backend.policy_version}  "
+              f"peak {_peak_rss_gib():.1f} GiB", flush=True)
+
+
+def _peak_rss_gib() -> float:
+    """This process's peak resident memory so far (Linux reports KiB). Printed, not written to
+    metrics.jsonl: a resumed run's peak differs from an unbroken one's, and the exact-resume tests
+    compare those rows. A learning run's update has peaked at 15-20 GB on a 23 GB machine (an OOM
+    kill once); the line shows which update raised it."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
 
 
 def _barrier() -> None:
