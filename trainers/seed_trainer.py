@@ -36,6 +36,7 @@ from seed_agents.backends.prefix import common_prefix_len, worth_sharing
 from seed_agents.config.core import PAPER, PAPER_LEARNING_RATE
 from seed_agents.distill import SEEDCoefficients, group_advantages, seed_objective
 from seed_agents.errors import NoTrainableRows
+from seed_agents.memory import release_free_memory
 from seed_agents.trainers.shared_prefix import PromptKV, logps_on_prompt_kv, shared_prefix_logps
 from seed_agents.trainers.shared_prefix import supported as prefix_supported
 from seed_agents.types import Row, Task, Trajectory
@@ -53,6 +54,7 @@ class SEEDConfig(GRPOConfig):
     score_batch_size: int = field(default=16, metadata={"help": "Most rows per forward when scoring teacher/reference log-probs (chunk_tokens bounds each forward too); more rows share one prefix forward."})
     share_prefix: bool = field(default=True, metadata={"help": "Compute the prompt tokens a chunk's rows share (system prompt, tool schemas, the task) once and run each row's own tokens on top (trainers/shared_prefix.py); exact up to float rounding."})
     fuse_teacher: bool = field(default=False, metadata={"help": "Score SEED's teacher on top of the prompt keys and values the loss forward computes (trainers/shared_prefix.logps_on_prompt_kv): the teacher computes its skill and the completion, not the prompt it shares with its row. Needs share_prefix and one optimizer step per rollout batch (num_iterations 1, steps_per_generation 1, gradient_accumulation_steps 1: the loss forward runs the pre-update weights); rows whose chunk shares no prefix are scored in a pass of their own. Exact up to float rounding."})
+    release_memory: bool = field(default=True, metadata={"help": "Give the heap's freed memory back to the OS after the rollouts, the scoring and the update of each step (glibc malloc_trim, seed_agents/memory.py); values are unchanged."})
     chunk_tokens: int = field(default=8192, metadata={"help": "Token budget (rows x trimmed width) of one forward in the loss and in scoring; rows are grouped by length and each group's padding trimmed. 0: TRL's layout (every row padded to the batch's widest prompt and completion)."})
     # TRL fields with the paper's values
     beta: float = field(default=PAPER.kl, metadata={"help": "KL(pi || pi_ref) coefficient (k3 estimator)."})
@@ -366,10 +368,14 @@ class SEEDTrainer(GRPOTrainer):
         t0 = time.perf_counter()
         # The iteration is the optimizer step about to happen: stable across --resume.
         batch = self.rollout.collect(tasks, self.num_generations, self.state.global_step)
+        if self.args.release_memory:  # the episodes' key/value caches, freed, before scoring grows the heap
+            release_free_memory()
         t_rollout = time.perf_counter() - t0
         self.last_batch = batch
         t1 = time.perf_counter()
         out = self.score_batch(batch)
+        if self.args.release_memory:  # the scoring passes' logits, before the loss forward
+            release_free_memory()
         t_score = time.perf_counter() - t1
 
         metrics = self._metrics["train"]

@@ -124,7 +124,7 @@ def seed_config(cfg: TrainConfig, out: Path) -> Any:
         opd_coef=trainer.opd_coef, gate_sharpness=trainer.gate_sharpness, advantage_norm=trainer.advantage_norm,
         use_cpu=not torch.cuda.is_available(), bf16=resolve_precision(cfg.backend.precision)[0] == torch.bfloat16,
         gradient_checkpointing=trainer.gradient_checkpointing, chunk_tokens=trainer.chunk_tokens,
-        share_prefix=trainer.share_prefix, fuse_teacher=trainer.fuse_teacher,
+        share_prefix=trainer.share_prefix, fuse_teacher=trainer.fuse_teacher, release_memory=trainer.release_memory,
         report_to=list(trainer.report_to), run_name=out.name, logging_steps=1, save_strategy="steps", save_steps=1,
         save_total_limit=2, seed=cfg.seed, disable_tqdm=True,
     )

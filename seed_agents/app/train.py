@@ -36,6 +36,7 @@ from seed_agents.errors import ConfigError
 from seed_agents.faults import crash_point
 from seed_agents.graphs.hindsight import with_hindsight
 from seed_agents.imports import load_object
+from seed_agents.memory import release_free_memory
 from seed_agents.metrics import summarize
 from seed_agents.preflight import check_backend, check_out, load_suite, suite_tasks
 from seed_agents.runner import EpisodeRunner, check_fault_budget, default_reward
@@ -433,6 +434,8 @@ class _SyncAndLog(TrainerCallback):
         self._sync(state, model)
         self.sync_s = time.perf_counter() - t0
         self._maybe_evaluate(state)
+        if getattr(args, "release_memory", False):  # the update's and the evaluation's, before the next rollouts
+            release_free_memory()
 
     def on_save(self, args, state, control, **kw):  # noqa: ANN001
         if state.is_world_process_zero:

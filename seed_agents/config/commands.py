@@ -106,6 +106,7 @@ class TrainerConfig(BaseModel):
     advantage_norm: Literal["mean_std", "mean"] = Field("mean_std", description="Group advantage normalization.")
     merge_rows: bool = Field(True, description="Merge calls whose tokens continue into one row.")
     gradient_checkpointing: bool = Field(True, description="Recompute activations in backward: less memory for a little more compute (SmolLM2 iteration on 2 cores, bench/update_memory.py: peak RSS 11.2 -> 7.3 GB at about the same update time, docs/results/update_memory.json; TRL's default is on too).")
+    release_memory: bool = Field(True, description="Give the heap's freed memory back to the OS after each step's rollouts, its scoring and its update (glibc malloc_trim; seed_agents/memory.py): a learning run otherwise keeps what it freed resident (13.6 GB between updates of a SmolLM2 LoRA run, 2.1 GB after one trim) and its peak grows over the run. No computed value changes. false: glibc's default behaviour (the path before).")
     lora_r: int | None = Field(None, ge=1, le=512, description="Train a LoRA adapter of this rank instead of full weights.")
     lora_alpha: int = Field(32, ge=1, description="LoRA alpha.")
     chunk_tokens: int = Field(8192, ge=0, le=1 << 20, description="Token budget (rows x trimmed width) of one forward in the loss and in scoring: rows are grouped by length and each group's padding trimmed; bounds the update's memory. 0: TRL's layout, every row padded to the batch's widest prompt and completion (the path before; bench/update_throughput.py).")

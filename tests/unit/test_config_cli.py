@@ -201,6 +201,9 @@ def test_the_update_layout_reaches_the_trainer_and_the_kv_reuse_the_backend(tmp_
     args = seed_config(TrainConfig.model_validate({"trainer": {"chunk_tokens": 0, "share_prefix": False}}), tmp_path / "b")
     assert (args.chunk_tokens, args.share_prefix) == (0, False)
     assert reuse_kwargs(True) == {} and reuse_kwargs(False) == {"share_prefix": False, "turn_cache_bytes": 0}
+    # freed heap memory goes back to the OS between a step's phases unless turned off
+    assert seed_config(TrainConfig(), tmp_path / "e").release_memory
+    assert not seed_config(TrainConfig.model_validate({"trainer": {"release_memory": False}}), tmp_path / "f").release_memory
     # the fused teacher reads the shared prefix's keys and values: on only with it, one clear error otherwise
     assert not seed_config(TrainConfig(), tmp_path / "c").fuse_teacher
     assert seed_config(TrainConfig.model_validate({"trainer": {"fuse_teacher": True}}), tmp_path / "d").fuse_teacher
