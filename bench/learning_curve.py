@@ -527,7 +527,8 @@ def plot(analysis: dict[str, Any], path: Path, title: str) -> None:
     plt.close(fig)
 
 
-def main(argv: list[str] | None = None) -> None:
+def build_parser() -> argparse.ArgumentParser:
+    """The curve's settings; bench/run_memory.py builds its training config from them too."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--methods", default="grpo,seed",
@@ -597,6 +598,11 @@ def main(argv: list[str] | None = None) -> None:
                    help="Result file stem under --results-dir (a variant keeps the main curve).")
     p.add_argument("--note", default="", help="What else ran on the machine (it shapes the wall time).")
     add_results_args(p)
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = build_parser()
     args = p.parse_args(argv)
     if not 0.0 <= args.guide_share <= 1.0:
         p.error("--guide-share: a share in [0, 1]")
