@@ -36,15 +36,9 @@ sys.path.insert(0, str(ROOT))  # run as a script: bench/ is on the path, its pac
 from bench import learning_curve  # noqa: E402
 from bench import results as bench_results  # noqa: E402
 from bench.children import run_logged, stop_children_on_sigterm  # noqa: E402
+# the child reports its own peak: RUSAGE_CHILDREN here would be the largest of all sides so far
+from bench.update_memory import CHILD  # noqa: E402
 
-# the child reports its own peak: RUSAGE_CHILDREN in this process would be the largest of all sides so far
-CHILD = (
-    "import resource, sys\n"
-    "from seed_agents.app.cli import main\n"
-    "rc = main(['train', '--config', sys.argv[1]])\n"
-    "print('PEAK_RSS_KB=' + str(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss), flush=True)\n"
-    "sys.exit(rc)\n"
-)
 CURVE = ["--temperature", "0.5", "--lr", "3e-4", "--lr-schedule", "constant", "--train-tasks", "200"]
 
 
