@@ -46,7 +46,8 @@ kept in the result file, keyed by a digest of its settings, tasks and the method
 revision (``REVISIONS``: a fix that changes what a method does retires its runs): a later
 invocation (another machine, a fresh checkout without ``runs/``) reads a run from there instead of
 training it again, so SEED's seeds can be added beside GRPO's in another session and still
-be paired with them. A run with the same digest in another ``learning_curve*.json`` of the
+be paired with them. The result file is written after each run that trains (``pending`` in it
+names the runs still to come), so a session that ends mid-invocation keeps its finished runs. A run with the same digest in another ``learning_curve*.json`` of the
 results folder serves as well (a variant pairs with the GRPO seeds the main curve trained;
 ``read_from`` in the file names where each came from). It prints last:
 each method's held-out answer success from start to end with a 95% bootstrap CI over seeds
@@ -665,7 +666,22 @@ def main(argv: list[str] | None = None) -> None:
             if revision != 1:
                 packed[name]["revision"] = revision
             print(f"{name}: done in {walls[name]:.0f} s", flush=True)
+            pending = [f"{m}-s{t}" for t in seeds for m in methods if f"{m}-s{t}" not in packed]
+            if pending:  # a finished run reaches the results folder now, not only when the last one ends
+                report(args, seeds, methods, runs, packed, walls, read_from, tasks, n_train, n_heldout, started, pending)
+    report(args, seeds, methods, runs, packed, walls, read_from, tasks, n_train, n_heldout, started, [])
 
+
+def report(args: argparse.Namespace, seeds: list[int], methods: list[str], runs: dict[str, dict[int, dict[str, Any]]],
+           packed: dict[str, dict[str, Any]], walls: dict[str, float], read_from: dict[str, str], tasks: Path,
+           n_train: int, n_heldout: int, started: str, pending: list[str]) -> None:
+    """Analyse the runs so far, print the figures and write the result file and its plot.
+
+    Called after each run that trains and once at the end: a run takes an hour or more, a
+    session can end between runs, and the result file is what a fresh checkout keeps (run
+    folders are not committed). ``pending`` names the runs this invocation has not finished;
+    a file written with some pending says so (``results.pending``), and the next invocation
+    reads its finished runs back by digest and trains only the rest."""
     analysis = analyse(runs)
     for name, run in packed.items():  # kept with the run; a run packed before this figure gets it from its folder
         if "quoted_answers" not in run and (args.work / name / "eval_trajectories.jsonl").exists():
@@ -698,7 +714,8 @@ def main(argv: list[str] | None = None) -> None:
         title += f", guide share {args.guide_share:g}"
     plot(analysis, results_dir / f"{args.result_name}.png", title)
 
-    print(f"\n{title}; {n_train} training / {n_heldout} held-out tasks")
+    print(f"\n{title}; {n_train} training / {n_heldout} held-out tasks"
+          + (f"; so far: {len(pending)} run(s) still to train ({', '.join(pending)})" if pending else ""))
     for method, m in analysis["methods"].items():
         curve = m["curve"]
         first, last = curve[min(curve, key=int)], curve[max(curve, key=int)]
@@ -734,7 +751,8 @@ def main(argv: list[str] | None = None) -> None:
               "work": args.work.name, "max_turns": AGENT_MAX_TURNS, "model": Path(str(args.model)).name,
               "seeds": seeds, "methods": methods, "train_tasks": n_train, "heldout": n_heldout}
     write_result(args.result_name, config,
-                 {**analysis, "wall_s": walls, "note": args.note, "runs": packed, "read_from": read_from},
+                 {**analysis, "wall_s": walls, "note": args.note, "runs": packed, "read_from": read_from,
+                  **({"pending": pending} if pending else {})},
                  paper=PAPER, labels=LABELS, started_at=started, results_dir=args.results_dir)
 
 

@@ -746,7 +746,9 @@ def learning_curve(results: dict[str, Result], name: str = "learning_curve") -> 
     for method, m in x["methods"].items():
         curve = m["curve"]
         a, b = curve[min(curve, key=int)], curve[max(curve, key=int)]
-        rows.append([method, str(m["updates"] // max(1, len(seeds))),
+        # a file written mid-invocation holds fewer runs of a method than the seeds it names
+        runs = sum(name.rsplit("-s", 1)[0] == method for name in x.get("runs", {})) or len(seeds)
+        rows.append([method, str(m["updates"] // runs),
                      f"{a['right_answer']:.3f} -> {b['right_answer']:.3f}", f"{f(m['gain'], '+.3f')} {ci(m['gain_ci'])}",
                      f"{a['right_calls']:.3f} -> {b['right_calls']:.3f}", f"{a['parsed']:.3f} -> {b['parsed']:.3f}",
                      f(m["training_success"]), f(m["zero_variance_groups"])])
@@ -754,6 +756,9 @@ def learning_curve(results: dict[str, Result], name: str = "learning_curve") -> 
            *table(["method", "updates per seed", "held-out right answer", "gain, 95% CI (seeds x tasks)",
                    "right tool + arguments", "a call parses", "training success", "groups with zero reward variance"],
                   rows)]
+    if x.get("pending"):  # written after a run that trained, before the invocation's last run ended
+        out += ["", f"Partial: {len(x['pending'])} run(s) of this invocation not finished when the file was written "
+                    f"({', '.join(x['pending'])}); the figures above are over the runs it holds."]
     series = {method: m["curve"] for method, m in x["methods"].items() if len(m["curve"]) > 2}
     if series:  # the points between start and end: whether a curve still climbs, flattens or falls back
         out += ["", "Held-out right answer at each evaluation, mean over seeds: " + "; ".join(

@@ -212,6 +212,50 @@ def test_a_run_kept_in_the_result_file_is_read_not_trained_again(tmp_path, monke
     assert (tmp_path / "results" / "learning_curve.json").read_text() == main_file
 
 
+def test_each_finished_run_reaches_the_result_file_before_the_next_one_trains(tmp_path, monkeypatch, capsys):
+    """A run takes an hour; a session that ends during the second keeps the first in the file."""
+    import shutil
+
+    import bench.learning_curve as lc
+    from scripts import readme_tables as tables
+    from bench.results import load_result
+
+    argv = ["--methods", "grpo,seed", "--seeds", "0,1", "--updates", "2", "--train-tasks", "4", "--heldout", "3",
+            "--work", str(tmp_path / "work"), "--results-dir", str(tmp_path / "results")]
+    scores = {0: {f"atlas-heldout-L0-00{i}": {"parsed": True, "right_calls": False, "right_answer": False, "fault": False}
+                  for i in range(3)}}
+    scores[2] = {t: {**v, "right_calls": True, "right_answer": True} for t, v in scores[0].items()}
+    trained = []
+
+    def fake_run_one(config, out, log, revision=1):
+        trained.append(out.name)
+        if out.name == "seed-s0" and len(trained) == 2:
+            raise KeyboardInterrupt  # the session ends during the second run
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "metrics.jsonl").write_text("".join(json.dumps({"iteration": i, "success_rate": 0.25,
+                                                                "zero_variance_groups": 0.5}) + "\n" for i in range(2)))
+        return 7.0
+
+    monkeypatch.setattr(lc, "run_one", fake_run_one)
+    monkeypatch.setattr(lc, "heldout_scores", lambda out, heldout: scores)
+    with pytest.raises(KeyboardInterrupt):
+        lc.main(argv)
+    path = tmp_path / "results" / "learning_curve.json"
+    partial = json.loads(path.read_text())["results"]
+    assert list(partial["runs"]) == ["grpo-s0"] and partial["pending"] == ["seed-s0", "grpo-s1", "seed-s1"]
+    assert "so far: 3 run(s) still to train (seed-s0, grpo-s1, seed-s1)" in capsys.readouterr().out
+    text = "\n".join(tables.learning_curve({"learning_curve": load_result(path)}))
+    assert "Partial: 3 run(s)" in text and "seed-s0" in text and "| grpo | 2 |" in text  # 2 updates of its one run
+
+    shutil.rmtree(tmp_path / "work")  # a fresh checkout: only the file is left
+    lc.main(argv)
+    final = json.loads(path.read_text())["results"]
+    assert trained == ["grpo-s0", "seed-s0", "seed-s0", "grpo-s1", "seed-s1"]  # grpo-s0 read back, not trained again
+    assert "pending" not in final and set(final["runs"]) == {"grpo-s0", "seed-s0", "grpo-s1", "seed-s1"}
+    assert final["runs"]["grpo-s0"] == partial["runs"]["grpo-s0"]
+    assert "Partial" not in "\n".join(tables.learning_curve({"learning_curve": load_result(path)}))
+
+
 def test_the_run_digest_ignores_where_the_files_live_but_not_what_they_hold(tmp_path):
     import argparse
 
