@@ -48,8 +48,9 @@ invocation (another machine, a fresh checkout without ``runs/``) reads a run fro
 training it again, so SEED's seeds can be added beside GRPO's in another session and still
 be paired with them. The result file is written after each run that trains (``pending`` in it
 names the runs still to come), so a session that ends mid-invocation keeps its finished runs.
-A run with the same digest in another ``learning_curve*.json`` of the results folder serves as well (a variant pairs with the GRPO seeds the main curve trained;
-``read_from`` in the file names where each came from). It prints last:
+A run with the same digest in another ``learning_curve*.json`` of the results folder serves
+as well (a variant pairs with the GRPO seeds the main curve trained; ``read_from`` in the file
+names where each came from). It prints last:
 each method's held-out answer success from start to end with a 95% bootstrap CI over seeds
 and held-out tasks, GRPO's gain against the goal (>= +10 points, CI excluding 0), SEED minus
 GRPO paired by seed with its CI and the seeds a paired test needs. Writes
