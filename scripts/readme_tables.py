@@ -221,6 +221,23 @@ def update_memory(results: dict[str, Result]) -> list[str]:
             *table(["gradient checkpointing", "peak RSS", "update time"], rows)]
 
 
+def run_memory(results: dict[str, Result]) -> list[str]:
+    """A learning run's training with freed heap memory given back and kept (bench/run_memory.py)."""
+    r = one(results, "run_memory")
+    c, x = r.config, r.results
+    med = x["median"]
+    runs = {side: [s for s in x["runs"] if s["release_memory"] == (side == "on")] for side in ("off", "on")}
+    rows = [[side, f"{med[side]['peak_rss_gb']:.2f} GB", f"{med[side]['step_s']:.1f} s",
+             " / ".join(f"{s['wall_s'] / 60:.1f}" for s in runs[side])] for side in ("off", "on")]
+    rows.append(["on/off", f"{x['rss_on_over_off']:.2f}x", f"{x['step_on_over_off']:.2f}x", ""])
+    same = "the same" if x["same_batches"] else "NOT the same"
+    return [source_line(r, f"the learning curve's GRPO training, {c['updates']} updates of 4 tasks x group {c['group']} "
+                           f"per run, {len(runs['on'])} run(s) a side alternating, no held-out evaluation"
+                           + (f"; {c['note']}" if c.get("note") else "")), "",
+            *table(["`trainer.release_memory`", "peak RSS", "median update", "wall per run (min)"], rows),
+            "", f"Both sides logged {same} rows and losses, update for update."]
+
+
 def demo_speed(results: dict[str, Result], name: str = "demo_speed") -> list[str]:
     """The README's first command on each path: stage 1 and one iteration, against the first side."""
     r = one(results, name)
@@ -1038,7 +1055,7 @@ RENDERERS: dict[str, Callable[[dict[str, Result]], list[str]]] = {
     "determinism": determinism, "tool_agent": tool_agent, "continual_demo": continual_demo,
     "continual_demo_atlas": continual_demo_atlas,
     "capture_overhead": capture_overhead, "seed_overhead": seed_overhead, "gateway_overhead": gateway_overhead,
-    "update_memory": update_memory, "demo_speed": demo_speed, "webshop_index": webshop_index,
+    "update_memory": update_memory, "run_memory": run_memory, "demo_speed": demo_speed, "webshop_index": webshop_index,
     "sample_efficiency": sample_efficiency,
     "skill_usefulness": skill_usefulness, "roofline": roofline, "logprob_gap": logprob_gap,
     "rollout_throughput": rollout_throughput, "atlas_band": atlas_band, "continual_atlas": continual_atlas,

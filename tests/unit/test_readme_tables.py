@@ -219,6 +219,31 @@ def test_update_memory_and_skill_usefulness_render_from_their_scripts_keys(tmp_p
             in render(tmp_path, "skill_usefulness"))
 
 
+def test_run_memory_renders_from_its_scripts_keys(tmp_path):
+    def side(on: bool, peak: float, step: float, wall: float) -> dict:
+        return {"release_memory": on, "peak_rss_gb": peak, "wall_s": wall, "updates": 4, "step_s": step,
+                "rollout_s": 50.0, "score_s": 20.0, "rows": [64.0] * 4, "loss": [0.1] * 4}
+
+    runs = [side(True, 9.5, 141.0, 600.0), side(True, 9.7, 139.0, 606.0), side(False, 15.1, 140.0, 594.0),
+            side(False, 15.3, 138.0, 590.0)]
+    write_result("run_memory", {"model": "smollm2-135m", "updates": 4, "repeats": 2, "group": 8, "seed": 0},
+                 {"runs": runs, "median": {"on": {"peak_rss_gb": 9.6, "step_s": 140.0},
+                                           "off": {"peak_rss_gb": 15.2, "step_s": 139.0}},
+                  "rss_on_over_off": 9.6 / 15.2, "step_on_over_off": 140.0 / 139.0, "same_batches": True},
+                 results_dir=tmp_path / "results")
+    text = render(tmp_path, "run_memory")
+    assert "| off | 15.20 GB | 139.0 s | 9.9 / 9.8 |" in text and "| on | 9.60 GB | 140.0 s | 10.0 / 10.1 |" in text
+    assert "| on/off | 0.63x | 1.01x |" in text and "4 updates of 4 tasks x group 8 per run, 2 run(s) a side" in text
+    assert "logged the same rows and losses" in text
+    runs[0]["loss"] = [0.2] * 4  # a trim that changed a value must show
+    write_result("run_memory", {"model": "smollm2-135m", "updates": 4, "repeats": 2, "group": 8, "seed": 0},
+                 {"runs": runs, "median": {"on": {"peak_rss_gb": 9.6, "step_s": 140.0},
+                                           "off": {"peak_rss_gb": 15.2, "step_s": 139.0}},
+                  "rss_on_over_off": 9.6 / 15.2, "step_on_over_off": 140.0 / 139.0, "same_batches": False},
+                 results_dir=tmp_path / "results")
+    assert "logged NOT the same rows and losses" in render(tmp_path, "run_memory")
+
+
 def test_the_writer_is_stable_portable_and_works_outside_a_checkout(tmp_path):
     from bench import results
 
