@@ -396,13 +396,15 @@ class _SyncAndLog(TrainerCallback):
         self._step_t0: float | None = None
         self.evaluate, self.every, self.at_start, self.last = evaluate, every, at_start, last
 
-    def _maybe_evaluate(self, state: Any) -> None:
-        """Rank 0 only; the other ranks wait for it at their next collective."""
+    def _maybe_evaluate(self, state: Any) -> bool:
+        """Rank 0 only; the other ranks wait for it at their next collective. Whether it evaluated."""
         if self.evaluate is None or not state.is_world_process_zero:
-            return
+            return False
         updates = state.global_step
         if (updates == 0 and self.at_start) or (updates > 0 and (updates % self.every == 0 or updates == self.last)):
             self.evaluate(updates)
+            return True
+        return False
 
     def _sync(self, state: Any, model: Any) -> None:
         crash_point("sync")
@@ -436,8 +438,7 @@ class _SyncAndLog(TrainerCallback):
         release = getattr(args, "release_memory", False)
         if release:  # the update's, before a held-out evaluation grows the heap on top of it (9-10 -> 13.7 GB once)
             release_free_memory()
-        self._maybe_evaluate(state)
-        if release:  # the evaluation's, before the next rollouts
+        if self._maybe_evaluate(state) and release:  # the evaluation's, before the next rollouts
             release_free_memory()
 
     def on_save(self, args, state, control, **kw):  # noqa: ANN001

@@ -217,9 +217,10 @@ def test_the_initial_evaluation_is_the_same_for_every_seed_and_method(tmp_path, 
 
 
 def test_a_step_gives_freed_memory_back_between_its_phases_and_changes_no_value(tmp_path, tiny_model_dir, monkeypatch):
-    """Four releases a step (after the rollouts, the scoring, the update and its
-    evaluation), none with trainer.release_memory false (the path before); the two runs
-    sample the same tokens with the same log-probs and log the same losses."""
+    """Three releases a step (after the rollouts, the scoring and the update) and a fourth
+    after a held-out evaluation where one ran, none with trainer.release_memory false (the
+    path before); the two runs sample the same tokens with the same log-probs and log the
+    same losses."""
     import seed_agents.app.train as train_mod
     import seed_agents.trainers.seed_trainer as trainer_mod
     from seed_agents.memory import release_free_memory
@@ -233,7 +234,13 @@ def test_a_step_gives_freed_memory_back_between_its_phases_and_changes_no_value(
         out = tmp_path / f"release-{release}"
         run_train(calc_config(tmp_path, tiny_model_dir, iterations=2, out=str(out),
                               trainer={"learning_rate": 1e-3, "release_memory": release}))
-        assert where == (["trainer", "trainer", "callback", "callback"] * 2 if release else [])
+        assert where == (["trainer", "trainer", "callback"] * 2 if release else [])
         runs[release] = (sampled(lines(out / "trajectories.jsonl")),
                          [(m["loss/ppo"], m["loss/total"], m["grad_norm"]) for m in lines(out / "metrics.jsonl")])
     assert runs[True] == runs[False] and len(runs[True][1]) == 2
+    # a held-out evaluation after the second update only: its heap is given back too, once
+    where.clear()
+    eval_cfg = {"tasks": str(CALC_TASKS), "num_tasks": 1, "every": 2, "at_start": False, "temperature": 0.0}
+    run_train(calc_config(tmp_path, tiny_model_dir, iterations=2, out=str(tmp_path / "release-eval"), eval=eval_cfg,
+                          trainer={"learning_rate": 1e-3, "release_memory": True}))
+    assert where == ["trainer", "trainer", "callback"] + ["trainer", "trainer", "callback", "callback"]
