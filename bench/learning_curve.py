@@ -79,6 +79,7 @@ import json
 import re
 import statistics
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, get_args
 
@@ -628,12 +629,10 @@ def main(argv: list[str] | None = None) -> None:
     args.work.mkdir(parents=True, exist_ok=True)
     tasks, heldout, n_train, n_heldout = write_tasks(args.work, args.level, args.train_tasks, args.heldout)
     log = args.work / "train.log"
-    runs: dict[str, dict[int, dict[str, Any]]] = {}
-    walls: dict[str, float] = {}
+    so_far = Invocation(seeds, methods, tasks, n_train, n_heldout, started)
+    runs, walls, packed, read_from = so_far.runs, so_far.walls, so_far.packed, so_far.read_from
     kept = stored_runs(Path(args.results_dir) / f"{args.result_name}.json")
     elsewhere = stored_elsewhere(Path(args.results_dir), args.result_name)
-    packed: dict[str, dict[str, Any]] = {}
-    read_from: dict[str, str] = {}
     for s in seeds:  # seeds outermost: a benchmark stopped early still has paired runs
         for method in methods:
             name = f"{method}-s{s}"
@@ -667,22 +666,44 @@ def main(argv: list[str] | None = None) -> None:
             if revision != 1:
                 packed[name]["revision"] = revision
             print(f"{name}: done in {walls[name]:.0f} s", flush=True)
-            pending = [f"{m}-s{t}" for t in seeds for m in methods if f"{m}-s{t}" not in packed]
-            if pending:  # a finished run reaches the results folder now, not only when the last one ends
-                report(args, seeds, methods, runs, packed, walls, read_from, tasks, n_train, n_heldout, started, pending)
-    report(args, seeds, methods, runs, packed, walls, read_from, tasks, n_train, n_heldout, started, [])
+            if so_far.pending():  # a finished run reaches the results folder now, not only when the last one ends
+                report(args, so_far)
+    report(args, so_far)
 
 
-def report(args: argparse.Namespace, seeds: list[int], methods: list[str], runs: dict[str, dict[int, dict[str, Any]]],
-           packed: dict[str, dict[str, Any]], walls: dict[str, float], read_from: dict[str, str], tasks: Path,
-           n_train: int, n_heldout: int, started: str, pending: list[str]) -> None:
+@dataclass
+class Invocation:
+    """What one invocation of the benchmark asked for and holds so far: the runs it trained and
+    those it read back (``read_from``: run -> the result file it came from), each kept both
+    unpacked for the analysis (``runs``: method -> seed -> scores and metrics) and packed as the
+    result file stores it, with each run's wall time."""
+
+    seeds: list[int]
+    methods: list[str]
+    tasks: Path
+    n_train: int
+    n_heldout: int
+    started: str
+    runs: dict[str, dict[int, dict[str, Any]]] = field(default_factory=dict)
+    packed: dict[str, dict[str, Any]] = field(default_factory=dict)
+    walls: dict[str, float] = field(default_factory=dict)
+    read_from: dict[str, str] = field(default_factory=dict)
+
+    def pending(self) -> list[str]:
+        """The runs asked for that this invocation has neither trained nor read back, in order."""
+        return [f"{m}-s{s}" for s in self.seeds for m in self.methods if f"{m}-s{s}" not in self.packed]
+
+
+def report(args: argparse.Namespace, so_far: Invocation) -> None:
     """Analyse the runs so far, print the figures and write the result file and its plot.
 
     Called after each run that trains and once at the end: a run takes an hour or more, a
     session can end between runs, and the result file is what a fresh checkout keeps (run
-    folders are not committed). ``pending`` names the runs this invocation has not finished;
-    a file written with some pending says so (``results.pending``), and the next invocation
-    reads its finished runs back by digest and trains only the rest."""
+    folders are not committed). A file written while some runs are pending says so
+    (``results.pending``), and the next invocation reads its finished runs back by digest and
+    trains only the rest."""
+    seeds, runs, packed, walls, tasks = so_far.seeds, so_far.runs, so_far.packed, so_far.walls, so_far.tasks
+    n_train, n_heldout, pending = so_far.n_train, so_far.n_heldout, so_far.pending()
     analysis = analyse(runs)
     for name, run in packed.items():  # kept with the run; a run packed before this figure gets it from its folder
         if "quoted_answers" not in run and (args.work / name / "eval_trajectories.jsonl").exists():
@@ -750,11 +771,11 @@ def report(args: argparse.Namespace, seeds: list[int], methods: list[str], runs:
     print(f"wall: {sum(walls.values()) / 60:.1f} min of training runs this invocation (finished runs count their own)")
     config = {**config_of(args), "opd_coef": skill_opd_coef(args),
               "work": args.work.name, "max_turns": AGENT_MAX_TURNS, "model": Path(str(args.model)).name,
-              "seeds": seeds, "methods": methods, "train_tasks": n_train, "heldout": n_heldout}
+              "seeds": seeds, "methods": so_far.methods, "train_tasks": n_train, "heldout": n_heldout}
     write_result(args.result_name, config,
-                 {**analysis, "wall_s": walls, "note": args.note, "runs": packed, "read_from": read_from,
+                 {**analysis, "wall_s": walls, "note": args.note, "runs": packed, "read_from": so_far.read_from,
                   **({"pending": pending} if pending else {})},
-                 paper=PAPER, labels=LABELS, started_at=started, results_dir=args.results_dir)
+                 paper=PAPER, labels=LABELS, started_at=so_far.started, results_dir=args.results_dir)
 
 
 if __name__ == "__main__":
