@@ -435,8 +435,12 @@ def stored_elsewhere(results_dir: Path, own: str) -> dict[str, tuple[str, dict[s
 def hierarchical_ci(per_seed: dict[int, dict[str, float]], *, confidence: float = 0.95, resamples: int = 10_000,
                     seed: int = 0) -> tuple[float, float] | None:
     """Bootstrap CI of a mean over seeds and held-out tasks: resample seeds, then tasks
-    within each drawn seed. ``per_seed``: seed -> task -> value (a difference or a score)."""
-    seeds = [np.asarray(list(v.values()), dtype=float) for v in per_seed.values() if v]
+    within each drawn seed. ``per_seed``: seed -> task -> value (a difference or a score).
+
+    Seeds and tasks are put in sorted order before resampling: the same runs give the same
+    interval whether their scores were read from a run folder (in the order the episodes
+    finished) or from a result file (in its stored order)."""
+    seeds = [np.asarray([v[t] for t in sorted(v)], dtype=float) for _, v in sorted(per_seed.items()) if v]
     if not seeds or sum(len(s) for s in seeds) < 2:
         return None
     rng = np.random.default_rng(seed)

@@ -3,6 +3,7 @@
 import hashlib
 import json
 
+import numpy as np
 import pytest
 
 from bench.learning_curve import analyse, hierarchical_ci, run_one, train_config
@@ -27,6 +28,15 @@ def _run(start: list[bool], end: list[bool], zero_var: float = 0.5) -> dict:
     return {"scores": {0: {f"h{i}": levels(x) for i, x in enumerate(start)},
                        10: {f"h{i}": levels(x) for i, x in enumerate(end)}},
             "metrics": [{"update": u, "success_rate": 0.3, "zero_variance_groups": zero_var} for u in range(1, 11)]}
+
+
+def test_hierarchical_ci_does_not_depend_on_the_order_runs_and_tasks_were_read_in():
+    # a run read from its folder lists tasks as its episodes finished, one read from a result
+    # file in the stored order: the same scores must give the same interval
+    rng = np.random.default_rng(3)
+    per_seed = {s: {f"t{i}": float(rng.random() < 0.5) for i in range(20)} for s in range(3)}
+    shuffled = {s: dict(reversed(list(per_seed[s].items()))) for s in reversed(list(per_seed))}
+    assert hierarchical_ci(per_seed, resamples=500) == hierarchical_ci(shuffled, resamples=500)
 
 
 def test_hierarchical_ci_brackets_the_mean_and_is_none_without_spread_to_resample():
