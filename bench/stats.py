@@ -46,8 +46,9 @@ def bootstrap_ci(xs: Sequence[float], *, confidence: float = 0.95, resamples: in
                  seed: int = 0) -> tuple[float, float] | None:
     """Percentile bootstrap interval of the mean of ``xs``: resample ``len(xs)`` values with
     replacement ``resamples`` times, take the central ``confidence`` share of the means.
-    ``None`` for fewer than two values (no spread to resample)."""
-    x = np.asarray(xs, dtype=float)
+    ``None`` for fewer than two values (no spread to resample). The values are sorted first:
+    the interval is a property of the values, not of the order their seeds were read in."""
+    x = np.sort(np.asarray(xs, dtype=float))
     if x.size < 2:
         return None
     rng = np.random.default_rng(seed)

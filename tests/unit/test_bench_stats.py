@@ -135,3 +135,9 @@ def test_the_t_test_from_a_stored_summary_is_the_one_on_the_values():
     assert stats.t_test(4, statistics.fmean(xs), statistics.stdev(xs)) == stats.paired_t(xs)
     with pytest.raises(ValueError):
         stats.t_test(1, 0.1, 0.0)
+
+
+def test_the_bootstrap_interval_does_not_depend_on_the_order_of_the_values():
+    # paired differences come in the order their seeds were run or read back (``--seeds 2,0,1``)
+    xs = [0.85, 0.475, 0.0875, -0.1, 0.3]
+    assert stats.bootstrap_ci(xs, resamples=500) == stats.bootstrap_ci(list(reversed(xs)), resamples=500)
