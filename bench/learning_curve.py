@@ -637,6 +637,7 @@ def main(argv: list[str] | None = None) -> None:
     runs, walls, packed, read_from = so_far.runs, so_far.walls, so_far.packed, so_far.read_from
     kept = stored_runs(Path(args.results_dir) / f"{args.result_name}.json")
     elsewhere = stored_elsewhere(Path(args.results_dir), args.result_name)
+    to_train = []
     for s in seeds:  # seeds outermost: a benchmark stopped early still has paired runs
         for method in methods:
             name = f"{method}-s{s}"
@@ -650,28 +651,31 @@ def main(argv: list[str] | None = None) -> None:
             elif fresh and digest in elsewhere:
                 source, stored = elsewhere[digest]
             else:
-                source, stored = None, None
-            if stored is not None:
-                packed[name] = stored
-                walls[name] = float(stored["wall_s"])
-                runs.setdefault(method, {})[s] = unpack_run(stored)
-                read_from[name] = source
-                print(f"{name}: finished in an earlier invocation ({walls[name]:.0f} s), read from {source}.json", flush=True)
+                to_train.append((name, method, s, out, config, revision, digest))
                 continue
-            print(f"{name}: training ({args.updates} updates of {args.tasks_per_update} tasks x {args.group})", flush=True)
-            if args.initial_eval == "reuse" and (source := reuse_initial_eval(config, out, args.work)):
-                print(f"{name}: the initial policy's held-out evaluation copied from {source} (the same weights, "
-                      "played greedily)", flush=True)
-            walls[name] = run_one(config, out, log, revision)
-            runs.setdefault(method, {})[s] = {"scores": heldout_scores(out, heldout), "metrics": per_update(out)}
-            packed[name] = pack_run(runs[method][s], digest, walls[name])
-            if (out / INITIAL_EVAL_FROM).exists():  # its wall time lacks that evaluation's minutes
-                packed[name]["initial_eval_from"] = json.loads((out / INITIAL_EVAL_FROM).read_text())["run"]
-            if revision != 1:
-                packed[name]["revision"] = revision
-            print(f"{name}: done in {walls[name]:.0f} s", flush=True)
-            if so_far.pending():  # a finished run reaches the results folder now, not only when the last one ends
-                report(args, so_far)
+            packed[name] = stored
+            walls[name] = float(stored["wall_s"])
+            runs.setdefault(method, {})[s] = unpack_run(stored)
+            read_from[name] = source
+            print(f"{name}: finished in an earlier invocation ({walls[name]:.0f} s), read from {source}.json", flush=True)
+    # Every stored run is read back before the first one trains: the result file rewritten after
+    # each trained run (below) then still holds the runs it had that come later in this order
+    # (rewritten with only the runs reached so far, a killed invocation lost them from the file).
+    for name, method, s, out, config, revision, digest in to_train:
+        print(f"{name}: training ({args.updates} updates of {args.tasks_per_update} tasks x {args.group})", flush=True)
+        if args.initial_eval == "reuse" and (source := reuse_initial_eval(config, out, args.work)):
+            print(f"{name}: the initial policy's held-out evaluation copied from {source} (the same weights, "
+                  "played greedily)", flush=True)
+        walls[name] = run_one(config, out, log, revision)
+        runs.setdefault(method, {})[s] = {"scores": heldout_scores(out, heldout), "metrics": per_update(out)}
+        packed[name] = pack_run(runs[method][s], digest, walls[name])
+        if (out / INITIAL_EVAL_FROM).exists():  # its wall time lacks that evaluation's minutes
+            packed[name]["initial_eval_from"] = json.loads((out / INITIAL_EVAL_FROM).read_text())["run"]
+        if revision != 1:
+            packed[name]["revision"] = revision
+        print(f"{name}: done in {walls[name]:.0f} s", flush=True)
+        if so_far.pending():  # a finished run reaches the results folder now, not only when the last one ends
+            report(args, so_far)
     report(args, so_far)
 
 

@@ -552,3 +552,40 @@ def test_a_run_starts_with_the_initial_evaluation_a_sibling_played_only_when_it_
     short = _played_initial_eval(lone, "grpo-s0", grpo, later=False)
     (short / "eval_trajectories.jsonl").write_text((short / "eval_trajectories.jsonl").read_text().splitlines()[0] + "\n")
     assert reuse_initial_eval(seed, lone / "seed-s1", lone) is None
+
+
+def test_a_result_file_rewritten_mid_invocation_keeps_the_runs_it_held_that_come_later(tmp_path, monkeypatch):
+    """GRPO on two seeds, then SEED added beside it and killed during its second seed: the file
+    written after seed-s0 still holds grpo-s1 (an hour of training)."""
+    import shutil
+
+    import bench.learning_curve as lc
+
+    base = ["--seeds", "0,1", "--updates", "2", "--train-tasks", "4", "--heldout", "3",
+            "--work", str(tmp_path / "work"), "--results-dir", str(tmp_path / "results")]
+    scores = {0: {f"atlas-heldout-L0-00{i}": {"parsed": True, "right_calls": False, "right_answer": False, "fault": False}
+                  for i in range(3)}}
+    scores[2] = {t: {**v, "right_calls": True, "right_answer": True} for t, v in scores[0].items()}
+    trained = []
+
+    def fake_run_one(config, out, log, revision=1):
+        trained.append(out.name)
+        if out.name == "seed-s1":
+            raise KeyboardInterrupt  # the session ends during the last run
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "metrics.jsonl").write_text("".join(json.dumps({"iteration": i, "success_rate": 0.25,
+                                                                "zero_variance_groups": 0.5}) + "\n" for i in range(2)))
+        return 7.0
+
+    monkeypatch.setattr(lc, "run_one", fake_run_one)
+    monkeypatch.setattr(lc, "heldout_scores", lambda out, heldout: scores)
+    lc.main(["--methods", "grpo", *base])
+    path = tmp_path / "results" / "learning_curve.json"
+    grpo_only = json.loads(path.read_text())["results"]["runs"]
+    shutil.rmtree(tmp_path / "work")  # a later session: only the file is left
+    with pytest.raises(KeyboardInterrupt):
+        lc.main(["--methods", "grpo,seed", *base])
+    partial = json.loads(path.read_text())["results"]
+    assert trained == ["grpo-s0", "grpo-s1", "seed-s0", "seed-s1"]  # both GRPO runs read back, not trained again
+    assert set(partial["runs"]) == {"grpo-s0", "seed-s0", "grpo-s1"} and partial["pending"] == ["seed-s1"]
+    assert partial["runs"]["grpo-s1"] == grpo_only["grpo-s1"]
