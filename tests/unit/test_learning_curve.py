@@ -30,6 +30,26 @@ def _run(start: list[bool], end: list[bool], zero_var: float = 0.5) -> dict:
             "metrics": [{"update": u, "success_rate": 0.3, "zero_variance_groups": zero_var} for u in range(1, 11)]}
 
 
+def _fake_training(trained: list[str], stop_at: str | None = None):
+    """``run_one`` without training, and the held-out scores it leaves (none right before, all
+    after 2 updates): each run it is asked for is appended to ``trained``; ``stop_at`` names a
+    run during which the session ends (KeyboardInterrupt) the first time it trains."""
+    scores = {0: {f"atlas-heldout-L0-00{i}": {"parsed": True, "right_calls": False, "right_answer": False, "fault": False}
+                  for i in range(3)}}
+    scores[2] = {t: {**v, "right_calls": True, "right_answer": True} for t, v in scores[0].items()}
+
+    def fake_run_one(config, out, log, revision=1):
+        trained.append(out.name)
+        if out.name == stop_at and trained.count(stop_at) == 1:
+            raise KeyboardInterrupt
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "metrics.jsonl").write_text("".join(json.dumps({"iteration": i, "success_rate": 0.25,
+                                                                "zero_variance_groups": 0.5}) + "\n" for i in range(2)))
+        return 7.0
+
+    return fake_run_one, scores
+
+
 def test_hierarchical_ci_does_not_depend_on_the_order_runs_and_tasks_were_read_in():
     # a run read from its folder lists tasks as its episodes finished, one read from a result
     # file in the stored order: the same scores must give the same interval
@@ -232,20 +252,8 @@ def test_each_finished_run_reaches_the_result_file_before_the_next_one_trains(tm
 
     argv = ["--methods", "grpo,seed", "--seeds", "0,1", "--updates", "2", "--train-tasks", "4", "--heldout", "3",
             "--work", str(tmp_path / "work"), "--results-dir", str(tmp_path / "results")]
-    scores = {0: {f"atlas-heldout-L0-00{i}": {"parsed": True, "right_calls": False, "right_answer": False, "fault": False}
-                  for i in range(3)}}
-    scores[2] = {t: {**v, "right_calls": True, "right_answer": True} for t, v in scores[0].items()}
     trained = []
-
-    def fake_run_one(config, out, log, revision=1):
-        trained.append(out.name)
-        if out.name == "seed-s0" and len(trained) == 2:
-            raise KeyboardInterrupt  # the session ends during the second run
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "metrics.jsonl").write_text("".join(json.dumps({"iteration": i, "success_rate": 0.25,
-                                                                "zero_variance_groups": 0.5}) + "\n" for i in range(2)))
-        return 7.0
-
+    fake_run_one, scores = _fake_training(trained, stop_at="seed-s0")  # the session ends during the second run
     monkeypatch.setattr(lc, "run_one", fake_run_one)
     monkeypatch.setattr(lc, "heldout_scores", lambda out, heldout: scores)
     with pytest.raises(KeyboardInterrupt):
@@ -563,20 +571,8 @@ def test_a_result_file_rewritten_mid_invocation_keeps_the_runs_it_held_that_come
 
     base = ["--seeds", "0,1", "--updates", "2", "--train-tasks", "4", "--heldout", "3",
             "--work", str(tmp_path / "work"), "--results-dir", str(tmp_path / "results")]
-    scores = {0: {f"atlas-heldout-L0-00{i}": {"parsed": True, "right_calls": False, "right_answer": False, "fault": False}
-                  for i in range(3)}}
-    scores[2] = {t: {**v, "right_calls": True, "right_answer": True} for t, v in scores[0].items()}
     trained = []
-
-    def fake_run_one(config, out, log, revision=1):
-        trained.append(out.name)
-        if out.name == "seed-s1":
-            raise KeyboardInterrupt  # the session ends during the last run
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "metrics.jsonl").write_text("".join(json.dumps({"iteration": i, "success_rate": 0.25,
-                                                                "zero_variance_groups": 0.5}) + "\n" for i in range(2)))
-        return 7.0
-
+    fake_run_one, scores = _fake_training(trained, stop_at="seed-s1")  # the session ends during the last run
     monkeypatch.setattr(lc, "run_one", fake_run_one)
     monkeypatch.setattr(lc, "heldout_scores", lambda out, heldout: scores)
     lc.main(["--methods", "grpo", *base])
