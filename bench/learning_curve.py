@@ -651,17 +651,19 @@ def main(argv: list[str] | None = None) -> None:
             elif fresh and digest in elsewhere:
                 source, stored = elsewhere[digest]
             else:
-                to_train.append((name, method, s, out, config, revision, digest))
+                to_train.append((fresh, name, method, s, out, config, revision, digest))
                 continue
             packed[name] = stored
             walls[name] = float(stored["wall_s"])
             runs.setdefault(method, {})[s] = unpack_run(stored)
             read_from[name] = source
             print(f"{name}: finished in an earlier invocation ({walls[name]:.0f} s), read from {source}.json", flush=True)
-    # Every stored run is read back before the first one trains: the result file rewritten after
-    # each trained run (below) then still holds the runs it had that come later in this order
-    # (rewritten with only the runs reached so far, a killed invocation lost them from the file).
-    for name, method, s, out, config, revision, digest in to_train:
+    # Every stored run is read back before the first one trains, and runs that finished in their
+    # folders (run_one returns at once) come first: the result file rewritten after each trained
+    # run (below) then still holds every finished run it had (rewritten with only the runs
+    # reached so far, a killed invocation lost the later ones from the file).
+    to_train.sort(key=lambda run: run[0])  # stable: finished folders first, each part in the asked order
+    for _, name, method, s, out, config, revision, digest in to_train:
         print(f"{name}: training ({args.updates} updates of {args.tasks_per_update} tasks x {args.group})", flush=True)
         if args.initial_eval == "reuse" and (source := reuse_initial_eval(config, out, args.work)):
             print(f"{name}: the initial policy's held-out evaluation copied from {source} (the same weights, "

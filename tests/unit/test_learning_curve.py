@@ -39,12 +39,15 @@ def _fake_training(trained: list[str], stop_at: str | None = None):
     scores[2] = {t: {**v, "right_calls": True, "right_answer": True} for t, v in scores[0].items()}
 
     def fake_run_one(config, out, log, revision=1):
+        if (out / "benchmark-done.json").exists():  # as run_one: a finished run is not run again
+            return 7.0
         trained.append(out.name)
         if out.name == stop_at and trained.count(stop_at) == 1:
             raise KeyboardInterrupt
         out.mkdir(parents=True, exist_ok=True)
         (out / "metrics.jsonl").write_text("".join(json.dumps({"iteration": i, "success_rate": 0.25,
                                                                 "zero_variance_groups": 0.5}) + "\n" for i in range(2)))
+        (out / "benchmark-done.json").write_text(json.dumps({"config": "fake", "wall_s": 7.0}))
         return 7.0
 
     return fake_run_one, scores
@@ -562,9 +565,13 @@ def test_a_run_starts_with_the_initial_evaluation_a_sibling_played_only_when_it_
     assert reuse_initial_eval(seed, lone / "seed-s1", lone) is None
 
 
-def test_a_result_file_rewritten_mid_invocation_keeps_the_runs_it_held_that_come_later(tmp_path, monkeypatch):
-    """GRPO on two seeds, then SEED added beside it and killed during its second seed: the file
-    written after seed-s0 still holds grpo-s1 (an hour of training)."""
+@pytest.mark.parametrize("folders, stop_at", [("gone", "seed-s1"), ("kept", "seed-s0")])
+def test_a_result_file_rewritten_mid_invocation_keeps_the_runs_it_held_that_come_later(tmp_path, monkeypatch,
+                                                                                       folders, stop_at):
+    """GRPO on two seeds, then SEED added beside it and killed during one of its runs: the file
+    it rewrote still holds grpo-s1 (an hour of training), whether the GRPO runs come back from
+    the file (a fresh checkout; killed after seed-s0 was written) or from their finished folders
+    (the same session; killed during seed-s0, after a finished folder's run was written)."""
     import shutil
 
     import bench.learning_curve as lc
@@ -572,16 +579,16 @@ def test_a_result_file_rewritten_mid_invocation_keeps_the_runs_it_held_that_come
     base = ["--seeds", "0,1", "--updates", "2", "--train-tasks", "4", "--heldout", "3",
             "--work", str(tmp_path / "work"), "--results-dir", str(tmp_path / "results")]
     trained = []
-    fake_run_one, scores = _fake_training(trained, stop_at="seed-s1")  # the session ends during the last run
+    fake_run_one, scores = _fake_training(trained, stop_at=stop_at)  # the session ends during that run
     monkeypatch.setattr(lc, "run_one", fake_run_one)
     monkeypatch.setattr(lc, "heldout_scores", lambda out, heldout: scores)
     lc.main(["--methods", "grpo", *base])
     path = tmp_path / "results" / "learning_curve.json"
     grpo_only = json.loads(path.read_text())["results"]["runs"]
-    shutil.rmtree(tmp_path / "work")  # a later session: only the file is left
+    if folders == "gone":
+        shutil.rmtree(tmp_path / "work")  # a later session: only the file is left
     with pytest.raises(KeyboardInterrupt):
         lc.main(["--methods", "grpo,seed", *base])
     partial = json.loads(path.read_text())["results"]
-    assert trained == ["grpo-s0", "grpo-s1", "seed-s0", "seed-s1"]  # both GRPO runs read back, not trained again
-    assert set(partial["runs"]) == {"grpo-s0", "seed-s0", "grpo-s1"} and partial["pending"] == ["seed-s1"]
-    assert partial["runs"]["grpo-s1"] == grpo_only["grpo-s1"]
+    assert trained[:2] == ["grpo-s0", "grpo-s1"] and not {"grpo-s0", "grpo-s1"} & set(trained[2:])  # neither again
+    assert {"grpo-s0", "grpo-s1"} <= set(partial["runs"]) and partial["runs"]["grpo-s1"] == grpo_only["grpo-s1"]
