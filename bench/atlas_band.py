@@ -169,7 +169,9 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     started_at, t0 = now(), time.perf_counter()
     tasks = make_tasks("train", per_level=args.tasks, levels=args.levels)
-    llm = open_chat_model(BackendConfig(kind="local", model=args.model, max_batch_size=args.batch_size),
+    # fp32 as its stored results were: backend.precision defaults to auto (bf16 where the CPU has it)
+    llm = open_chat_model(BackendConfig(kind="local", model=args.model, max_batch_size=args.batch_size,
+                                        precision="float32"),
                           SamplingParams(max_tokens=args.max_tokens, temperature=args.temperatures[0]))
     episodes: list[dict[str, Any]] = []
     walls: dict[str, float] = {}

@@ -220,7 +220,9 @@ def play(args: argparse.Namespace, path: Path) -> None:
     path.unlink(missing_ok=True)  # a partial file from a killed run: play them all again, seeded
     torch.set_num_threads(args.threads)
     tasks = make_tasks("train", per_level=args.tasks, levels=[0])
-    llm = open_chat_model(BackendConfig(kind="local", model=args.model, max_batch_size=args.tasks * args.group),
+    # fp32 as its stored results were: backend.precision defaults to auto (bf16 where the CPU has it)
+    llm = open_chat_model(BackendConfig(kind="local", model=args.model, max_batch_size=args.tasks * args.group,
+                                        precision="float32"),
                           SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature))
     t0 = time.perf_counter()
     try:

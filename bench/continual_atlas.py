@@ -186,7 +186,9 @@ def loop_config(args: argparse.Namespace, work: Path, prod_url: str, canary: Pat
 
     return {
         "name": NAME, "store": f"sqlite:///{work / 'traces.db'}", "out": str(work / "run"), "seed": args.seed,
-        "backend": {"kind": "local", "model": args.model, "max_batch_size": args.concurrency},
+        # fp32 as its stored results were: backend.precision defaults to auto (bf16 where the CPU has it)
+        "backend": {"kind": "local", "model": args.model, "max_batch_size": args.concurrency,
+                    "precision": "float32"},
         "sampling": {"max_tokens": args.max_tokens, "temperature": args.temperature},
         "skills": {"source": "self", "max_tokens": args.skill_tokens},
         "trainer": {"learning_rate": 1e-4, "lora_r": 8, "lora_alpha": 16, "kl_coef": 0.0},

@@ -7,11 +7,15 @@ full fine-tuning, stage 1 first) is run on up to four paths, side by side in one
   prefix, no per-episode turn cache), TRL's padded update layout (``trainer.chunk_tokens 0``,
   ``trainer.share_prefix false``), TRL's SFT head over every position in stage 1
   (``stage1.completion_head false``), fp32 everywhere;
-- ``default``: the README's first command as it is (fp32, every reuse on);
-- ``auto``: the same with ``--backend.precision auto`` (bf16 where the CPU has bf16
-  instructions, as `train` prints; stage 1's rollouts and SFT included);
-- ``auto-attn32``: ``auto`` with ``--backend.attention float32`` (attention in fp32 over the
-  bf16 products: bf16's decode was slower than fp32's for its attention, docs/benchmarks.md).
+- ``fp32``: every reuse on, fp32 (``--backend.precision float32``): the README's first
+  command until ``auto`` became the default;
+- ``default``: the README's first command as it is (precision and attention ``auto``: bf16
+  where the CPU has bf16 instructions, with attention in fp32 where it has no AMX, as
+  `train` prints; stage 1's rollouts and SFT included; fp32 on a CPU without bf16);
+- ``auto``: ``--backend.precision auto --backend.attention same`` (bf16 attention too: the
+  ``auto`` side of the tables before attention had an ``auto`` of its own);
+- ``auto-attn32``: ``--backend.precision auto --backend.attention float32`` (attention in fp32
+  over the bf16 products: bf16's decode was slower than fp32's for its attention, docs/benchmarks.md).
 
 What no flag can switch off (the local backend's batching, everything else that changed
 since) runs on both sides, so the ratios understate the change since the issue was filed.
@@ -52,8 +56,9 @@ STAGE1_GOAL = 0.5
 SIDES: dict[str, dict[str, Any]] = {
     "before": {"backend": {"precision": "float32", "reuse_kv": False}, "trainer": {"chunk_tokens": 0, "share_prefix": False},
                "stage1": {"completion_head": False}},
+    "fp32": {"backend": {"precision": "float32"}},
     "default": {},
-    "auto": {"backend": {"precision": "auto"}},
+    "auto": {"backend": {"precision": "auto", "attention": "same"}},
     "auto-attn32": {"backend": {"precision": "auto", "attention": "float32"}},
 }
 

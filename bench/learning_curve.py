@@ -182,6 +182,18 @@ def train_config(args: argparse.Namespace, method: str, seed: int, tasks: Path, 
     }
 
 
+#: settings whose default moved after runs were stored, at the default they had then. A run's
+#: config names them only when not that default (its digest, and so the stored runs, stay);
+#: the file `train` reads pins them, so a run computes what it computed when it was stored
+#: (backend.precision and backend.attention became `auto`: bf16 on a CPU with bf16 instructions).
+OLD_DEFAULTS: dict[str, dict[str, Any]] = {"backend": {"precision": "float32", "attention": "same"}}
+
+
+def pinned(config: dict[str, Any]) -> dict[str, Any]:
+    """``config`` as `train` reads it: the moved defaults written out where it names none."""
+    return {**config, **{key: {**old, **config.get(key, {})} for key, old in OLD_DEFAULTS.items()}}
+
+
 def run_one(config: dict[str, Any], out: Path, log: Path, revision: int = 1) -> float:
     """Train one (method, seed) to the end, resuming a run a killed benchmark left; the
     seconds it took (this process's share). A finished run is not run again, unless its
@@ -199,9 +211,10 @@ def run_one(config: dict[str, Any], out: Path, log: Path, revision: int = 1) -> 
     # `train` refuses a folder that holds a run unless resumed; a run killed before its first
     # checkpoint restarts at step 0 under --resume
     started = any((out / name).exists() for name in ("config.json", "metrics.jsonl", "trajectories.jsonl", "eval.jsonl"))
-    if cfg_path.exists() and json.loads(cfg_path.read_text()) != config and started:
+    written = pinned(config)
+    if cfg_path.exists() and json.loads(cfg_path.read_text()) not in (config, written) and started:
         raise SystemExit(f"error: {out} was started with other settings; move it away or use another --work")
-    cfg_path.write_text(json.dumps(config, indent=1))
+    cfg_path.write_text(json.dumps(written, indent=1))
     cmd = [sys.executable, "-m", "seed_agents", "train", "--config", str(cfg_path), "--out", str(out)]
     if started:
         cmd.append("--resume")

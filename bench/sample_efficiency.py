@@ -113,7 +113,8 @@ def train_config(method: str, seed: int, args: argparse.Namespace, stage1_model:
         "env": "textworld", "split": "train", "num_tasks": b["num_tasks"],
         "tasks_per_iteration": b["tasks_per_iteration"], "iterations": b["iterations"], "seed": seed,
         "out": str(args.out / f"{method}-s{seed}"),
-        "backend": {"kind": "local", "model": model, "max_batch_size": 16},
+        # fp32 as its stored results were: backend.precision defaults to auto (bf16 where the CPU has it)
+        "backend": {"kind": "local", "model": model, "max_batch_size": 16, "precision": "float32"},
         "sampling": {"max_tokens": b["max_tokens"], "temperature": args.temperature},
         "runner": {"group_size": b["group"], "concurrency": 16, "progress": False},
         "agent": {"max_turns": b["max_turns"], "history": b["history"]},

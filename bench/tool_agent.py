@@ -64,7 +64,8 @@ def run_config(method: str, seed: int, args: argparse.Namespace) -> dict[str, An
                   "reward": "examples.knowledge_base:answer_reward"},
         "num_tasks": args.num_tasks, "tasks_per_iteration": args.tasks_per_iteration,
         "iterations": args.iterations, "seed": seed, "out": str(args.out / f"{method}-s{seed}"),
-        "backend": {"kind": "local", "model": args.model, "max_batch_size": 16},
+        # fp32 as its stored results were: backend.precision defaults to auto (bf16 where the CPU has it)
+        "backend": {"kind": "local", "model": args.model, "max_batch_size": 16, "precision": "float32"},
         "sampling": {"max_tokens": args.max_tokens, "temperature": args.temperature},
         "runner": {"group_size": args.group, "concurrency": 16, "progress": False},
         "skills": skills,

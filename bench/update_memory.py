@@ -48,7 +48,8 @@ def config(out: Path, checkpointing: bool, args: argparse.Namespace) -> dict:
     return {
         "env": "textworld", "split": "train", "num_tasks": 16, "tasks_per_iteration": 2, "iterations": 1,
         "seed": args.seed, "out": str(out),
-        "backend": {"kind": "local", "model": args.model, "max_batch_size": 16},
+        # fp32 as its stored results were: backend.precision defaults to auto (bf16 where the CPU has it)
+        "backend": {"kind": "local", "model": args.model, "max_batch_size": 16, "precision": "float32"},
         "sampling": {"max_tokens": 12, "temperature": 0.7},
         "runner": {"group_size": 4, "concurrency": 16, "progress": False},
         "agent": {"max_turns": 3, "history": "chat"},

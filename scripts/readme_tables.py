@@ -245,7 +245,9 @@ def demo_speed(results: dict[str, Result], name: str = "demo_speed") -> list[str
     sides = [s for s in c["sides"].split(",") if s in x["iteration_s"]]
     base = sides[0]
     names = {"before": "before (fp32, every prompt whole, TRL's padded update and SFT head)",
-             "default": "default (the README's command)", "auto": "`--backend.precision auto`",
+             "fp32": "fp32 (`--backend.precision float32`, the README's command before auto)",
+             # the files before 2026-12-07 ran the README's command in fp32, those after in auto
+             "default": "default (the README's command when run)", "auto": "`--backend.precision auto` (bf16 attention)",
              "auto-attn32": "`--backend.precision auto --backend.attention float32`"}
     stage1 = x.get("stage1", {})
     rows = []

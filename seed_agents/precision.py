@@ -25,6 +25,7 @@ import torch
 from seed_agents.cpu import cpu_flags
 
 Precision = Literal["auto", "float32", "bfloat16"]
+Attention = Literal["auto", "same", "float32"]
 _BF16_FLAGS = ("amx_bf16", "avx512_bf16")
 
 
@@ -44,6 +45,26 @@ def resolve_precision(wanted: Precision, *, device: str = "cpu") -> tuple[torch.
     capability = torch.backends.cpu.get_cpu_capability()
     return torch.float32, (f"float32 (auto: this CPU ({capability}) has no bf16 matrix instructions, "
                            f"where bf16 is emulated and slower than fp32)")
+
+
+def resolve_attention(wanted: Attention, dtype: torch.dtype, *, device: str = "cpu") -> tuple[bool, str]:
+    """(run attention in fp32 over bf16 products?, why) for ``wanted`` under ``dtype``.
+
+    ``auto`` is fp32 attention on a CPU without AMX and bf16 attention elsewhere. Why: torch's
+    CPU bf16 flash-attention kernel runs its small matrix products through AMX tiles where the
+    CPU has them and otherwise converts to fp32 element by element, which made it 5x slower
+    than the fp32 kernel on an AVX-512 BF16 CPU (56 against 10 ms of a batch-8 SmolLM2 decode
+    step, docs/results/decode_profile.json). On an AMX CPU bf16 attention is kept: which is
+    faster there has not been measured (no AMX machine since the lever was built)."""
+    if dtype == torch.float32:
+        return False, "attention in float32 with the rest"
+    if wanted == "float32":
+        return True, "attention in float32 (asked for)"
+    if wanted == "same":
+        return False, "attention in bfloat16 (asked for)"
+    if device.startswith("cuda") or "amx_bf16" in cpu_flags():
+        return False, "attention in bfloat16 (auto: " + ("a GPU)" if device.startswith("cuda") else "this CPU has amx_bf16)")
+    return True, "attention in float32 (auto: no AMX on this CPU, where bf16 attention is slower than fp32's)"
 
 
 @contextlib.contextmanager

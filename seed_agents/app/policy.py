@@ -62,10 +62,8 @@ def build_policy(cfg: TrainConfig, out: Path) -> Policy:
         model = get_peft_model(model, LoraConfig(r=cfg.trainer.lora_r, lora_alpha=cfg.trainer.lora_alpha,
                                                  target_modules="all-linear", task_type="CAUSAL_LM"))
     if served.kind == "local":  # the trainer's own model samples: every update is live at once
-        dtype, why = resolve_precision(served.precision)
-        print(f"policy computes in {why} (rollouts and update alike)", flush=True)
-        backend: Any = LocalBackend(model, tokenizer=tokenizer, max_batch_size=served.max_batch_size, compute_dtype=dtype,
-                                    **local_kwargs(served))
+        backend: Any = LocalBackend(model, tokenizer=tokenizer, max_batch_size=served.max_batch_size,
+                                    **local_kwargs(served, who="policy (rollouts and update alike)"))
         sync: Any = InProcessSync(backend)
     else:
         backend, _ = open_backend(served)
@@ -113,6 +111,16 @@ def check_report_to(integrations: list[str]) -> None:
                           f"(e.g. pip install {missing[0]}) or remove it from report_to")
 
 
+def trainer_dtype(served: BackendConfig) -> torch.dtype:
+    """The number format the update computes in. A local backend samples with the trainer's
+    own model, so both follow ``backend.precision``; a vLLM server samples in its own dtype
+    (``seed-agents serve``: float32), so ``auto`` keeps the update in float32 there, where
+    the logprobs it recorded match, and only an explicit bfloat16 moves it."""
+    if served.kind == "vllm" and served.precision == "auto":
+        return torch.float32
+    return resolve_precision(served.precision)[0]
+
+
 def seed_config(cfg: TrainConfig, out: Path) -> Any:
     """The TRL arguments of a run: one optimizer step per iteration, a checkpoint per step."""
     group, trainer = cfg.runner.group_size, cfg.trainer
@@ -122,7 +130,7 @@ def seed_config(cfg: TrainConfig, out: Path) -> Any:
         lr_scheduler_type=trainer.lr_schedule, beta=trainer.kl_coef,
         entropy_coef=trainer.entropy_coef, epsilon=trainer.clip_eps, max_grad_norm=trainer.max_grad_norm,
         opd_coef=trainer.opd_coef, gate_sharpness=trainer.gate_sharpness, advantage_norm=trainer.advantage_norm,
-        use_cpu=not torch.cuda.is_available(), bf16=resolve_precision(cfg.backend.precision)[0] == torch.bfloat16,
+        use_cpu=not torch.cuda.is_available(), bf16=trainer_dtype(cfg.backend) == torch.bfloat16,
         gradient_checkpointing=trainer.gradient_checkpointing, chunk_tokens=trainer.chunk_tokens,
         share_prefix=trainer.share_prefix, fuse_teacher=trainer.fuse_teacher, release_memory=trainer.release_memory,
         report_to=list(trainer.report_to), run_name=out.name, logging_steps=1, save_strategy="steps", save_steps=1,

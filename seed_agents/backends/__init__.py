@@ -18,10 +18,17 @@ def reuse_kwargs(reuse_kv: bool) -> dict[str, Any]:
     return {} if reuse_kv else {"share_prefix": False, "turn_cache_bytes": 0}
 
 
-def local_kwargs(cfg: BackendConfig) -> dict[str, Any]:
-    """``LocalBackend`` arguments for the config's local-only settings (KV reuse, the cache,
-    attention's precision), one place for every caller that builds one."""
-    return {"kv_cache": cfg.kv_cache, "fp32_attention": cfg.attention == "float32", **reuse_kwargs(cfg.reuse_kv)}
+def local_kwargs(cfg: BackendConfig, who: str = "local backend") -> dict[str, Any]:
+    """``LocalBackend`` arguments for the config's local-only settings (the number format,
+    attention's, KV reuse, the cache), one place for every caller that builds one; the
+    choice of format is printed with its reason."""
+    from seed_agents.precision import resolve_attention, resolve_precision
+
+    dtype, why = resolve_precision(cfg.precision)
+    fp32_attention, why_attention = resolve_attention(cfg.attention, dtype)
+    print(f"{who} computes in {why}; {why_attention}", flush=True)
+    return {"compute_dtype": dtype, "kv_cache": cfg.kv_cache, "fp32_attention": fp32_attention,
+            **reuse_kwargs(cfg.reuse_kv)}
 
 
 def make_backend(cfg: BackendConfig) -> tuple[Backend, Any]:
@@ -33,12 +40,8 @@ def make_backend(cfg: BackendConfig) -> tuple[Backend, Any]:
     tokenizer = AutoTokenizer.from_pretrained(resolve_model(cfg.tokenizer)) if cfg.tokenizer else None
     if cfg.kind == "local":
         from seed_agents.backends.local import LocalBackend
-        from seed_agents.precision import resolve_precision
 
-        dtype, why = resolve_precision(cfg.precision)
-        print(f"local backend computes in {why}", flush=True)
-        backend = LocalBackend(cfg.model, tokenizer=tokenizer, max_batch_size=cfg.max_batch_size, compute_dtype=dtype,
-                               **local_kwargs(cfg))
+        backend = LocalBackend(cfg.model, tokenizer=tokenizer, max_batch_size=cfg.max_batch_size, **local_kwargs(cfg))
         return backend, backend.tokenizer
     from seed_agents.backends.vllm import VLLMBackend
     from seed_agents.backends.vllm_admin import api_key_from_env

@@ -70,7 +70,7 @@ def cache_key(cfg: TrainConfig, base: str) -> str:
     # The format as resolved here: `auto` on a CPU without bf16 is fp32 and shares fp32's model.
     import torch
 
-    from seed_agents.precision import resolve_precision
+    from seed_agents.precision import resolve_attention, resolve_precision
 
     dtype = resolve_precision(cfg.backend.precision)[0]
     if dtype != torch.float32:
@@ -85,8 +85,9 @@ def cache_key(cfg: TrainConfig, base: str) -> str:
         settings["failures"] = cfg.skills.failures
     if cfg.backend.kv_cache != "dynamic":
         settings["kv_cache"] = cfg.backend.kv_cache
-    if dtype != torch.float32 and cfg.backend.attention != "same":
-        settings["attention"] = cfg.backend.attention
+    # as resolved too: `auto` keys with the explicit choice it makes on this machine
+    if resolve_attention(cfg.backend.attention, dtype)[0]:
+        settings["attention"] = "float32"
     return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 

@@ -23,7 +23,10 @@ def test_the_before_side_switches_off_every_reuse_and_the_others_keep_the_demo()
     demo = TrainConfig()
     assert before.stage1.completion_head is False and demo.stage1.completion_head is True
     assert cfg["default"] == demo  # the README's first command
-    assert cfg["auto"] == demo.model_copy(update={"backend": demo.backend.model_copy(update={"precision": "auto"})})
+    assert (demo.backend.precision, demo.backend.attention) == ("auto", "auto")
+    assert cfg["fp32"] == demo.model_copy(update={"backend": demo.backend.model_copy(update={"precision": "float32"})})
+    plain = demo.backend.model_copy(update={"precision": "auto", "attention": "same"})
+    assert cfg["auto"] == demo.model_copy(update={"backend": plain})
     fast = demo.backend.model_copy(update={"precision": "auto", "attention": "float32"})
     assert cfg["auto-attn32"] == demo.model_copy(update={"backend": fast})
     # nothing else differs from the embedded demo
@@ -32,8 +35,8 @@ def test_the_before_side_switches_off_every_reuse_and_the_others_keep_the_demo()
 
 def test_iterations_start_from_one_model_and_the_ratios_read_against_the_goals(tmp_path, monkeypatch, capsys):
     calls = []
-    stage1_s = {"before": 100.0, "default": 80.0, "auto": 40.0, "auto-attn32": 38.0}
-    iteration_s = {"before": 200.0, "default": 120.0, "auto": 90.0, "auto-attn32": 70.0}
+    stage1_s = {"before": 100.0, "fp32": 80.0, "default": 38.0, "auto": 40.0, "auto-attn32": 38.0}
+    iteration_s = {"before": 200.0, "fp32": 120.0, "default": 70.0, "auto": 90.0, "auto-attn32": 70.0}
 
     def build_stage1(side, work, log):
         calls.append(("stage1", side))
@@ -50,15 +53,16 @@ def test_iterations_start_from_one_model_and_the_ratios_read_against_the_goals(t
     monkeypatch.setattr(demo_speed, "iterate", iterate)
     monkeypatch.setattr(demo_speed, "prepare_games", lambda: calls.append(("games",)))
     demo_speed.main(["--repeats", "2", "--results-dir", str(tmp_path / "results"), "--work", str(tmp_path / "w")])
-    sides = ["before", "default", "auto", "auto-attn32"]
-    assert calls[:5] == [("games",), *(("stage1", side) for side in sides)]
-    assert [c[1] for c in calls[5:]] == [*sides, *sides[::-1]]
-    assert {c[2] for c in calls[5:]} == {"/before-model"}
+    sides = ["before", "fp32", "default", "auto", "auto-attn32"]
+    assert calls[:6] == [("games",), *(("stage1", side) for side in sides)]
+    assert [c[1] for c in calls[6:]] == [*sides, *sides[::-1]]
+    assert {c[2] for c in calls[6:]} == {"/before-model"}
     doc = json.loads((tmp_path / "results" / "demo_speed.json").read_text())
     r = doc["results"]
-    assert r["iteration_ratio"] == pytest.approx({"default": 0.6, "auto": 0.45, "auto-attn32": 0.35})
-    assert r["iteration_verdict"] == {"default": "missed by 0.20", "auto": "missed by 0.05", "auto-attn32": "met"}
-    assert r["stage1_ratio"] == pytest.approx({"default": 0.8, "auto": 0.4, "auto-attn32": 0.38})
+    assert r["iteration_ratio"] == pytest.approx({"fp32": 0.6, "default": 0.35, "auto": 0.45, "auto-attn32": 0.35})
+    assert r["iteration_verdict"] == {"fp32": "missed by 0.20", "default": "met", "auto": "missed by 0.05",
+                                      "auto-attn32": "met"}
+    assert r["stage1_ratio"] == pytest.approx({"fp32": 0.8, "default": 0.38, "auto": 0.4, "auto-attn32": 0.38})
     assert r["stage1_verdict"]["auto"] == "met"
     assert "model" not in r["stage1"]["before"]  # a folder of this machine stays out of the file
     assert doc["config"]["side_settings"] == demo_speed.SIDES
@@ -72,7 +76,9 @@ def test_iterations_start_from_one_model_and_the_ratios_read_against_the_goals(t
 
     page = "<!-- results:demo_speed -->\n<!-- /results:demo_speed -->\n"
     out = readme_tables.render(page, {"demo_speed": load_result(tmp_path / "results" / "demo_speed.json")})
-    assert "| default (the README's command) | 80 s (40 + 40) | 0.80 | 120 s | 60 s | 0.60 |" in out
+    fp32 = "fp32 (`--backend.precision float32`, the README's command before auto)"
+    assert f"| {fp32} | 80 s (40 + 40) | 0.80 | 120 s | 60 s | 0.60 |" in out
+    assert "| default (the README's command when run) | 38 s (19 + 19) | 0.38 | 70 s | 35 s | 0.35 |" in out
     assert "`auto` iteration 0.45x (goal <= 0.4: missed by 0.05), stage 1 0.40x (goal <= 0.5: met)" in out
 
 

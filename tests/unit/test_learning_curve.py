@@ -592,3 +592,24 @@ def test_a_result_file_rewritten_mid_invocation_keeps_the_runs_it_held_that_come
     partial = json.loads(path.read_text())["results"]
     assert trained[:2] == ["grpo-s0", "grpo-s1"] and not {"grpo-s0", "grpo-s1"} & set(trained[2:])  # neither again
     assert {"grpo-s0", "grpo-s1"} <= set(partial["runs"]) and partial["runs"]["grpo-s1"] == grpo_only["grpo-s1"]
+
+
+@pytest.mark.parametrize("precision, attention", [("float32", "same"), ("auto", "same"), ("auto", "float32")])
+def test_a_run_computes_in_the_format_its_digest_names_though_the_defaults_moved(tmp_path, monkeypatch, precision,
+                                                                                attention):
+    """backend.precision and backend.attention default to auto now; a stored run's config
+    names neither when it was fp32 (or bf16 attention), so the file `train` reads must pin
+    them, or an fp32 curve resumed or rerun here would train in bf16 under an fp32 digest."""
+    import bench.learning_curve as lc
+    from seed_agents.config import TrainConfig
+
+    monkeypatch.setattr(lc, "run_logged", lambda cmd, log: (0, 1.0))
+    args = _args(precision=precision, attention=attention)
+    config = train_config(args, "grpo", 0, tmp_path / "t.jsonl", tmp_path / "h.jsonl", 200, 80, tmp_path / "grpo-s0")
+    assert "attention" not in config["backend"] or attention != "same"  # the digest's config names no moved default
+    (tmp_path / "grpo-s0").mkdir()
+    run_one(config, tmp_path / "grpo-s0", tmp_path / "log")
+    written = TrainConfig.model_validate(json.loads((tmp_path / "grpo-s0.json").read_text()))
+    assert (written.backend.precision, written.backend.attention) == (precision, attention)
+    done = json.loads((tmp_path / "grpo-s0" / "benchmark-done.json").read_text())
+    assert done["config"] == hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:16]

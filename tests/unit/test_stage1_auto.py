@@ -91,31 +91,46 @@ def test_a_suite_from_a_test_file_gets_automatic_stage1(tmp_path, tiny_model_dir
     assert stage1_model(cfg, logs.append, suite=DoorSuite()) == model_dir and "cached" in logs[-1]
 
 
+def _key(over: dict, model: str = "/m") -> str:
+    """The stage-1 key of the demo's config with ``over``, in fp32 unless ``over`` names a
+    format: the default (`auto`) resolves per machine, and the test must not."""
+    backend = {"precision": "float32", **over.get("backend", {})}
+    return cache_key(TrainConfig.model_validate({**over, "backend": backend}), model)
+
+
 def test_cache_key_changes_with_every_setting_that_changes_the_model():
-    base = cache_key(TrainConfig(), "/m")
-    assert base == cache_key(TrainConfig(), "/m")
-    assert base == cache_key(TrainConfig(iterations=50, trainer={"learning_rate": 1e-3}), "/m")  # RL settings don't matter
+    base = _key({})
+    assert base == _key({})
+    assert base == _key({"iterations": 50, "trainer": {"learning_rate": 1e-3}})  # RL settings don't matter
     for over in [{"stage1": {"epochs": 1}}, {"stage1": {"num_tasks": 3}}, {"stage1": {"temperature": 1.0}},
                  {"stage1": {"lora_r": 8}}, {"stage1": {"seed": 1}}, {"agent": {"max_turns": 5}}, {"sampling": {"max_tokens": 8}},
-                 {"env_options": {"x": 1}}, {"backend": {"precision": "bfloat16"}}, {"backend": {"reuse_kv": False}},
+                 {"env_options": {"x": 1}}, {"backend": {"precision": "bfloat16", "attention": "same"}},
+                 {"backend": {"reuse_kv": False}},
                  {"stage1": {"completion_head": False}}, {"skills": {"answer_format": "workflow"}},
                  {"skills": {"failures": "skip"}}, {"backend": {"kv_cache": "static"}},
                  {"backend": {"precision": "bfloat16", "attention": "float32"}}]:
-        assert cache_key(TrainConfig.model_validate(over), "/m") != base, over
-    assert cache_key(TrainConfig(), "/other") != base
+        assert _key(over) != base, over
+    assert _key({}, "/other") != base
     # fp32 attention is bf16's option: in fp32 it changes nothing, so neither does the key
-    assert cache_key(TrainConfig.model_validate({"backend": {"attention": "float32"}}), "/m") == base
-    bf16_attn = {"backend": {"precision": "bfloat16", "attention": "float32"}}
-    assert cache_key(TrainConfig.model_validate(bf16_attn), "/m") != cache_key(
-        TrainConfig.model_validate({"backend": {"precision": "bfloat16"}}), "/m")
-    # `auto` is keyed by what it resolves to: bf16's model where the CPU has it, fp32's elsewhere
+    assert _key({"backend": {"attention": "float32"}}) == base
+    bf16_attn = _key({"backend": {"precision": "bfloat16", "attention": "float32"}})
+    bf16_same = _key({"backend": {"precision": "bfloat16", "attention": "same"}})
+    assert bf16_attn != bf16_same
+    # a model cached before attention had `auto` (explicit bf16, attention left at its default
+    # then, `same`) keeps its key: the key names attention only when it is fp32
+    assert bf16_same == cache_key(TrainConfig.model_validate({"backend": {"precision": "bfloat16", "attention": "same"}}), "/m")
+    # `auto` is keyed by what it resolves to on this machine, attention included: the default
+    # shares a model with the explicit settings it picks (bf16 where the CPU has it, fp32 elsewhere)
     import torch
 
-    from seed_agents.precision import resolve_precision
+    from seed_agents.precision import resolve_attention, resolve_precision
 
-    auto = cache_key(TrainConfig.model_validate({"backend": {"precision": "auto"}}), "/m")
-    bf16 = cache_key(TrainConfig.model_validate({"backend": {"precision": "bfloat16"}}), "/m")
-    assert auto == (bf16 if resolve_precision("auto")[0] == torch.bfloat16 else base)
+    dtype = resolve_precision("auto")[0]
+    default = cache_key(TrainConfig(), "/m")
+    if dtype == torch.float32:
+        assert default == base
+    else:
+        assert default == (bf16_attn if resolve_attention("auto", dtype)[0] else bf16_same)
 
 
 def test_suite_defaults_fill_only_what_the_user_left_unset():
@@ -145,4 +160,4 @@ def test_build_passes_the_runs_format_and_sft_head_to_collect_and_sft(tmp_path, 
     assert (collected.failures, default_collected.failures) == ("skip", "write")  # and only where it will ask
     assert (collected.backend.kv_cache, collected.backend.attention) == ("static", "float32")
     assert (trained.precision, trained.completion_head) == ("bfloat16", False)
-    assert (default.precision, default.completion_head) == ("float32", True)
+    assert (default.precision, default.completion_head) == ("auto", True)
