@@ -25,7 +25,7 @@ from seed_agents.chat_model import SeedChatModel
 from seed_agents.config import BackendConfig, TrainConfig
 from seed_agents.errors import ConfigError
 from seed_agents.models import resolve_model
-from seed_agents.precision import resolve_precision
+from seed_agents.precision import resolve_attention, resolve_precision
 from seed_agents.stage1.auto import stage1_model
 from seed_agents.trainers.seed_trainer import SEEDConfig
 from seed_agents.trainers.weight_sync import FullWeightSync, InProcessSync, LoRASync
@@ -119,6 +119,21 @@ def trainer_dtype(served: BackendConfig) -> torch.dtype:
     if served.kind == "vllm" and served.precision == "auto":
         return torch.float32
     return resolve_precision(served.precision)[0]
+
+
+def compute_format(served: BackendConfig) -> dict[str, str]:
+    """What a run's numbers are computed in on this machine, as its settings resolve here
+    (``auto`` depends on the CPU): the update's format and, for a local backend, the
+    rollouts' and their attention's."""
+    def name(dtype: torch.dtype) -> str:
+        return str(dtype).removeprefix("torch.")
+
+    fmt = {"update": name(trainer_dtype(served))}
+    if served.kind == "local":
+        dtype = resolve_precision(served.precision)[0]
+        fp32_attention = dtype == torch.float32 or resolve_attention(served.attention, dtype)[0]
+        fmt.update(rollouts=name(dtype), attention="float32" if fp32_attention else name(dtype))
+    return fmt
 
 
 def seed_config(cfg: TrainConfig, out: Path) -> Any:

@@ -28,7 +28,8 @@ from transformers import TrainerCallback
 
 from seed_agents.aio import run_sync
 from seed_agents.app.builders import agent_config, read_tasks, rollout_seed
-from seed_agents.app.policy import Policy, build_analyzer, build_policy, check_report_to, initial_weights, seed_config
+from seed_agents.app.policy import (Policy, build_analyzer, build_policy, check_report_to, compute_format, initial_weights,
+                                     seed_config)
 from seed_agents.capture import JsonlSink, capture
 from seed_agents.chat_model import SeedChatModel
 from seed_agents.config import TrainConfig
@@ -65,6 +66,7 @@ def run_train(cfg: TrainConfig, resume: bool = False) -> dict[str, Any]:
     initial_eval_kept = resume and done_steps == 0 and keep_initial_eval(out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(cfg.model_dump_json(indent=2))
+    check_format(out, compute_format(cfg.backend), resume)
     if src.store is not None and not (out / STORE_TASKS).exists():
         (out / STORE_TASKS).write_text("".join(t.model_dump_json() + "\n" for t in src.tasks), encoding="utf-8")
     torch.manual_seed(cfg.seed)
@@ -91,6 +93,31 @@ def run_train(cfg: TrainConfig, resume: bool = False) -> dict[str, Any]:
                "wall_s": time.perf_counter() - t0, "learning_curve": str(png) if png else None}
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
+
+
+FORMAT_FILE = "format.json"
+"""The number formats a run started in, as its settings resolved on that machine."""
+
+
+def check_format(out: Path, fmt: dict[str, str], resume: bool) -> None:
+    """Record the formats a run starts in; a resume that resolves them otherwise says so.
+
+    Why: ``backend.precision`` and ``backend.attention`` default to ``auto``, which depends
+    on the CPU, so a run started on a CPU with bf16 and resumed on one without would carry on
+    in fp32 and no longer match an unbroken run; the line names the flags that keep the
+    formats it started in. The record keeps the start's formats."""
+    path = out / FORMAT_FILE
+    if resume and path.exists():
+        was = json.loads(path.read_text())
+        if was != fmt:
+            flags = f"--backend.precision {was['update']}"
+            if "attention" in was and was.get("rollouts") != "float32":
+                flags += f" --backend.attention {'float32' if was['attention'] == 'float32' else 'same'}"
+            print(f"note: {out} started computing in {json.dumps(was)} and its settings resolve to {json.dumps(fmt)} "
+                  f"here, so the steps from now on differ from an unbroken run's by float rounding; to keep the "
+                  f"formats it started in, resume it with {flags}", flush=True)
+        return
+    path.write_text(json.dumps(fmt, indent=2))
 
 
 TRACE_FILES = ("metrics.jsonl", "trajectories.jsonl", "skills.jsonl", "eval.jsonl", "eval_trajectories.jsonl")

@@ -244,3 +244,25 @@ def test_a_step_gives_freed_memory_back_between_its_phases_and_changes_no_value(
     run_train(calc_config(tmp_path, tiny_model_dir, iterations=2, out=str(tmp_path / "release-eval"), eval=eval_cfg,
                           trainer={"learning_rate": 1e-3, "release_memory": True}))
     assert where == ["trainer", "trainer", "callback"] + ["trainer", "trainer", "callback", "callback"]
+
+
+def test_a_resume_whose_formats_resolve_otherwise_says_so_and_names_the_flags(tmp_path, capsys):
+    """`auto` depends on the CPU: a run started in bf16 and resumed where auto means fp32
+    carries on in fp32; the resume says so, with the flags that keep the start's formats."""
+    from seed_agents.app.policy import compute_format
+    from seed_agents.app.train import FORMAT_FILE, check_format
+
+    bf16 = {"update": "bfloat16", "rollouts": "bfloat16", "attention": "float32"}
+    fp32 = {"update": "float32", "rollouts": "float32", "attention": "float32"}
+    check_format(tmp_path, bf16, resume=False)
+    check_format(tmp_path, bf16, resume=True)
+    assert capsys.readouterr().out == ""
+    check_format(tmp_path, fp32, resume=True)
+    note = capsys.readouterr().out
+    assert note.startswith("note: ") and "--backend.precision bfloat16 --backend.attention float32" in note
+    assert json.loads((tmp_path / FORMAT_FILE).read_text()) == bf16  # the start's record is kept
+    # what a config resolves to: explicit formats resolve alike on every machine
+    explicit = compute_format(TrainConfig.model_validate({"backend": {"precision": "float32"}}).backend)
+    assert explicit == fp32
+    served = TrainConfig.model_validate({"backend": {"kind": "vllm", "model": "m"}}).backend
+    assert compute_format(served) == {"update": "float32"}  # a vLLM server samples in fp32 (seed-agents serve)
