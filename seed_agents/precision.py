@@ -50,12 +50,12 @@ def resolve_precision(wanted: Precision, *, device: str = "cpu") -> tuple[torch.
 def resolve_attention(wanted: Attention, dtype: torch.dtype, *, device: str = "cpu") -> tuple[bool, str]:
     """(run attention in fp32 over bf16 products?, why) for ``wanted`` under ``dtype``.
 
-    ``auto`` is fp32 attention on a CPU without AMX and bf16 attention elsewhere. Why: torch's
-    CPU bf16 flash-attention kernel runs its small matrix products through AMX tiles where the
-    CPU has them and otherwise converts to fp32 element by element, which made it 5x slower
-    than the fp32 kernel on an AVX-512 BF16 CPU (56 against 10 ms of a batch-8 SmolLM2 decode
-    step, docs/results/decode_profile.json). On an AMX CPU bf16 attention is kept: which is
-    faster there has not been measured (no AMX machine since the lever was built)."""
+    ``auto`` is fp32 attention on a CPU without AMX and bf16 attention elsewhere. Why: on an
+    AVX-512 BF16 CPU without AMX torch's bf16 attention kernel was 5x slower than its fp32 one
+    (56 against 10 ms of a batch-8 SmolLM2 decode step, docs/results/decode_profile.json; why,
+    inside the kernel, was not profiled). AMX is a bf16 matrix unit, so on an AMX CPU, or a GPU,
+    bf16 attention is kept; which is faster there has not been measured (no AMX machine since
+    the lever was built)."""
     if dtype == torch.float32:
         return False, "attention in float32 with the rest"
     if wanted == "float32":

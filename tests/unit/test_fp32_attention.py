@@ -52,3 +52,20 @@ def test_the_backend_switches_attention_only_in_bf16(tiny_model_dir):
         assert (backend.model.config._attn_implementation == FP32_ATTENTION) is switched
     with pytest.raises(ValueError, match="kv_cache"):
         LocalBackend(tiny_model_dir, kv_cache="paged")
+
+
+@pytest.mark.parametrize(("flags", "wanted", "dtype", "fp32"), [
+    ({"avx512_bf16"}, "auto", torch.bfloat16, True),                 # no AMX: bf16 attention was 5x slower
+    ({"avx512_bf16", "amx_bf16"}, "auto", torch.bfloat16, False),    # AMX: kept in bf16 (not measured)
+    ({"avx512_bf16"}, "same", torch.bfloat16, False),
+    ({"avx512_bf16", "amx_bf16"}, "float32", torch.bfloat16, True),
+    ({"avx512_bf16"}, "float32", torch.float32, False),              # fp32 throughout: nothing to switch
+])
+def test_auto_attention_is_fp32_under_bf16_only_where_the_cpu_has_no_amx(monkeypatch, flags, wanted, dtype, fp32):
+    import seed_agents.precision as precision
+
+    monkeypatch.setattr(precision, "cpu_flags", lambda: frozenset(flags))
+    got, why = precision.resolve_attention(wanted, dtype)
+    assert got is fp32 and why.startswith(f"attention in {'float32' if fp32 or dtype == torch.float32 else 'bfloat16'}")
+    if wanted == "auto":
+        assert "auto" in why
