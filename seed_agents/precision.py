@@ -47,6 +47,22 @@ def resolve_precision(wanted: Precision, *, device: str = "cpu") -> tuple[torch.
                            f"where bf16 is emulated and slower than fp32)")
 
 
+def resolve_served(wanted: Precision, kind: str) -> tuple[torch.dtype, str]:
+    """``resolve_precision`` for a run whose rollouts come from a ``kind`` backend ("local" or
+    "vllm"): the one rule the local backend, the trainer and the stage-1 key share.
+
+    ``auto`` is float32 where bf16 would split the sampler from the trainer: a vLLM server
+    samples in its own format (``seed-agents serve``: float32), and a local backend's autocast
+    is the CPU's, which leaves a model on a CUDA device in float32 while the trainer there would
+    update in bf16. Explicit formats are taken as given."""
+    if wanted == "auto" and kind == "vllm":
+        return torch.float32, "float32 (auto: a vLLM server samples, and `seed-agents serve` samples in float32)"
+    if wanted == "auto" and torch.cuda.is_available():
+        return torch.float32, ("float32 (auto: a CUDA device is present, where the local backend's CPU autocast "
+                               "would not reach the model)")
+    return resolve_precision(wanted)
+
+
 def resolve_attention(wanted: Attention, dtype: torch.dtype, *, device: str = "cpu") -> tuple[bool, str]:
     """(run attention in fp32 over bf16 products?, why) for ``wanted`` under ``dtype``.
 

@@ -25,7 +25,7 @@ from seed_agents.chat_model import SeedChatModel
 from seed_agents.config import BackendConfig, TrainConfig
 from seed_agents.errors import ConfigError
 from seed_agents.models import resolve_model
-from seed_agents.precision import resolve_attention, resolve_precision
+from seed_agents.precision import resolve_attention, resolve_served
 from seed_agents.stage1.auto import stage1_model
 from seed_agents.trainers.seed_trainer import SEEDConfig
 from seed_agents.trainers.weight_sync import FullWeightSync, InProcessSync, LoRASync
@@ -112,13 +112,9 @@ def check_report_to(integrations: list[str]) -> None:
 
 
 def trainer_dtype(served: BackendConfig) -> torch.dtype:
-    """The number format the update computes in. A local backend samples with the trainer's
-    own model, so both follow ``backend.precision``; a vLLM server samples in its own dtype
-    (``seed-agents serve``: float32), so ``auto`` keeps the update in float32 there, where
-    the logprobs it recorded match, and only an explicit bfloat16 moves it."""
-    if served.kind == "vllm" and served.precision == "auto":
-        return torch.float32
-    return resolve_precision(served.precision)[0]
+    """The number format the update computes in: the rollouts' (``resolve_served``), so the
+    logprobs they recorded match the trainer's; only an explicit bfloat16 splits them."""
+    return resolve_served(served.precision, served.kind)[0]
 
 
 def compute_format(served: BackendConfig) -> dict[str, str]:
@@ -130,7 +126,7 @@ def compute_format(served: BackendConfig) -> dict[str, str]:
 
     fmt = {"update": name(trainer_dtype(served))}
     if served.kind == "local":
-        dtype = resolve_precision(served.precision)[0]
+        dtype = trainer_dtype(served)
         fp32_attention = dtype == torch.float32 or resolve_attention(served.attention, dtype)[0]
         fmt.update(rollouts=name(dtype), attention="float32" if fp32_attention else name(dtype))
     return fmt

@@ -22,9 +22,9 @@ def local_kwargs(cfg: BackendConfig, who: str = "local backend") -> dict[str, An
     """``LocalBackend`` arguments for the config's local-only settings (the number format,
     attention's, KV reuse, the cache), one place for every caller that builds one; the
     choice of format is printed with its reason."""
-    from seed_agents.precision import resolve_attention, resolve_precision
+    from seed_agents.precision import resolve_attention, resolve_served
 
-    dtype, why = resolve_precision(cfg.precision)
+    dtype, why = resolve_served(cfg.precision, "local")
     fp32_attention, why_attention = resolve_attention(cfg.attention, dtype)
     print(f"{who} computes in {why}; {why_attention}", flush=True)
     return {"compute_dtype": dtype, "kv_cache": cfg.kv_cache, "fp32_attention": fp32_attention,

@@ -70,9 +70,9 @@ def cache_key(cfg: TrainConfig, base: str) -> str:
     # The format as resolved here: `auto` on a CPU without bf16 is fp32 and shares fp32's model.
     import torch
 
-    from seed_agents.precision import resolve_attention, resolve_precision
+    from seed_agents.precision import resolve_attention, resolve_served
 
-    dtype = resolve_precision(cfg.backend.precision)[0]
+    dtype = resolve_served(cfg.backend.precision, "local")[0]  # stage 1's rollouts are a local backend's
     if dtype != torch.float32:
         settings["precision"] = str(dtype).removeprefix("torch.")
     if not cfg.backend.reuse_kv:

@@ -266,3 +266,18 @@ def test_a_resume_whose_formats_resolve_otherwise_says_so_and_names_the_flags(tm
     assert explicit == fp32
     served = TrainConfig.model_validate({"backend": {"kind": "vllm", "model": "m"}}).backend
     assert compute_format(served) == {"update": "float32"}  # a vLLM server samples in fp32 (seed-agents serve)
+
+
+def test_auto_keeps_a_local_backend_on_a_gpu_in_fp32_where_its_cpu_autocast_would_not_reach(monkeypatch):
+    """The local backend's autocast is the CPU's: with the model on a CUDA device it would
+    sample in fp32 while the trainer updated in bf16 (TRL's autocast there), so `auto` keeps
+    both in fp32; an explicit format is taken as given."""
+    import torch
+
+    from seed_agents.app.policy import compute_format
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    local = TrainConfig().backend
+    assert compute_format(local) == {"update": "float32", "rollouts": "float32", "attention": "float32"}
+    explicit = TrainConfig.model_validate({"backend": {"precision": "bfloat16", "attention": "same"}}).backend
+    assert compute_format(explicit)["update"] == "bfloat16"
