@@ -37,6 +37,7 @@ from seed_agents.config.core import PAPER, PAPER_LEARNING_RATE
 from seed_agents.distill import SEEDCoefficients, group_advantages, seed_objective
 from seed_agents.errors import NoTrainableRows
 from seed_agents.memory import release_free_memory
+from seed_agents.trainers.head import completion_logps, plain_head
 from seed_agents.trainers.shared_prefix import PromptKV, logps_on_prompt_kv, shared_prefix_logps
 from seed_agents.trainers.shared_prefix import supported as prefix_supported
 from seed_agents.types import Row, Task, Trajectory
@@ -55,6 +56,7 @@ class SEEDConfig(GRPOConfig):
     share_prefix: bool = field(default=True, metadata={"help": "Compute the prompt tokens a chunk's rows share (system prompt, tool schemas, the task) once and run each row's own tokens on top (trainers/shared_prefix.py); exact up to float rounding."})
     fuse_teacher: bool = field(default=False, metadata={"help": "Score SEED's teacher on top of the prompt keys and values the loss forward computes (trainers/shared_prefix.logps_on_prompt_kv): the teacher computes its skill and the completion, not the prompt it shares with its row. Needs share_prefix and one optimizer step per rollout batch (num_iterations 1, steps_per_generation 1, gradient_accumulation_steps 1: the loss forward runs the pre-update weights); rows whose chunk shares no prefix are scored in a pass of their own. Exact up to float rounding."})
     release_memory: bool = field(default=True, metadata={"help": "Give the heap's freed memory back to the OS after the rollouts, the scoring, the update and a held-out evaluation of each step (glibc malloc_trim, seed_agents/memory.py); values are unchanged."})
+    sampled_head: bool = field(default=True, metadata={"help": "Run the LM head, its log-softmax and entropy at the trained (loss-mask) completion positions only, in the loss and every scoring pass (trainers/head.py): a merged multi-turn row's completion also holds the environment's answers, which no term reads. The others read 0. Exact up to float rounding; needs chunk_tokens > 0."})
     chunk_tokens: int = field(default=8192, metadata={"help": "Token budget (rows x trimmed width) of one forward in the loss and in scoring; rows are grouped by length and each group's padding trimmed. 0: TRL's layout (every row padded to the batch's widest prompt and completion)."})
     # TRL fields with the paper's values
     beta: float = field(default=PAPER.kl, metadata={"help": "KL(pi || pi_ref) coefficient (k3 estimator)."})
@@ -263,7 +265,8 @@ class SEEDTrainer(GRPOTrainer):
     # -- forwards over rows of mixed lengths -------------------------------------------------
     def _get_per_token_logps_and_entropies(self, model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                                            logits_to_keep: int, batch_size: int | None = None,
-                                           compute_entropy: bool = False, **kwargs: Any) -> Any:
+                                           compute_entropy: bool = False, scored: torch.Tensor | None = None,
+                                           **kwargs: Any) -> Any:
         """TRL's scorer, run on length-grouped, trimmed chunks (``length_chunks``; with a
         shared prefix, ``prefix_chunks``: grouped by their prompts' tokens).
 
@@ -274,6 +277,10 @@ class SEEDTrainer(GRPOTrainer):
         back in the batch's order and width. Exact up to float rounding: padding is masked out,
         and a left-pad shift leaves RoPE's relative positions unchanged (the unit tests compare
         both layouts). Multimodal inputs keep TRL's path.
+
+        ``scored`` ((rows, ``logits_to_keep``) bool, the positions the caller reads): with
+        ``sampled_head`` the LM head runs there only and the other positions are 0
+        (``trainers.head``).
         """
         if self.args.chunk_tokens <= 0 or any(v is not None for v in kwargs.values()):
             return super()._get_per_token_logps_and_entropies(
@@ -299,14 +306,18 @@ class SEEDTrainer(GRPOTrainer):
             idx = torch.tensor(rows, device=input_ids.device)
             span = slice(prompt_width - p, prompt_width + c)
             ids, mask = input_ids[idx, span], attention_mask[idx, span]
+            keep = scored[idx, :c] if scored is not None and self.args.sampled_head else None
             shared = self._shared_prefix(model, ids, p, [prompt_lens[i] for i in rows])
             if shared:
                 kept: list[PromptKV] | None = [] if self._teacher_request is not None else None
                 logps, entropies = shared_prefix_logps(model, ids, mask, c, shared, compute_entropy=compute_entropy,
-                                                       autocast=self.accelerator.autocast, keep_kv=kept)
+                                                       autocast=self.accelerator.autocast, keep_kv=kept, keep=keep)
                 if kept:
                     self._fused_teacher(model, kept[0], rows, ids, p, [prompt_lens[i] for i in rows],
                                         [completion_lens[i] for i in rows])
+            elif keep is not None and plain_head(model) is not None:
+                logps, entropies = completion_logps(model, ids, mask, c, keep, compute_entropy=compute_entropy,
+                                                    autocast=self.accelerator.autocast)
             else:
                 logps, entropies, _ = super()._get_per_token_logps_and_entropies(
                     model, ids, mask, c, compute_entropy=compute_entropy)
@@ -425,7 +436,8 @@ class SEEDTrainer(GRPOTrainer):
         input_ids = torch.cat([prompt_ids, out["completion_ids"]], dim=1)
         attention = torch.cat([prompt_mask, out["completion_mask"]], dim=1)
         logps, _, _ = self._get_per_token_logps_and_entropies(
-            model, input_ids, attention, out["completion_ids"].size(1), batch_size=self.args.score_batch_size)
+            model, input_ids, attention, out["completion_ids"].size(1), batch_size=self.args.score_batch_size,
+            scored=out.get("loss_mask"))
         return logps
 
     def _guide_old_logps(self, out: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -442,7 +454,8 @@ class SEEDTrainer(GRPOTrainer):
         if not rows.any():
             return out["old_per_token_logps"]
         idx = rows.nonzero().squeeze(-1)
-        sub = {"completion_ids": out["completion_ids"][idx], "completion_mask": out["completion_mask"][idx]}
+        sub = {"completion_ids": out["completion_ids"][idx], "completion_mask": out["completion_mask"][idx],
+               "loss_mask": out["loss_mask"][idx]}
         own = self._score(self.model, out["prompt_ids"][idx], out["prompt_mask"][idx], sub).to(out["old_per_token_logps"].dtype)
         old = out["old_per_token_logps"].clone()
         old[idx] = torch.where(guided[idx], own, old[idx])
@@ -480,7 +493,8 @@ class SEEDTrainer(GRPOTrainer):
         chosen = [prompts[i] or [] for i in idx.tolist()]
         t_ids = _pad(chosen, pad_id, left=True, dtype=torch.long).to(into.device)
         t_mask = _pad([[1] * len(p) for p in chosen], 0, left=True, dtype=torch.long).to(into.device)
-        sub = {"completion_ids": out["completion_ids"][idx], "completion_mask": out["completion_mask"][idx]}
+        sub = {"completion_ids": out["completion_ids"][idx], "completion_mask": out["completion_mask"][idx],
+               "loss_mask": out["loss_mask"][idx]}
         into[idx] = self._score(self.model, t_ids, t_mask, sub).to(into.dtype)
 
     def _ref_logps(self, out: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -520,7 +534,8 @@ class SEEDTrainer(GRPOTrainer):
         self._teacher_request = request
         try:
             logps, entropies, _ = self._get_per_token_logps_and_entropies(
-                model, input_ids, attention, inputs["completion_ids"].size(1), compute_entropy=True)
+                model, input_ids, attention, inputs["completion_ids"].size(1), compute_entropy=True,
+                scored=inputs["loss_mask"])
         finally:
             self._teacher_request = None
         if request is not None:

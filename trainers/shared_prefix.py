@@ -30,6 +30,7 @@ from transformers.cache_utils import DynamicCache
 from trl.trainer.utils import entropy_from_logits, selective_log_softmax
 
 from seed_agents.backends.prefix import cache_kwarg, prefix_kv
+from seed_agents.trainers.head import head_logps, plain_head
 
 try:  # transformers >= 4.56 has the layer class; the cache switch came later
     from transformers.modeling_layers import GradientCheckpointingLayer
@@ -118,13 +119,16 @@ def _checkpointing(model: Any, *, prefix: bool) -> Iterator[None]:
 def shared_prefix_logps(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: int,
                         prefix_len: int, *, compute_entropy: bool = False,
                         autocast: Any = contextlib.nullcontext,
-                        keep_kv: list[PromptKV] | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+                        keep_kv: list[PromptKV] | None = None,
+                        keep: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Per-token log-probs (and entropies) of the last ``logits_to_keep`` columns, as TRL's
     scorer computes them, for rows laid out as TRL lays them out (a left-padded prompt, then
     a right-padded completion) whose real tokens all begin with the same ``prefix_len``
     tokens. ``prefix_len`` must leave every prompt at least one token of its own (the first
     completion token is predicted from the prompt's last position). With ``keep_kv``, the
-    prompts' keys and values are appended to it (``PromptKV``), for scoring on top of them."""
+    prompts' keys and values are appended to it (``PromptKV``), for scoring on top of them.
+    With ``keep`` ((rows, ``logits_to_keep``) bool), the head runs at those completion positions
+    only and the others are 0 (``trainers.head``; a model without a plain head scores them all)."""
     n, width = input_ids.shape
     prompt_width = width - logits_to_keep
     prompt_lens = attention_mask[:, :prompt_width].sum(1)
@@ -153,14 +157,23 @@ def shared_prefix_logps(model: Any, input_ids: torch.Tensor, attention_mask: tor
         layer.keys = layer.keys.expand(n, -1, -1, -1)
         layer.values = layer.values.expand(n, -1, -1, -1)
     mask = torch.cat([rest_mask.new_ones(n, prefix_len), rest_mask], dim=1)
-    with _checkpointing(model, prefix=False), autocast():
-        logits = model(input_ids=rest_ids, attention_mask=mask, position_ids=positions, use_cache=False,
-                       **{cache_kw: cache}, logits_to_keep=logits_to_keep + 1).logits
-    # TRL's memory-lean reductions: a full log-softmax would hold two more (rows, tokens, vocab)
-    # fp32 tensors for backward (about 3 GB for 16 rows of 512 tokens over SmolLM2's 49k vocab)
-    logits = logits[:, :-1].float()
-    logps = selective_log_softmax(logits, input_ids[:, prompt_width:])
-    entropies = entropy_from_logits(logits) if compute_entropy else None
+    parts = plain_head(model) if keep is not None else None
+    if parts is not None:
+        decoder, head = parts
+        with _checkpointing(model, prefix=False), autocast():
+            hidden = decoder(input_ids=rest_ids, attention_mask=mask, position_ids=positions, use_cache=False,
+                             **{cache_kwarg(decoder): cache}).last_hidden_state
+            logps, entropies = head_logps(hidden[:, -(logits_to_keep + 1):-1], input_ids[:, prompt_width:], keep,
+                                          head, compute_entropy=compute_entropy)
+    else:
+        with _checkpointing(model, prefix=False), autocast():
+            logits = model(input_ids=rest_ids, attention_mask=mask, position_ids=positions, use_cache=False,
+                           **{cache_kw: cache}, logits_to_keep=logits_to_keep + 1).logits
+        # TRL's memory-lean reductions: a full log-softmax would hold two more (rows, tokens, vocab)
+        # fp32 tensors for backward (about 3 GB for 16 rows of 512 tokens over SmolLM2's 49k vocab)
+        logits = logits[:, :-1].float()
+        logps = selective_log_softmax(logits, input_ids[:, prompt_width:])
+        entropies = entropy_from_logits(logits) if compute_entropy else None
     if keep_kv is not None:
         keep_kv.append(PromptKV(prefix=[(k.detach(), v.detach()) for k, v in kv],
                                 own=[cache.kept[i] for i in range(len(kv))], prefix_len=prefix_len,

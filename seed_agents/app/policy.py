@@ -144,6 +144,7 @@ def seed_config(cfg: TrainConfig, out: Path) -> Any:
         use_cpu=not torch.cuda.is_available(), bf16=trainer_dtype(cfg.backend) == torch.bfloat16,
         gradient_checkpointing=trainer.gradient_checkpointing, chunk_tokens=trainer.chunk_tokens,
         share_prefix=trainer.share_prefix, fuse_teacher=trainer.fuse_teacher, release_memory=trainer.release_memory,
+        sampled_head=trainer.sampled_head,
         report_to=list(trainer.report_to), run_name=out.name, logging_steps=1, save_strategy="steps", save_steps=1,
         save_total_limit=2, seed=cfg.seed, disable_tqdm=True,
     )

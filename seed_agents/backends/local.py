@@ -62,6 +62,7 @@ from transformers.cache_utils import DynamicCache, StaticCache
 from seed_agents.aio import stop_at_exit
 from seed_agents.backends.base import BackendError, CompletionPiece
 from seed_agents.backends.grammar import grammar_mask
+from seed_agents.backends.growing_cache import GrowingCache
 from seed_agents.backends.prefix import cache_kwarg, prefix_kv, worth_sharing
 from seed_agents.backends.turn_cache import KV, TurnCache, weights_fingerprint
 from seed_agents.capture import Cohort, Ticket, current_scope
@@ -201,7 +202,7 @@ class LocalBackend:
         policy_version: int = 0,
         share_prefix: bool = True,
         turn_cache_bytes: int = 1 << 30,
-        kv_cache: Literal["dynamic", "static"] = "dynamic",
+        kv_cache: Literal["dynamic", "static", "concat"] = "dynamic",
         fp32_attention: bool = False,
     ) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -220,8 +221,8 @@ class LocalBackend:
         self.model.eval()
         if max_batch_size < 1:
             raise ValueError("max_batch_size must be >= 1")
-        if kv_cache not in ("dynamic", "static"):
-            raise ValueError(f"kv_cache must be 'dynamic' or 'static', got {kv_cache!r}")
+        if kv_cache not in ("dynamic", "static", "concat"):
+            raise ValueError(f"kv_cache must be 'dynamic', 'static' or 'concat', got {kv_cache!r}")
         # static: each batch's keys and values in buffers sized for its whole generation, so a
         # decode step writes one column in place where the dynamic cache concatenates every
         # layer's whole cache (26 ms of a 101 ms step at batch 8, docs/benchmarks.md "Decode taken
@@ -231,6 +232,10 @@ class LocalBackend:
         # bf16 where the CPU is fast at it: autocast over the (shared, fp32) weights
         # (``seed_agents.precision``); None or float32 computes in the weights' own dtype.
         self.compute_dtype = compute_dtype
+        # dynamic: the cache grows in place (seed_agents.backends.growing_cache), its values stored
+        # in fp32 where attention upcasts them anyway; concat: transformers' own (the path before)
+        self._value_dtype = (torch.float32 if fp32_attention and compute_dtype not in (None, torch.float32)
+                             else None)
         if fp32_attention and compute_dtype not in (None, torch.float32):
             from seed_agents.precision import attention_in_fp32
 
@@ -536,6 +541,9 @@ class LocalBackend:
         if not cache_width:
             if self.kv_cache == "static":
                 return input_ids, attention, {cache_kwarg(self.model): self._static_cache(width + max_new, [])}
+            if self.kv_cache == "dynamic":
+                return input_ids, attention, {cache_kwarg(self.model): GrowingCache(value_dtype=self._value_dtype,
+                                                                                    reserve=max_new)}
             return input_ids, attention, {}
         if all(kv is shared_kv for _, kv in sources):
             layers = [(k.expand(n_rows, -1, -1, -1), v.expand(n_rows, -1, -1, -1)) for k, v in shared_kv or []]
@@ -550,7 +558,12 @@ class LocalBackend:
                         v[i, :, cache_width - n:] = kv[layer][1][0]
                 layers.append((k, v))
         positions = (attention.cumsum(1) - 1).clamp(min=0)
-        cache = self._static_cache(width + max_new, layers) if self.kv_cache == "static" else DynamicCache(ddp_cache_data=layers)
+        if self.kv_cache == "static":
+            cache = self._static_cache(width + max_new, layers)
+        elif self.kv_cache == "dynamic":
+            cache = GrowingCache(layers, value_dtype=self._value_dtype, reserve=max_new)
+        else:
+            cache = DynamicCache(ddp_cache_data=layers)
         return input_ids, attention, {cache_kwarg(self.model): cache, "position_ids": positions}
 
     def _static_cache(self, length: int, layers: list[tuple[torch.Tensor, torch.Tensor]]) -> Any:

@@ -19,7 +19,8 @@ def test_the_before_side_switches_off_every_reuse_and_the_others_keep_the_demo()
     cfg = {side: TrainConfig.model_validate(demo_speed.demo_config(over)) for side, over in demo_speed.SIDES.items()}
     before = cfg["before"]
     assert (before.backend.precision, before.backend.reuse_kv) == ("float32", False)
-    assert (before.trainer.chunk_tokens, before.trainer.share_prefix) == (0, False)
+    assert (before.trainer.chunk_tokens, before.trainer.share_prefix, before.trainer.sampled_head) == (0, False, False)
+    assert before.backend.kv_cache == "concat"
     demo = TrainConfig()
     assert before.stage1.completion_head is False and demo.stage1.completion_head is True
     assert cfg["default"] == demo  # the README's first command
@@ -29,14 +30,18 @@ def test_the_before_side_switches_off_every_reuse_and_the_others_keep_the_demo()
     assert cfg["auto"] == demo.model_copy(update={"backend": plain})
     fast = demo.backend.model_copy(update={"precision": "auto", "attention": "float32"})
     assert cfg["auto-attn32"] == demo.model_copy(update={"backend": fast})
+    assert (demo.trainer.sampled_head, demo.backend.kv_cache) == (True, "dynamic")
+    assert cfg["previous"] == demo.model_copy(update={
+        "backend": demo.backend.model_copy(update={"kv_cache": "concat"}),
+        "trainer": demo.trainer.model_copy(update={"sampled_head": False})})
     # nothing else differs from the embedded demo
     assert before.model_copy(update={"backend": demo.backend, "trainer": demo.trainer, "stage1": demo.stage1}) == demo
 
 
 def test_iterations_start_from_one_model_and_the_ratios_read_against_the_goals(tmp_path, monkeypatch, capsys):
     calls = []
-    stage1_s = {"before": 100.0, "fp32": 80.0, "default": 38.0, "auto": 40.0, "auto-attn32": 38.0}
-    iteration_s = {"before": 200.0, "fp32": 120.0, "default": 70.0, "auto": 90.0, "auto-attn32": 70.0}
+    stage1_s = {"before": 100.0, "previous": 40.0, "fp32": 80.0, "default": 38.0, "auto": 40.0, "auto-attn32": 38.0}
+    iteration_s = {"before": 200.0, "previous": 76.0, "fp32": 120.0, "default": 70.0, "auto": 90.0, "auto-attn32": 70.0}
 
     def build_stage1(side, work, log):
         calls.append(("stage1", side))
@@ -53,16 +58,16 @@ def test_iterations_start_from_one_model_and_the_ratios_read_against_the_goals(t
     monkeypatch.setattr(demo_speed, "iterate", iterate)
     monkeypatch.setattr(demo_speed, "prepare_games", lambda: calls.append(("games",)))
     demo_speed.main(["--repeats", "2", "--results-dir", str(tmp_path / "results"), "--work", str(tmp_path / "w")])
-    sides = ["before", "fp32", "default", "auto", "auto-attn32"]
-    assert calls[:6] == [("games",), *(("stage1", side) for side in sides)]
-    assert [c[1] for c in calls[6:]] == [*sides, *sides[::-1]]
-    assert {c[2] for c in calls[6:]} == {"/before-model"}
+    sides = ["before", "previous", "fp32", "default", "auto", "auto-attn32"]
+    assert calls[:7] == [("games",), *(("stage1", side) for side in sides)]
+    assert [c[1] for c in calls[7:]] == [*sides, *sides[::-1]]
+    assert {c[2] for c in calls[7:]} == {"/before-model"}
     doc = json.loads((tmp_path / "results" / "demo_speed.json").read_text())
     r = doc["results"]
-    assert r["iteration_ratio"] == pytest.approx({"fp32": 0.6, "default": 0.35, "auto": 0.45, "auto-attn32": 0.35})
-    assert r["iteration_verdict"] == {"fp32": "missed by 0.20", "default": "met", "auto": "missed by 0.05",
+    assert r["iteration_ratio"] == pytest.approx({"previous": 0.38, "fp32": 0.6, "default": 0.35, "auto": 0.45, "auto-attn32": 0.35})
+    assert r["iteration_verdict"] == {"previous": "met", "fp32": "missed by 0.20", "default": "met", "auto": "missed by 0.05",
                                       "auto-attn32": "met"}
-    assert r["stage1_ratio"] == pytest.approx({"fp32": 0.8, "default": 0.38, "auto": 0.4, "auto-attn32": 0.38})
+    assert r["stage1_ratio"] == pytest.approx({"previous": 0.4, "fp32": 0.8, "default": 0.38, "auto": 0.4, "auto-attn32": 0.38})
     assert r["stage1_verdict"]["auto"] == "met"
     assert "model" not in r["stage1"]["before"]  # a folder of this machine stays out of the file
     assert doc["config"]["side_settings"] == demo_speed.SIDES

@@ -11,9 +11,9 @@ from seed_agents.types import SamplingParams
 from tests.conformance import BackendConformance
 
 
-@pytest.fixture(scope="module", params=["dynamic", "static"])
+@pytest.fixture(scope="module", params=["dynamic", "static", "concat"])
 def local_backend(tiny_model_dir: str, request: pytest.FixtureRequest) -> LocalBackend:
-    """Both caches pass the suite: the static one is a speed option, not another sampler."""
+    """Every cache passes the suite: each is a speed option, not another sampler."""
     return LocalBackend(tiny_model_dir, max_batch_size=8, kv_cache=request.param)
 
 
@@ -98,7 +98,7 @@ def test_model_object_without_tokenizer_is_a_clear_error(tiny_model_dir):
         LocalBackend(model)
 
 
-@pytest.mark.parametrize("kv_cache", ["dynamic", "static"])
+@pytest.mark.parametrize("kv_cache", ["dynamic", "static", "concat"])
 async def test_a_shared_prompt_prefix_is_computed_once_and_changes_nothing(tiny_model_dir, monkeypatch, kv_cache):
     """Prompts with one long system prompt: the batch runs the prefix once (a forward of one
     row), and every row's greedy tokens and logprobs equal that prompt sampled alone."""
