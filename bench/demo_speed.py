@@ -9,8 +9,8 @@ full fine-tuning, stage 1 first) is run on up to four paths, side by side in one
   false``, ``trainer.sampled_head false``), TRL's SFT head over every position in stage 1
   (``stage1.completion_head false``), fp32 everywhere;
 - ``previous``: the README's command before the LM head ran at the trained positions only
-  (``--no-trainer.sampled-head``) and before the KV cache grew in place (``--backend.kv-cache
-  concat``);
+  (``--no-trainer.sampled-head``), before the KV cache grew in place (``--backend.kv-cache
+  concat``) and before a batch's prompts shared prefixes by group (``--no-backend.prefix-groups``);
 - ``fp32``: every reuse on, fp32 (``--backend.precision float32``): the README's first
   command until ``auto`` became the default;
 - ``default``: the README's first command as it is (precision and attention ``auto``: bf16
@@ -58,10 +58,10 @@ ITERATION_GOAL = 0.4
 STAGE1_GOAL = 0.5
 #: side -> the settings it changes from the embedded demo
 SIDES: dict[str, dict[str, Any]] = {
-    "before": {"backend": {"precision": "float32", "reuse_kv": False, "kv_cache": "concat"},
+    "before": {"backend": {"precision": "float32", "reuse_kv": False, "kv_cache": "concat", "prefix_groups": False},
                "trainer": {"chunk_tokens": 0, "share_prefix": False, "sampled_head": False},
                "stage1": {"completion_head": False}},
-    "previous": {"backend": {"kv_cache": "concat"}, "trainer": {"sampled_head": False}},
+    "previous": {"backend": {"kv_cache": "concat", "prefix_groups": False}, "trainer": {"sampled_head": False}},
     "fp32": {"backend": {"precision": "float32"}},
     "default": {},
     "auto": {"backend": {"precision": "auto", "attention": "same"}},

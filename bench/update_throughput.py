@@ -23,8 +23,8 @@ same weights and optimizer state each time) under each layout, interleaved, side
 Per layout it prints the update time, the tokens it computed (real and padded) and the
 useful matmul work as a fraction of the matmul ceiling of the layout's number format
 from ``bench/roofline.py`` (goal >= 40%, read on the fastest layout). Work counts weight
-matmuls: the body's 2 x params per token forward, the tied LM head only at the completion
-positions it scores, backward 2x forward for full fine-tuning and 1x for LoRA (activation gradients; the adapters' own are negligible);
+matmuls: the body's 2 x params per token forward, the tied LM head only at the trained
+positions (``trainer.sampled_head``; TRL's layout runs it at every completion column, counted so), backward 2x forward for full fine-tuning and 1x for LoRA (activation gradients; the adapters' own are negligible);
 attention scores are left out (about +10% at these lengths). "of ceiling" is the work of
 the positions a layout computes (its padding included, checkpointing's recompute not) per
 second: how well the kernels run. "effective" is the work of every real token of every row
@@ -205,7 +205,11 @@ def main(argv: list[str] | None = None) -> None:
         real = sum(len(r.prompt_ids) + len(r.completion_ids) for r in rows)
         taught = [i for i, p in enumerate(batch.teacher_prompt_ids) if p is not None]
         completions = [len(r.completion_ids) for r in rows]
-        scored = (sum(completions), sum(completions[i] for i in taught))
+        # the head's useful work is at the trained positions (a merged row's completion also holds
+        # the environment's answers); TRL's layout (chunk_tokens 0) runs it at every completion column
+        trained = [sum(r.loss_mask) for r in rows]
+        scored = (sum(trained), sum(trained[i] for i in taught))
+        every_column = (sum(completions), sum(completions[i] for i in taught))
         real_teacher = sum(len(batch.teacher_prompt_ids[i]) + completions[i] for i in taught)
         flops = update_flops(real, real_teacher, *scored, body, head, lora=bool(args.lora_r))
         print(f"batch: {len(batch.trajectories)} episodes, {len(rows)} rows, {real} real tokens "
@@ -244,7 +248,8 @@ def main(argv: list[str] | None = None) -> None:
                                       chunk, trainer.args.score_batch_size, share) if taught else 0
         # the work this layout computes (padding included, recompute not) per second, against the
         # ceiling of the number format it computes in
-        rate = update_flops(train_tok, teacher_tok, *scored, body, head, lora=bool(args.lora_r)) / s
+        rate = update_flops(train_tok, teacher_tok, *(every_column if chunk <= 0 else scored), body, head,
+                            lora=bool(args.lora_r)) / s
         frac = rate / ceilings[fmt]
         effective = flops / s / ceilings[fmt]  # the work of every real token, shared or not: > 1 where sharing saves
         per_layout[layout] = {"update_s": times[layout], "median_s": s, "vs_first": s / base,

@@ -246,7 +246,7 @@ def demo_speed(results: dict[str, Result], name: str = "demo_speed") -> list[str
     base = sides[0]
     names = {"before": "before (fp32, every prompt whole, TRL's padded update and SFT head)",
              "fp32": "fp32 (`--backend.precision float32`, the README's command before auto)",
-             "previous": "previous (`--no-trainer.sampled-head --backend.kv-cache concat`, the README's command before both)",
+             "previous": "previous (`--no-trainer.sampled-head --backend.kv-cache concat --no-backend.prefix-groups`, the README's command before them)",
              # the files before 2026-12-07 ran the README's command in fp32, those after in auto
              "default": "default (the README's command when run)", "auto": "`--backend.precision auto` (bf16 attention)",
              "auto-attn32": "`--backend.precision auto --backend.attention float32`"}

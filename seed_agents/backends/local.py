@@ -63,7 +63,7 @@ from seed_agents.aio import stop_at_exit
 from seed_agents.backends.base import BackendError, CompletionPiece
 from seed_agents.backends.grammar import grammar_mask
 from seed_agents.backends.growing_cache import GrowingCache
-from seed_agents.backends.prefix import cache_kwarg, prefix_kv, worth_sharing
+from seed_agents.backends.prefix import cache_kwarg, prefix_groups, prefix_kv, worth_sharing
 from seed_agents.backends.turn_cache import KV, TurnCache, weights_fingerprint
 from seed_agents.capture import Cohort, Ticket, current_scope
 from seed_agents.precision import compute_in
@@ -201,6 +201,7 @@ class LocalBackend:
         batch_wait_s: float = 0.005,
         policy_version: int = 0,
         share_prefix: bool = True,
+        prefix_groups: bool = True,
         turn_cache_bytes: int = 1 << 30,
         kv_cache: Literal["dynamic", "static", "concat"] = "dynamic",
         fp32_attention: bool = False,
@@ -242,6 +243,7 @@ class LocalBackend:
             attention_in_fp32(self.model)  # the model's (shared with the trainer: the update's too)
         self.batch_wait_s = batch_wait_s
         self.share_prefix = share_prefix  # compute a batch's common prompt prefix once (seed_agents.backends.prefix)
+        self.prefix_groups = prefix_groups  # ... once per group of rows that share more than the batch (prefix_groups)
         # an episode's next turn reads its last prompt's keys and values (seed_agents.backends.turn_cache)
         self.turn_cache = TurnCache(turn_cache_bytes)
         self._policy_version = policy_version
@@ -511,23 +513,33 @@ class LocalBackend:
                 max_new: int) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
         """(input ids, attention mask, generate's extra kwargs) of a batch whose rows start
         from keys and values already computed: the row's episode's last prompt (the turn
-        cache) or, where longer, the prefix every prompt of the batch shares (computed once).
+        cache) or, where longer, the prefix its group of the batch shares (computed once per
+        group: ``prefix_groups``, e.g. one task's hindsight prompts, which share far more than
+        the batch does).
 
         Rows are laid out [pad | cached tokens | pad | own tokens]: the cached columns are
         the cache's, right-aligned so that every row's own tokens start at the same column,
         and explicit positions (the count of real tokens before) keep each token where it
-        sits in its own prompt. A batch whose rows all read the shared prefix reads it
+        sits in its own prompt. A batch whose rows all read one shared prefix reads it
         without copying it per row (the dynamic cache; a static one holds ``max_new`` more
         columns a row, for the tokens to come, and copies it in)."""
         n_rows = len(prompts)
-        shared = worth_sharing(prompts) if self.share_prefix else 0
+        if not self.share_prefix:
+            groups = []
+        elif self.prefix_groups:
+            groups = prefix_groups(prompts)
+        else:  # the path before groups: one prefix, the one the whole batch shares
+            groups = [(list(range(n_rows)), shared)] if (shared := worth_sharing(prompts)) else []
         with (self._lock, torch.no_grad(), compute_in(self.compute_dtype)):
             self.turn_cache.check(weights_fingerprint(self.model, self._policy_version, self.compute_dtype))
             reused = [self.turn_cache.lookup(o, p) for o, p in zip(owners, prompts)]
-            shared_kv: KV | None = None
-            if shared and any(n < shared for n, _ in reused):
-                shared_kv = prefix_kv(self.model, torch.tensor([prompts[0][:shared]]))
-            sources = [(shared, shared_kv) if n < shared else (n, kv) for n, kv in reused]
+            sources: list[tuple[int, KV | None]] = list(reused)
+            for members, shared in groups:  # each group's prefix once, for the rows whose turn cache holds less
+                wanting = [i for i in members if reused[i][0] < shared]
+                if wanting:
+                    group_kv = prefix_kv(self.model, torch.tensor([prompts[wanting[0]][:shared]]))
+                    for i in wanting:
+                        sources[i] = (shared, group_kv)
         cached = [n for n, _ in sources]
         cache_width = max(cached)
         width = cache_width + max(len(p) - n for p, n in zip(prompts, cached))
@@ -545,8 +557,9 @@ class LocalBackend:
                 return input_ids, attention, {cache_kwarg(self.model): GrowingCache(value_dtype=self._value_dtype,
                                                                                     reserve=max_new)}
             return input_ids, attention, {}
-        if all(kv is shared_kv for _, kv in sources):
-            layers = [(k.expand(n_rows, -1, -1, -1), v.expand(n_rows, -1, -1, -1)) for k, v in shared_kv or []]
+        one = sources[0][1]
+        if one is not None and all(kv is one for _, kv in sources):  # one prefix for every row: read, not copied
+            layers = [(k.expand(n_rows, -1, -1, -1), v.expand(n_rows, -1, -1, -1)) for k, v in one]
         else:
             layers = []
             for layer, (k0, v0) in enumerate(next(kv for _, kv in sources if kv is not None)):

@@ -83,8 +83,10 @@ def cache_key(cfg: TrainConfig, base: str) -> str:
         settings["answer_format"] = cfg.skills.answer_format
     if cfg.skills.failures != "write":  # and only on the episodes it will be asked about
         settings["failures"] = cfg.skills.failures
-    if cfg.backend.kv_cache != "dynamic":
+    if cfg.backend.kv_cache == "static":  # concat holds the dynamic cache's numbers bit for bit
         settings["kv_cache"] = cfg.backend.kv_cache
+    if not cfg.backend.prefix_groups:
+        settings["prefix_groups"] = False
     # as resolved too: `auto` keys with the explicit choice it makes on this machine
     if resolve_attention(cfg.backend.attention, dtype)[0]:
         settings["attention"] = "float32"
@@ -136,7 +138,8 @@ def build(cfg: TrainConfig, base: str, root: Path, suite: EnvSuite | None = None
         "env_options": cfg.env_options,
         "backend": {"kind": "local", "model": base, "max_batch_size": cfg.backend.max_batch_size,
                     "precision": cfg.backend.precision, "reuse_kv": cfg.backend.reuse_kv,
-                    "kv_cache": cfg.backend.kv_cache, "attention": cfg.backend.attention},
+                    "kv_cache": cfg.backend.kv_cache, "attention": cfg.backend.attention,
+                    "prefix_groups": cfg.backend.prefix_groups},
         "sampling": {"max_tokens": cfg.sampling.max_tokens, "temperature": s.temperature},
         "runner": {"group_size": s.group_size, "concurrency": cfg.runner.concurrency, "progress": cfg.runner.progress},
         "agent": cfg.agent.model_dump(), "analyzer": {"kind": "rule_based"},

@@ -123,3 +123,33 @@ async def test_a_shared_prompt_prefix_is_computed_once_and_changes_nothing(tiny_
         assert single.token_ids == b.token_ids
         assert max(abs(x - y) for x, y in zip(single.logprobs, b.logprobs)) < 1e-4
     backend.close()
+
+
+@pytest.mark.parametrize("kv_cache", ["dynamic", "static", "concat"])
+async def test_each_group_of_a_batch_computes_its_own_prefix_once(tiny_model_dir, monkeypatch, kv_cache):
+    """Two tasks' prompts in one batch (as one iteration's hindsight prompts are): each task's
+    long shared prefix runs once, and every row's greedy tokens and logprobs equal its prompt
+    sampled alone."""
+    import asyncio
+
+    import seed_agents.backends.local as local_module
+
+    backend = LocalBackend(tiny_model_dir, max_batch_size=8, batch_wait_s=0.05, kv_cache=kv_cache)
+    tok = backend.tokenizer
+    head = "<|im_start|>system\nYou analyze finished episodes.<|im_end|>\n<|im_start|>user\n"
+    tasks = ["Task: " + "take the broccoli from the bedroom floor. " * 4, "Task: " + "open the red door in the hall. " * 4]
+    prompts = [tok(f"{head}{task}\nStep {step}<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False)["input_ids"]
+               for task in tasks for step in ("one", "two three")]
+    prefixes = []
+    original = local_module.prefix_kv
+    monkeypatch.setattr(local_module, "prefix_kv", lambda model, ids: prefixes.append(ids.shape[1]) or original(model, ids))
+    params = SamplingParams(max_tokens=8, temperature=0.0)
+    batched = await asyncio.gather(*(backend.agenerate(p, params) for p in prompts))
+    task_prefix = [len(p) for p in (tok(head + t, add_special_tokens=False)["input_ids"] for t in tasks)]
+    assert len(prefixes) == 2 and all(n >= min(task_prefix) - 2 for n in prefixes), (prefixes, task_prefix)
+    backend.share_prefix = False
+    for p, b in zip(prompts, batched):
+        single = backend.generate(p, params)
+        assert single.token_ids == b.token_ids
+        assert max(abs(x - y) for x, y in zip(single.logprobs, b.logprobs)) < 1e-4
+    backend.close()

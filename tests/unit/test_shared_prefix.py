@@ -5,7 +5,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from seed_agents.trainers.seed_trainer import rows_to_tensors
-from seed_agents.backends.prefix import common_prefix_len, prefix_batches, worth_sharing
+from seed_agents.backends.prefix import common_prefix_len, prefix_batches, prefix_groups, worth_sharing
 from seed_agents.trainers.shared_prefix import logps_on_prompt_kv, shared_prefix_logps, supported
 from seed_agents.types import Row
 
@@ -28,6 +28,21 @@ def test_prefix_batches_break_where_sharing_ends():
     assert prefix_batches(seqs, 8) == [[0, 1, 2], [3], [4], [5, 6]]
     assert prefix_batches(seqs, 2) == [[0, 1], [2], [3], [4], [5, 6]]
     assert prefix_batches([], 4) == []
+
+
+def test_prefix_groups_share_within_groups_what_the_batch_does_not():
+    """Two tasks' hindsight prompts: everyone shares the instructions' start, each task's
+    prompts share far more; the groups skip more tokens than the batch-wide prefix."""
+    start = list(range(40))
+    task_a, task_b = start + [100] * 60, start + [200] * 50
+    seqs = [task_a + [1], task_b + [1], task_a + [2], task_b + [2], task_a + [3], [5, 6, 7]]
+    assert worth_sharing(seqs[:5]) == 40
+    assert prefix_groups(seqs) == [([0, 2, 4], 100), ([1, 3], 90)]  # (3 - 1) x 100 + 90 skipped, not 4 x 40
+    # one group across all pays more than two small ones: 3 x 40 against 1 x 41 + 1 x 41
+    near = [start + [9, 1], start + [9, 2], start + [8, 1], start + [8, 2]]
+    assert prefix_groups(near) == [([0, 1, 2, 3], 40)]
+    assert prefix_groups([start + [1], [3] * 50]) == [] and prefix_groups([]) == []
+    assert prefix_groups([start, start + [2]]) == [([0, 1], 39)], "every sequence keeps a token of its own"
 
 
 def _rows(shared: int, shapes: list[tuple[int, int]], seed: int = 3) -> list[Row]:
