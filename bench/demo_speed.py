@@ -28,7 +28,8 @@ Stage 1 (collect with the offline analyzer, then SFT) is built once per side int
 run's own cache folder (each side pays for it, as a first run does). The iterations then
 start from one model, the first side's stage-1 model, on every side, so they play and
 train the same workload; with ``--repeats`` above 1 their order reverses every repeat. An iteration's
-time is ``time/step_s + time/sync_s`` from the run's metrics.jsonl (rollouts, hindsight
+time is ``time/step_s + time/sync_s`` from the run's metrics.jsonl (with ``--run-iterations`` above 1,
+the median over the run's iterations: the README's command runs three) (rollouts, hindsight
 skills, scoring, loss, backward, optimizer step, weight sync; model loading and start-up
 are not in it and are printed apart). Goals (issue 21): an iteration at most 0.4x and stage 1
 at most 0.5x of the path before, read for each side against ``before``. Writes ``docs/results/demo_speed.json``
@@ -119,18 +120,23 @@ def build_stage1(side: str, work: Path, log: Path) -> dict[str, Any]:
             "parse_rate_after": summary["sft"]["parse_rate"]["after"], "episodes": summary["collect"].get("episodes")}
 
 
-def iterate(side: str, work: Path, model: str, repeat: int, log: Path) -> dict[str, Any]:
-    """One demo iteration on ``side``'s path from ``model`` (stage 1 already done)."""
+def iterate(side: str, work: Path, model: str, repeat: int, log: Path, iterations: int = 1) -> dict[str, Any]:
+    """A demo run of ``iterations`` iterations on ``side``'s path from ``model`` (stage 1 already
+    done): with one, that iteration's times; with more, each iteration's time and the medians
+    over the run's iterations (the first pays one-off costs: the optimizer's state is allocated
+    at its first step)."""
     out = work / f"{side}-iter-{repeat}"
-    cfg = demo_config(merged(SIDES[side],
-                             {"iterations": 1, "out": str(out), "backend": {"model": model}, "stage1": {"run": "off"}}))
+    cfg = demo_config(merged(SIDES[side], {"iterations": iterations, "out": str(out), "backend": {"model": model},
+                                           "stage1": {"run": "off"}}))
     path = work / f"{side}-iter-{repeat}.json"
     path.write_text(json.dumps(cfg))
     wall = run([sys.executable, "-m", "seed_agents", "train", "--config", str(path)], log)
-    row = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()[:iterations]]
     keep = ("time/step_s", "time/sync_s", "time/rollout_s", "time/score_s", "success_rate", "skill_parse_rate", "rows")
-    return {**{k: row[k] for k in keep if k in row}, "iteration_s": row["time/step_s"] + row["time/sync_s"],
-            "process_s": wall}
+    each = [row["time/step_s"] + row["time/sync_s"] for row in rows]
+    got = {k: statistics.median(row[k] for row in rows) for k in keep if all(k in row for row in rows)}
+    return {**got, "iteration_s": statistics.median(each), "process_s": wall,
+            **({"each_iteration_s": each} if iterations > 1 else {})}
 
 
 def verdict(ratio: float, goal: float) -> str:
@@ -140,7 +146,10 @@ def verdict(ratio: float, goal: float) -> str:
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sides", default=",".join(SIDES), help=f"Comma list of {', '.join(SIDES)}; ratios read against the first.")
-    p.add_argument("--repeats", type=int, default=1, help="Iterations per side (order alternating).")
+    p.add_argument("--repeats", type=int, default=1, help="Runs per side (order alternating).")
+    p.add_argument("--run-iterations", type=int, default=1,
+                   help="Iterations in each run (the README's command runs 3); a run's iteration time is the median of "
+                        "its iterations. 1: the first iteration of a fresh process, one-off costs included.")
     p.add_argument("--no-stage1", action="store_true",
                    help="Skip the stage-1 comparison; iterations start from --model instead.")
     p.add_argument("--model", default=None, help="With --no-stage1: the stage-1 model folder the iterations start from.")
@@ -165,8 +174,8 @@ def main(argv: list[str] | None = None) -> None:
         p.error(f"unknown side {unknown[0]!r}; sides: {', '.join(SIDES)}")
     if len(sides) < 2 or len(set(sides)) < len(sides):
         p.error("--sides needs at least two different sides")
-    if args.repeats < 1:
-        p.error("--repeats must be at least 1")
+    if args.repeats < 1 or args.run_iterations < 1:
+        p.error("--repeats and --run-iterations must be at least 1")
     if not args.result_name.replace("_", "").replace("-", "").isalnum():
         p.error("--result-name: letters, digits, '-' and '_' only")
     if args.no_stage1 and not args.model:
@@ -189,7 +198,7 @@ def main(argv: list[str] | None = None) -> None:
         iterations: dict[str, list[dict[str, Any]]] = {side: [] for side in sides}
         for r in range(args.repeats):
             for side in (sides if r % 2 == 0 else sides[::-1]):
-                it = iterate(side, work, model, r, log)
+                it = iterate(side, work, model, r, log, args.run_iterations)
                 iterations[side].append(it)
                 print(f"iteration {side} (repeat {r}): {it['iteration_s']:.0f} s (rollouts {it['time/rollout_s']:.0f} s, "
                       f"scoring {it['time/score_s']:.0f} s; process {it['process_s']:.0f} s)", flush=True)
@@ -203,7 +212,7 @@ def main(argv: list[str] | None = None) -> None:
     results: dict[str, Any] = {"iterations": iterations, "iteration_s": med, "iteration_ratio": ratios,
                                "iteration_goal": ITERATION_GOAL,
                                "iteration_verdict": {side: verdict(x, ITERATION_GOAL) for side, x in ratios.items()}}
-    print(f"\none demo iteration (median of {args.repeats}), against {base}:")
+    print(f"\none demo iteration (median of {args.repeats} run(s) of {args.run_iterations} iteration(s)), against {base}:")
     for side in sides:
         extra = "" if side == base else (f", ratio {ratios[side]:.2f} (goal <= {ITERATION_GOAL}: "
                                          f"{results['iteration_verdict'][side]})")
