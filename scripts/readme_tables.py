@@ -263,7 +263,9 @@ def demo_speed(results: dict[str, Result], name: str = "demo_speed") -> list[str
                      "-" if side == base else f"{x['iteration_ratio'][side]:.2f}"])
     built = ("stage 1 not timed (--no-stage1), " if c.get("no_stage1") else "stage 1 built once per side, ")
     what = (f"the embedded demo (TextWorld, SmolLM2-135M, full fine-tuning), {built}"
-            f"{c['repeats']} iteration(s) per side from one stage-1 model" + (f"; {c['note']}" if c.get("note") else ""))
+            + (f"{c['repeats']} iteration(s) per side" if c.get("run_iterations", 1) == 1 else
+               f"{c['repeats']} run(s) of {c['run_iterations']} iterations per side, a run's iteration the median of its own")
+            + " from one stage-1 model" + (f"; {c['note']}" if c.get("note") else ""))
     lines = [source_line(r, what), "",
              *table(["path", "stage 1 (collect + SFT)", f"vs {base}", "one iteration", "of which rollouts", f"vs {base}"],
                     rows), ""]
