@@ -3,7 +3,7 @@
 An agent's rows merge its calls (``seed_agents.rows``): a row's completion runs from its first
 sampled token to its last, and between calls it holds what the environment answered, tokens the
 policy never sampled and nobody trains (``loss_mask`` 0). On the embedded demo's TextWorld rows
-(three turns) about one completion position in eight is a sampled token. The scorer TRL ships
+(three turns) about one completion position in seven is a sampled token (600 of 4,431 in its first batch). The scorer TRL ships
 projects every completion position through the 49k-row head, then log-softmaxes and takes the
 entropy of each in fp32; on a CPU TRL's fused head does so for every position (its compact path is
 for Triton devices). Every term of the SEED objective (PPO, entropy, KL, OPD) is a masked mean over

@@ -21,8 +21,9 @@ import torch
 import torch.nn.functional as F
 from trl import SFTTrainer
 
+from seed_agents.trainers.head import SCALED
+
 IGNORE = -100
-_SCALED = ("final_logit_softcapping", "logit_scale", "output_multiplier", "lm_head_multiplier", "logits_scaling")
 
 
 def completion_nll(hidden: torch.Tensor, labels: torch.Tensor, head: torch.nn.Module) -> tuple[torch.Tensor, int]:
@@ -49,7 +50,7 @@ class CompletionOnlySFTTrainer(SFTTrainer):
         if hasattr(lm, "get_base_model"):  # a PEFT model: the LoRA layers sit inside the base model's modules
             lm = lm.get_base_model()
         text = lm.config.get_text_config()
-        scaled = any(getattr(text, k, None) is not None for k in _SCALED)
+        scaled = any(getattr(text, k, None) is not None for k in SCALED)
         if return_outputs or self.aux_loss_enabled or "shift_labels" in inputs or scaled:
             return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
         kwargs = {k: v for k, v in inputs.items() if k not in ("labels", "use_cache")}

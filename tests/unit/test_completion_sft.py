@@ -85,6 +85,6 @@ def test_soft_capped_logits_take_trls_own_path(tiny_model_dir, tmp_path, monkeyp
     loss, grads = loss_and_grads(CompletionOnlySFTTrainer, capped, tmp_path)
     torch.testing.assert_close(loss, ref_loss)
     assert grads.keys() == ref_grads.keys() and all(torch.equal(grads[k], ref_grads[k]) for k in grads)
-    monkeypatch.setattr(sft, "_SCALED", ())  # without the fallback the cap is lost: another loss
+    monkeypatch.setattr(sft, "SCALED", ())  # without the fallback the cap is lost: another loss
     uncapped, _ = loss_and_grads(CompletionOnlySFTTrainer, capped, tmp_path)
     assert not torch.allclose(uncapped, ref_loss, rtol=1e-3)
