@@ -3,12 +3,12 @@
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
 
 from seed_agents.trainers.head import completion_logps, plain_head
 from seed_agents.trainers.seed_trainer import rows_to_tensors
 from seed_agents.trainers.shared_prefix import shared_prefix_logps
 from seed_agents.types import Row
+from tests.tiny import train_mode_model
 
 
 def _rows(shared: int, shapes: list[tuple[int, int]], seed: int = 5) -> list[Row]:
@@ -26,18 +26,6 @@ def _rows(shared: int, shapes: list[tuple[int, int]], seed: int = 5) -> list[Row
     return rows
 
 
-def _model(tiny_model_dir, checkpointing):
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
-    model.train()
-    if checkpointing:
-        if hasattr(model, "activation_checkpointing_enable"):  # transformers 5's name
-            model.activation_checkpointing_enable({"use_reentrant": False})
-        else:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    return model
-
-
 def _grads(model):
     return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
@@ -45,7 +33,7 @@ def _grads(model):
 @pytest.mark.parametrize("shared", [0, 50])
 @pytest.mark.parametrize("checkpointing", [False, True])
 def test_the_kept_positions_equal_the_full_head_with_gradients(tiny_model_dir, shared, checkpointing):
-    model = _model(tiny_model_dir, checkpointing)
+    model = train_mode_model(tiny_model_dir, checkpointing=checkpointing)
     rows = _rows(50, [(30, 20), (2, 31), (17, 7), (9, 26)])
     t = rows_to_tensors(rows, torch.zeros(len(rows)), pad_id=0)
     ids = torch.cat([t["prompt_ids"], t["completion_ids"]], 1)
@@ -81,7 +69,7 @@ def test_the_kept_positions_equal_the_full_head_with_gradients(tiny_model_dir, s
 
 def test_nothing_kept_still_backpropagates(tiny_model_dir):
     """A chunk whose rows train no token (all observation) gives a differentiable zero."""
-    model = _model(tiny_model_dir, False)
+    model = train_mode_model(tiny_model_dir, checkpointing=False)
     rows = _rows(10, [(5, 4), (3, 6)])
     t = rows_to_tensors(rows, torch.zeros(2), pad_id=0)
     ids = torch.cat([t["prompt_ids"], t["completion_ids"]], 1)
@@ -93,7 +81,7 @@ def test_nothing_kept_still_backpropagates(tiny_model_dir):
 
 
 def test_scaled_logits_keep_the_full_path(tiny_model_dir):
-    model = _model(tiny_model_dir, False)
+    model = train_mode_model(tiny_model_dir, checkpointing=False)
     assert plain_head(model) is not None
     model.config.final_logit_softcapping = 30.0
     assert plain_head(model) is None

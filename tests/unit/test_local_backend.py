@@ -102,8 +102,6 @@ def test_model_object_without_tokenizer_is_a_clear_error(tiny_model_dir):
 async def test_a_shared_prompt_prefix_is_computed_once_and_changes_nothing(tiny_model_dir, monkeypatch, kv_cache):
     """Prompts with one long system prompt: the batch runs the prefix once (a forward of one
     row), and every row's greedy tokens and logprobs equal that prompt sampled alone."""
-    import asyncio
-
     import seed_agents.backends.local as local_module
 
     backend = LocalBackend(tiny_model_dir, max_batch_size=8, batch_wait_s=0.05, kv_cache=kv_cache)
@@ -114,15 +112,8 @@ async def test_a_shared_prompt_prefix_is_computed_once_and_changes_nothing(tiny_
     prefixes = []
     original = local_module.prefix_kv
     monkeypatch.setattr(local_module, "prefix_kv", lambda model, ids: prefixes.append(ids.shape) or original(model, ids))
-    params = SamplingParams(max_tokens=8, temperature=0.0)
-    batched = await asyncio.gather(*(backend.agenerate(p, params) for p in prompts))
+    await _together_equals_alone(backend, prompts)
     assert prefixes and all(shape[0] == 1 and shape[1] >= 32 for shape in prefixes), prefixes
-    backend.share_prefix = False
-    for p, b in zip(prompts, batched):
-        single = backend.generate(p, params)
-        assert single.token_ids == b.token_ids
-        assert max(abs(x - y) for x, y in zip(single.logprobs, b.logprobs)) < 1e-4
-    backend.close()
 
 
 @pytest.mark.parametrize("kv_cache", ["dynamic", "static", "concat"])
@@ -130,8 +121,6 @@ async def test_each_group_of_a_batch_computes_its_own_prefix_once(tiny_model_dir
     """Two tasks' prompts in one batch (as one iteration's hindsight prompts are): each task's
     long shared prefix runs once, and every row's greedy tokens and logprobs equal its prompt
     sampled alone."""
-    import asyncio
-
     import seed_agents.backends.local as local_module
 
     backend = LocalBackend(tiny_model_dir, max_batch_size=8, batch_wait_s=0.05, kv_cache=kv_cache)
@@ -143,10 +132,18 @@ async def test_each_group_of_a_batch_computes_its_own_prefix_once(tiny_model_dir
     prefixes = []
     original = local_module.prefix_kv
     monkeypatch.setattr(local_module, "prefix_kv", lambda model, ids: prefixes.append(ids.shape[1]) or original(model, ids))
-    params = SamplingParams(max_tokens=8, temperature=0.0)
-    batched = await asyncio.gather(*(backend.agenerate(p, params) for p in prompts))
+    await _together_equals_alone(backend, prompts)
     task_prefix = [len(p) for p in (tok(head + t, add_special_tokens=False)["input_ids"] for t in tasks)]
     assert len(prefixes) == 2 and all(n >= min(task_prefix) - 2 for n in prefixes), (prefixes, task_prefix)
+
+
+async def _together_equals_alone(backend: LocalBackend, prompts: list[list[int]]) -> None:
+    """Sample ``prompts`` greedily as one batch, then each alone with no prefix shared: the same
+    tokens, log-probs within 1e-4. Closes the backend."""
+    import asyncio
+
+    params = SamplingParams(max_tokens=8, temperature=0.0)
+    batched = await asyncio.gather(*(backend.agenerate(p, params) for p in prompts))
     backend.share_prefix = False
     for p, b in zip(prompts, batched):
         single = backend.generate(p, params)

@@ -8,6 +8,7 @@ from seed_agents.trainers.seed_trainer import rows_to_tensors
 from seed_agents.backends.prefix import common_prefix_len, prefix_batches, prefix_groups, worth_sharing
 from seed_agents.trainers.shared_prefix import logps_on_prompt_kv, shared_prefix_logps, supported
 from seed_agents.types import Row
+from tests.tiny import train_mode_model
 
 
 def test_common_prefix_len():
@@ -67,14 +68,7 @@ def _one_by_one(model, rows):
 
 @pytest.mark.parametrize("checkpointing", [False, True])
 def test_shared_prefix_equals_each_row_alone_with_gradients(tiny_model_dir, checkpointing):
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
-    model.train()
-    if checkpointing:
-        if hasattr(model, "activation_checkpointing_enable"):  # transformers 5's name
-            model.activation_checkpointing_enable({"use_reentrant": False})
-        else:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model = train_mode_model(tiny_model_dir, checkpointing=checkpointing)
     assert supported(model)
     rows = _rows(60, [(30, 5), (2, 12), (17, 1), (9, 9)])
     t = rows_to_tensors(rows, torch.zeros(len(rows)), pad_id=0)
@@ -121,14 +115,7 @@ def test_a_teacher_scored_on_the_rows_prompt_kv_equals_its_whole_prompt_scored_a
     chunk's prefix ends). Scored on the prompt keys and values the training forward kept,
     the completion's log-probs are those of the whole teacher prompt scored from scratch;
     and keeping them changes nothing the training forward computes."""
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
-    model.train()
-    if checkpointing:
-        if hasattr(model, "activation_checkpointing_enable"):
-            model.activation_checkpointing_enable({"use_reentrant": False})
-        else:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model = train_mode_model(tiny_model_dir, checkpointing=checkpointing)
     rows = _rows(60, [(30, 5), (2, 12), (17, 1), (9, 9)])
     t = rows_to_tensors(rows, torch.zeros(len(rows)), pad_id=0)
     ids = torch.cat([t["prompt_ids"], t["completion_ids"]], 1)
