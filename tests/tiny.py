@@ -21,3 +21,12 @@ def train_mode_model(model_dir: str, *, checkpointing: bool) -> Any:
         else:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     return model
+
+
+def row_inputs(rows: list[Any]) -> tuple[dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
+    """(the trainer's tensors of ``rows``, prompt + completion ids, their attention mask), laid out
+    as TRL lays rows out (``rows_to_tensors``, zero advantages)."""
+    from seed_agents.trainers.seed_trainer import rows_to_tensors
+
+    t = rows_to_tensors(rows, torch.zeros(len(rows)), pad_id=0)
+    return t, torch.cat([t["prompt_ids"], t["completion_ids"]], 1), torch.cat([t["prompt_mask"], t["completion_mask"]], 1)

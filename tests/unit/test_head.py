@@ -5,10 +5,9 @@ import pytest
 import torch
 
 from seed_agents.trainers.head import completion_logps, plain_head
-from seed_agents.trainers.seed_trainer import rows_to_tensors
 from seed_agents.trainers.shared_prefix import shared_prefix_logps
 from seed_agents.types import Row
-from tests.tiny import train_mode_model
+from tests.tiny import row_inputs, train_mode_model
 
 
 def _rows(shared: int, shapes: list[tuple[int, int]], seed: int = 5) -> list[Row]:
@@ -35,9 +34,7 @@ def _grads(model):
 def test_the_kept_positions_equal_the_full_head_with_gradients(tiny_model_dir, shared, checkpointing):
     model = train_mode_model(tiny_model_dir, checkpointing=checkpointing)
     rows = _rows(50, [(30, 20), (2, 31), (17, 7), (9, 26)])
-    t = rows_to_tensors(rows, torch.zeros(len(rows)), pad_id=0)
-    ids = torch.cat([t["prompt_ids"], t["completion_ids"]], 1)
-    mask = torch.cat([t["prompt_mask"], t["completion_mask"]], 1)
+    t, ids, mask = row_inputs(rows)
     c = t["completion_ids"].size(1)
     keep = t["loss_mask"].bool()
     assert 0 < int(keep.sum()) < int(t["completion_mask"].sum()), "the rows hold untrained positions"
@@ -71,9 +68,7 @@ def test_nothing_kept_still_backpropagates(tiny_model_dir):
     """A chunk whose rows train no token (all observation) gives a differentiable zero."""
     model = train_mode_model(tiny_model_dir, checkpointing=False)
     rows = _rows(10, [(5, 4), (3, 6)])
-    t = rows_to_tensors(rows, torch.zeros(2), pad_id=0)
-    ids = torch.cat([t["prompt_ids"], t["completion_ids"]], 1)
-    mask = torch.cat([t["prompt_mask"], t["completion_mask"]], 1)
+    t, ids, mask = row_inputs(rows)
     keep = torch.zeros_like(t["loss_mask"], dtype=torch.bool)
     lp, ent = completion_logps(model, ids, mask, t["completion_ids"].size(1), keep, compute_entropy=True)
     assert torch.all(lp == 0) and torch.all(ent == 0)

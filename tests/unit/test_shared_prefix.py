@@ -8,7 +8,7 @@ from seed_agents.trainers.seed_trainer import rows_to_tensors
 from seed_agents.backends.prefix import common_prefix_len, prefix_batches, prefix_groups, worth_sharing
 from seed_agents.trainers.shared_prefix import logps_on_prompt_kv, shared_prefix_logps, supported
 from seed_agents.types import Row
-from tests.tiny import train_mode_model
+from tests.tiny import row_inputs, train_mode_model
 
 
 def test_common_prefix_len():
@@ -71,9 +71,7 @@ def test_shared_prefix_equals_each_row_alone_with_gradients(tiny_model_dir, chec
     model = train_mode_model(tiny_model_dir, checkpointing=checkpointing)
     assert supported(model)
     rows = _rows(60, [(30, 5), (2, 12), (17, 1), (9, 9)])
-    t = rows_to_tensors(rows, torch.zeros(len(rows)), pad_id=0)
-    ids = torch.cat([t["prompt_ids"], t["completion_ids"]], 1)
-    mask = torch.cat([t["prompt_mask"], t["completion_mask"]], 1)
+    t, ids, mask = row_inputs(rows)
     keep = t["completion_ids"].size(1)
 
     model.zero_grad()
@@ -117,9 +115,7 @@ def test_a_teacher_scored_on_the_rows_prompt_kv_equals_its_whole_prompt_scored_a
     and keeping them changes nothing the training forward computes."""
     model = train_mode_model(tiny_model_dir, checkpointing=checkpointing)
     rows = _rows(60, [(30, 5), (2, 12), (17, 1), (9, 9)])
-    t = rows_to_tensors(rows, torch.zeros(len(rows)), pad_id=0)
-    ids = torch.cat([t["prompt_ids"], t["completion_ids"]], 1)
-    mask = torch.cat([t["prompt_mask"], t["completion_mask"]], 1)
+    t, ids, mask = row_inputs(rows)
     keep = t["completion_ids"].size(1)
     plain, _ = shared_prefix_logps(model, ids, mask, keep, 60)
     kept = []
