@@ -400,3 +400,32 @@ def test_tail_groups_split_where_padding_costs_more_than_a_forward():
     assert groups == [[1, 3, 2, 0], [7, 4, 6, 5]]
     assert sorted(i for g in groups for i in g) == list(range(8))
     assert tail_groups([10, 500], fixed_cost=10_000) == [[0, 1]]
+
+
+def test_the_head_at_the_trained_positions_leaves_the_update_as_it_was(tiny_model_dir, tokenizer, tmp_path):
+    """sampled_head: a SEED update (teacher and reference passes, KL and entropy terms on) on rows
+    with untrained completion positions, as merged rows have between calls: the same loss and
+    gradients as the head over every position. Fails if any pass reads a position the head skipped."""
+    trainer, _ = make_trainer(tiny_model_dir, tokenizer, tmp_path, opd_coef=1.0, beta=0.1, entropy_coef=0.1,
+                              gradient_checkpointing=True)
+    trainer._generate_and_score_completions([trainer.train_dataset[i % 2] for i in range(8)])
+    batch = trainer.last_batch
+    for row in batch.rows:  # the first half of each completion stands in for an environment's answer
+        row.loss_mask = [0] * (len(row.loss_mask) // 2) + row.loss_mask[len(row.loss_mask) // 2:]
+    assert any(0 in row.loss_mask for row in batch.rows) and all(1 in row.loss_mask for row in batch.rows)
+    trainer.model.train()
+    trainer.current_gradient_accumulation_steps = 1
+
+    def loss_and_grads(sampled_head):
+        trainer.args.sampled_head = sampled_head
+        inputs = trainer.score_batch(batch)
+        trainer.model.zero_grad()
+        loss = trainer._compute_loss(trainer.model, inputs)
+        loss.backward()
+        return loss.detach(), {n: p.grad.clone() for n, p in trainer.model.named_parameters() if p.grad is not None}
+
+    (full, grads_full), (sampled, grads_sampled) = loss_and_grads(False), loss_and_grads(True)
+    assert torch.allclose(full, sampled, atol=1e-5), (full, sampled)
+    assert grads_full.keys() == grads_sampled.keys() and grads_full
+    for name, g in grads_full.items():
+        assert torch.allclose(g, grads_sampled[name], atol=1e-5, rtol=1e-3), name
