@@ -13,6 +13,8 @@ its tokens/s mixes all of them. This one times decode alone: ``--batches`` of se
   batcher at T 0.7 with a seed each, so its per-row sampler, logprob capture and stop checks
   are in the figure; its own one-token call subtracted as its prefill (its longest row sets
   the steps: a row that samples its end early shortens none, as the batch runs on);
+- ``backend-concat``: the same with ``kv_cache="concat"``: transformers' own cache, which copies every
+  layer's keys and values at every token (the path before the in-place cache, the same numbers);
 - ``backend-static``: the same with ``kv_cache="static"`` (``backend.kv_cache``): keys and values
   written in place into buffers sized for the generation instead of concatenated every step.
 
@@ -186,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
             model.set_attn_implementation("sdpa")
         backends = {way: LocalBackend(model, tokenizer=tokenizer, max_batch_size=max(batches), compute_dtype=dtype,
                                       batch_wait_s=0.05, kv_cache=cache)
-                    for way, cache in (("backend", "dynamic"), ("backend-static", "static"))}
+                    for way, cache in (("backend", "dynamic"), ("backend-concat", "concat"), ("backend-static", "static"))}
         for b in batches:
             prompts = torch.randint(min(1000, vocab // 2), min(40000, vocab), (b, args.prompt), generator=gen)
             forward_step_s(model, prompts, 2, dtype)  # warm-up: allocations, oneDNN primitives

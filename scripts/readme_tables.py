@@ -613,6 +613,7 @@ def rollout_throughput(results: dict[str, Result]) -> list[str]:
 DECODE_GOAL = 0.5  # issue 21: rollout decode at half the bandwidth ceiling or more
 DECODE_WAYS = {"forward": "the bare model step (plain loop)", "generate": "transformers' generate",
                "backend": "LocalBackend (the rollouts' path)",
+               "backend-concat": "LocalBackend, kv_cache concat (transformers' cache)",
                "backend-static": "LocalBackend, kv_cache static"}
 
 
