@@ -38,6 +38,11 @@ SMOLLM2_CHAT_TEMPLATE = (
     "{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
 
+#: config fields that make a causal LM's logits something other than ``head(hidden)``: the
+#: trimmed heads (stage 1's completion head, the trainer's trained-positions head) leave such
+#: models on TRL's full path
+SCALED_LOGITS = ("final_logit_softcapping", "logit_scale", "output_multiplier", "lm_head_multiplier", "logits_scaling")
+
 
 ONLINE_ENV = "SEED_AGENTS_ONLINE"
 """Set to 1 (or pass ``seed-agents --online``) to let hub ids download. Offline is the

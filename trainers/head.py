@@ -23,8 +23,7 @@ from typing import Any
 import torch
 from trl.trainer.utils import entropy_from_logits, selective_log_softmax
 
-#: config fields that make a model's logits something other than ``head(hidden)``
-SCALED = ("final_logit_softcapping", "logit_scale", "output_multiplier", "lm_head_multiplier", "logits_scaling")
+from seed_agents.models import SCALED_LOGITS
 
 
 def plain_head(model: Any) -> tuple[torch.nn.Module, torch.nn.Module] | None:
@@ -38,7 +37,7 @@ def plain_head(model: Any) -> tuple[torch.nn.Module, torch.nn.Module] | None:
     if not (hasattr(lm, "get_decoder") and hasattr(lm, "get_output_embeddings")):
         return None
     text = lm.config.get_text_config()
-    if any(getattr(text, key, None) is not None for key in SCALED):
+    if any(getattr(text, key, None) is not None for key in SCALED_LOGITS):
         return None
     head = lm.get_output_embeddings()
     return (lm.get_decoder(), head) if head is not None else None

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from trl import SFTTrainer
 
-from seed_agents.trainers.head import SCALED
+from seed_agents.models import SCALED_LOGITS as SCALED
 
 IGNORE = -100
 
