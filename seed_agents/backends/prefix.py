@@ -54,15 +54,18 @@ def prefix_groups(seqs: list[list[int]]) -> list[tuple[list[int], int]]:
     ``worth_sharing``'s conditions (``MIN_PREFIX`` tokens, one token of its own left to each)."""
     order = sorted(range(len(seqs)), key=lambda i: seqs[i])
     n = len(order)
+    # neighbours' common prefixes, once: a run's is their minimum (the batch's prompts are long)
+    pair = [common_prefix_len([seqs[order[k]], seqs[order[k + 1]]]) for k in range(n - 1)]
     # best[j]: (tokens skipped, groups) over the first j sequences in token order
     best: list[tuple[int, list[tuple[list[int], int]]]] = [(0, [])]
     for j in range(1, n + 1):
         choice = (best[j - 1][0], best[j - 1][1])  # sequence j-1 in no group
+        common, shortest = len(seqs[order[j - 1]]), len(seqs[order[j - 1]])
         for i in range(j - 2, -1, -1):  # sequences i..j-1 as one group
-            members = [order[k] for k in range(i, j)]
-            shared = worth_sharing([seqs[k] for k in members])
-            if shared and best[i][0] + (j - i - 1) * shared > choice[0]:
-                choice = (best[i][0] + (j - i - 1) * shared, [*best[i][1], (sorted(members), shared)])
+            common, shortest = min(common, pair[i]), min(shortest, len(seqs[order[i]]))
+            shared = min(common, shortest - 1)  # worth_sharing's conditions, run by run
+            if shared >= MIN_PREFIX and best[i][0] + (j - i - 1) * shared > choice[0]:
+                choice = (best[i][0] + (j - i - 1) * shared, [*best[i][1], (sorted(order[i:j]), shared)])
         best.append(choice)
     return best[n][1]
 

@@ -142,3 +142,25 @@ def test_a_teacher_scored_on_the_rows_prompt_kv_equals_its_whole_prompt_scored_a
     assert torch.allclose(one[0, :1], want[2], atol=1e-4)  # a subset of the rows, in any order
     with pytest.raises(ValueError, match="keep one prompt token"):
         logps_on_prompt_kv(model, kept[0], [0], [shared[0]], [rows[0].completion_ids], [len(rows[0].completion_ids)])
+
+
+def test_prefix_groups_pick_the_best_runs_by_worth_sharings_own_rule():
+    """The DP reads a run's prefix from its neighbours' (computed once); it must choose exactly
+    what scoring every run with ``worth_sharing`` would (random batches, brute force)."""
+    import random
+
+    rng = random.Random(0)
+    for _ in range(200):
+        n = rng.randint(0, 7)
+        base = [rng.randint(0, 2) for _ in range(60)]
+        seqs = [base[:rng.randint(20, 60)] + [rng.randint(0, 3) for _ in range(rng.randint(1, 20))] for _ in range(n)]
+        order = sorted(range(n), key=lambda i: seqs[i])
+        best: list = [(0, [])]
+        for j in range(1, n + 1):
+            choice = best[j - 1]
+            for i in range(j - 2, -1, -1):
+                shared = worth_sharing([seqs[k] for k in order[i:j]])
+                if shared and best[i][0] + (j - i - 1) * shared > choice[0]:
+                    choice = (best[i][0] + (j - i - 1) * shared, [*best[i][1], (sorted(order[i:j]), shared)])
+            best.append(choice)
+        assert prefix_groups(seqs) == best[n][1], seqs
