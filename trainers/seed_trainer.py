@@ -314,7 +314,7 @@ class SEEDTrainer(GRPOTrainer):
                                                        autocast=self.accelerator.autocast, keep_kv=kept, keep=keep)
                 if kept:
                     self._fused_teacher(model, kept[0], rows, ids, p, [prompt_lens[i] for i in rows],
-                                        [completion_lens[i] for i in rows])
+                                        [completion_lens[i] for i in rows], keep=keep)
             elif keep is not None and plain_head(model) is not None:
                 logps, entropies = completion_logps(model, ids, mask, c, keep, compute_entropy=compute_entropy,
                                                     autocast=self.accelerator.autocast)
@@ -332,11 +332,13 @@ class SEEDTrainer(GRPOTrainer):
         return logps, entropies, None
 
     def _fused_teacher(self, model: Any, kv: PromptKV, rows: list[int], ids: torch.Tensor, prompt_width: int,
-                       prompt_lens: list[int], completion_lens: list[int]) -> None:
+                       prompt_lens: list[int], completion_lens: list[int], keep: torch.Tensor | None = None) -> None:
         """A loss chunk's teacher log-probs, scored on top of the prompt keys and values its
         forward kept (``fuse_teacher``): each teacher prompt shares its row's prompt up to
         where the skill went in. A row whose teacher shares nothing, or has no token of its
-        own before the completion, is left to a pass of its own."""
+        own before the completion, is left to a pass of its own. ``keep`` (the chunk's rows,
+        completion positions): where the loss reads the teacher (``sampled_head``; the OPD mask
+        is inside the loss mask), the head's only positions."""
         request = self._teacher_request
         assert request is not None
         local: list[int] = []
@@ -355,9 +357,12 @@ class SEEDTrainer(GRPOTrainer):
             tails.append(teacher[n:] + ids[j, prompt_width:prompt_width + completion_lens[j]].tolist())
             lens.append(completion_lens[j])
         for group in tail_groups([len(t) for t in tails]):
+            longest = max(lens[k] for k in group)
+            group_keep = None if keep is None else torch.stack(
+                [torch.nn.functional.pad(keep[local[k], :lens[k]], (0, longest - lens[k])) for k in group])
             got = logps_on_prompt_kv(model, kv, [local[k] for k in group], [shared[k] for k in group],
                                      [tails[k] for k in group], [lens[k] for k in group],
-                                     autocast=self.accelerator.autocast)
+                                     autocast=self.accelerator.autocast, keep=group_keep)
             for g, k in enumerate(group):
                 request.logps[rows[local[k]], :lens[k]] = got[g, :lens[k]].to(request.logps.dtype)
                 request.done[rows[local[k]]] = True

@@ -182,7 +182,8 @@ def shared_prefix_logps(model: Any, input_ids: torch.Tensor, attention_mask: tor
 
 
 def logps_on_prompt_kv(model: Any, kv: PromptKV, rows: list[int], shared: list[int], tails: list[list[int]],
-                       completion_lens: list[int], *, autocast: Any = contextlib.nullcontext) -> torch.Tensor:
+                       completion_lens: list[int], *, autocast: Any = contextlib.nullcontext,
+                       keep: torch.Tensor | None = None) -> torch.Tensor:
     """Log-probs of completions under other prompts that begin like the rows' own, computed
     on top of the rows' prompt keys and values instead of from the first token.
 
@@ -194,7 +195,10 @@ def logps_on_prompt_kv(model: Any, kv: PromptKV, rows: list[int], shared: list[i
     a skill put in (``skills.injector``): after the whole prompt, every prompt token is shared
     and the teacher computes the skill and the completion only. Returns (len(rows), longest
     completion), zero-padded; no gradient. Exact up to float rounding
-    (``tests/unit/test_shared_prefix.py`` against the whole prompt scored alone)."""
+    (``tests/unit/test_shared_prefix.py`` against the whole prompt scored alone). With ``keep``
+    ((len(rows), longest completion) bool, completion token j of row j's row at column j), the
+    head runs at those tokens only and the others are 0 (``trainers.head``; a model without a
+    plain head scores them all)."""
     dev = kv.prefix[0][0].device
     m, p = len(rows), kv.prefix_len
     idx = torch.tensor(rows, device=dev)
@@ -223,13 +227,23 @@ def logps_on_prompt_kv(model: Any, kv: PromptKV, rows: list[int], shared: list[i
                             torch.cat([pv.expand(m, -1, -1, -1), ov[idx]], dim=-2), i)
     mask = torch.cat([prefix_ok, own_ok, tail_mask.bool()], dim=1).to(torch.long)
     longest = max(completion_lens)
+    lens = torch.tensor(completion_lens, device=dev)
+    # completion token j of row i: column width - c_i + j, predicted at the column before it;
+    # ``at`` counts from the first of the last (longest + 1) columns
+    at = (longest - lens[:, None] + torch.arange(longest, device=dev)[None, :]).clamp(max=longest - 1)
+    valid = torch.arange(longest, device=dev)[None, :] < lens[:, None]
+    targets = tail_ids[:, width - longest:].gather(1, at)
+    parts = plain_head(model) if keep is not None else None
+    if parts is not None:
+        decoder, head = parts
+        with torch.no_grad(), _checkpointing(model, prefix=False), autocast():
+            hidden = decoder(input_ids=tail_ids, attention_mask=mask, position_ids=positions, use_cache=False,
+                             **{cache_kwarg(decoder): cache}).last_hidden_state[:, width - longest - 1:]
+            picked = hidden.gather(1, at[:, :, None].expand(-1, -1, hidden.size(-1)))
+            logps, _ = head_logps(picked, targets, keep.bool() & valid, head)
+        return logps
     with torch.no_grad(), _checkpointing(model, prefix=False), autocast():
         logits = model(input_ids=tail_ids, attention_mask=mask, position_ids=positions, use_cache=False,
                        logits_to_keep=longest + 1, **{cache_kwarg(model): cache}).logits
-    lens = torch.tensor(completion_lens, device=dev)
-    # completion token j of row i: column width - c_i + j, predicted at the column before it
-    at = (longest - lens[:, None] + torch.arange(longest, device=dev)[None, :]).clamp(max=longest - 1)
-    valid = torch.arange(longest, device=dev)[None, :] < lens[:, None]
     picked = logits.gather(1, at[:, :, None].expand(-1, -1, logits.size(-1))).float()
-    targets = tail_ids[:, width - longest:].gather(1, at)
     return torch.where(valid, selective_log_softmax(picked, targets), torch.zeros((), device=dev))

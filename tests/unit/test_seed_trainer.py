@@ -402,12 +402,17 @@ def test_tail_groups_split_where_padding_costs_more_than_a_forward():
     assert tail_groups([10, 500], fixed_cost=10_000) == [[0, 1]]
 
 
-def test_the_head_at_the_trained_positions_leaves_the_update_as_it_was(tiny_model_dir, tokenizer, tmp_path):
+@pytest.mark.parametrize("fuse", [False, True])
+def test_the_head_at_the_trained_positions_leaves_the_update_as_it_was(tiny_model_dir, tokenizer, tmp_path, fuse):
     """sampled_head: a SEED update (teacher and reference passes, KL and entropy terms on) on rows
     with untrained completion positions, as merged rows have between calls: the same loss and
-    gradients as the head over every position. Fails if any pass reads a position the head skipped."""
+    gradients as the head over every position. Fails if any pass reads a position the head skipped,
+    the teacher fused into the loss forward (``fuse_teacher``, skill after the prompt) included."""
+    from seed_agents.skills import make_injector
+
     trainer, _ = make_trainer(tiny_model_dir, tokenizer, tmp_path, opd_coef=1.0, beta=0.1, entropy_coef=0.1,
-                              gradient_checkpointing=True)
+                              gradient_checkpointing=True, injector=make_injector("last_turn" if fuse else "system"))
+    trainer.args.fuse_teacher = fuse
     trainer._generate_and_score_completions([trainer.train_dataset[i % 2] for i in range(8)])
     batch = trainer.last_batch
     for row in batch.rows:  # the first half of each completion stands in for an environment's answer
@@ -425,6 +430,7 @@ def test_the_head_at_the_trained_positions_leaves_the_update_as_it_was(tiny_mode
         return loss.detach(), {n: p.grad.clone() for n, p in trainer.model.named_parameters() if p.grad is not None}
 
     (full, grads_full), (sampled, grads_sampled) = loss_and_grads(False), loss_and_grads(True)
+    assert trainer._metrics["train"]["teacher/fused_rows"] == ([1.0, 1.0] if fuse else [])
     assert torch.allclose(full, sampled, atol=1e-5), (full, sampled)
     assert grads_full.keys() == grads_sampled.keys() and grads_full
     for name, g in grads_full.items():

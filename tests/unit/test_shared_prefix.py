@@ -138,6 +138,13 @@ def test_a_teacher_scored_on_the_rows_prompt_kv_equals_its_whole_prompt_scored_a
         n = len(r.completion_ids)
         assert torch.allclose(got[i, :n], want[i], atol=1e-4), (i, (got[i, :n] - want[i]).abs().max())
         assert (got[i, n:] == 0).all()
+    # the head at chosen completion tokens only (sampled_head): those equal, the others 0
+    lens = [len(r.completion_ids) for r in rows]
+    keep = torch.zeros_like(got, dtype=torch.bool)
+    keep[0, 1:4], keep[1, ::2], keep[3, -1] = True, True, True  # row 2 keeps nothing
+    keep[1, lens[1]:] = False
+    part = logps_on_prompt_kv(model, kept[0], sel, shared, tails, lens, keep=keep)
+    assert torch.allclose(part[keep], got[keep], atol=1e-5) and (part[~keep] == 0).all()
     one = logps_on_prompt_kv(model, kept[0], [2], [shared[2]], [tails[2]], [len(rows[2].completion_ids)])
     assert torch.allclose(one[0, :1], want[2], atol=1e-4)  # a subset of the rows, in any order
     with pytest.raises(ValueError, match="keep one prompt token"):
