@@ -5,12 +5,14 @@ full fine-tuning, stage 1 first) is run on up to four paths, side by side in one
 
 - ``before``: every prompt computed whole (``backend.reuse_kv false``: no shared batch
   prefix, no per-episode turn cache), transformers' concatenating KV cache (``backend.kv_cache
-  concat``), TRL's padded update layout (``trainer.chunk_tokens 0``, ``trainer.share_prefix
+  concat``) and ``generate`` (``backend.drop_finished false``), TRL's padded update layout (``trainer.chunk_tokens 0``, ``trainer.share_prefix
   false``, ``trainer.sampled_head false``), TRL's SFT head over every position in stage 1
   (``stage1.completion_head false``), fp32 everywhere;
-- ``previous``: the README's command before the LM head ran at the trained positions only
-  (``--no-trainer.sampled-head``), before the KV cache grew in place (``--backend.kv-cache
-  concat``) and before a batch's prompts shared prefixes by group (``--no-backend.prefix-groups``);
+- ``previous``: the README's command before a finished row left the decode's forward
+  (``--no-backend.drop-finished``: transformers' ``generate``), the path the results of
+  2026-12-07 call default (``demo_speed_reuse*``, whose ``previous`` side had the three levers
+  before it off as well: the LM head at every position, the concatenating cache, one prefix a
+  batch; each result file keeps its sides' settings);
 - ``fp32``: every reuse on, fp32 (``--backend.precision float32``): the README's first
   command until ``auto`` became the default;
 - ``default``: the README's first command as it is (precision and attention ``auto``: bf16
@@ -59,10 +61,11 @@ ITERATION_GOAL = 0.4
 STAGE1_GOAL = 0.5
 #: side -> the settings it changes from the embedded demo
 SIDES: dict[str, dict[str, Any]] = {
-    "before": {"backend": {"precision": "float32", "reuse_kv": False, "kv_cache": "concat", "prefix_groups": False},
+    "before": {"backend": {"precision": "float32", "reuse_kv": False, "kv_cache": "concat", "prefix_groups": False,
+                           "drop_finished": False},
                "trainer": {"chunk_tokens": 0, "share_prefix": False, "sampled_head": False},
                "stage1": {"completion_head": False}},
-    "previous": {"backend": {"kv_cache": "concat", "prefix_groups": False}, "trainer": {"sampled_head": False}},
+    "previous": {"backend": {"drop_finished": False}},
     "fp32": {"backend": {"precision": "float32"}},
     "default": {},
     "auto": {"backend": {"precision": "auto", "attention": "same"}},

@@ -28,7 +28,7 @@ def local_kwargs(cfg: BackendConfig, who: str = "local backend") -> dict[str, An
     fp32_attention, why_attention = resolve_attention(cfg.attention, dtype)
     print(f"{who} computes in {why}; {why_attention}", flush=True)
     return {"compute_dtype": dtype, "kv_cache": cfg.kv_cache, "fp32_attention": fp32_attention,
-            "prefix_groups": cfg.prefix_groups, **reuse_kwargs(cfg.reuse_kv)}
+            "prefix_groups": cfg.prefix_groups, "drop_finished": cfg.drop_finished, **reuse_kwargs(cfg.reuse_kv)}
 
 
 def make_backend(cfg: BackendConfig) -> tuple[Backend, Any]:

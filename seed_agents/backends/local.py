@@ -61,6 +61,7 @@ from transformers.cache_utils import DynamicCache, StaticCache
 
 from seed_agents.aio import stop_at_exit
 from seed_agents.backends.base import BackendError, CompletionPiece
+from seed_agents.backends.decode import sample_until_done
 from seed_agents.backends.grammar import grammar_mask
 from seed_agents.backends.growing_cache import GrowingCache
 from seed_agents.backends.prefix import cache_kwarg, prefix_groups, prefix_kv, worth_sharing
@@ -205,6 +206,7 @@ class LocalBackend:
         turn_cache_bytes: int = 1 << 30,
         kv_cache: Literal["dynamic", "static", "concat"] = "dynamic",
         fp32_attention: bool = False,
+        drop_finished: bool = True,
     ) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -242,6 +244,8 @@ class LocalBackend:
 
             attention_in_fp32(self.model)  # the model's (shared with the trainer: the update's too)
         self.batch_wait_s = batch_wait_s
+        # a finished row leaves the forward (seed_agents.backends.decode); false: transformers' generate
+        self.drop_finished = drop_finished
         self.share_prefix = share_prefix  # compute a batch's common prompt prefix once (seed_agents.backends.prefix)
         self.prefix_groups = prefix_groups  # ... once per group of rows that share more than the batch (prefix_groups)
         # an episode's next turn reads its last prompt's keys and values (seed_agents.backends.turn_cache)
@@ -485,13 +489,21 @@ class LocalBackend:
                 if params.top_p < 1.0:
                     processors.append(TopPLogitsWarper(params.top_p))
                 processors.append(_RowSampler([int(torch.randint(0, 2**62, ())) if s is None else s for s in seeds]))
-            out = self.model.generate(input_ids=input_ids, attention_mask=attention, generation_config=cfg,
-                                      stopping_criteria=_stopping_criteria(should_stop), streamer=streamer,
-                                      logits_processor=processors, **extra)
-        width = input_ids.shape[1]
-        self._keep_turns(out.past_key_values, attention, prompts, owners)
-        new = out.sequences[:, width:]
-        logps = torch.stack(out.logits, dim=1).float().log_softmax(-1)  # [B, T, V]
+            if self.drop_finished:
+                key = cache_kwarg(self.model)
+                new, raw = sample_until_done(
+                    self.model, input_ids, attention, cache=extra.get(key), cache_kwarg=key,
+                    position_ids=extra.get("position_ids"), processors=processors, stop_ids=sorted(stop),
+                    max_new=params.max_tokens, pad_id=self.pad_id, streamer=streamer,
+                    should_stop=lambda: should_stop() or _IN_FLIGHT.shutting_down.is_set(),
+                    after_prefill=lambda cache: self._store_turns(cache, attention, prompts, owners))
+            else:
+                out = self.model.generate(input_ids=input_ids, attention_mask=attention, generation_config=cfg,
+                                          stopping_criteria=_stopping_criteria(should_stop), streamer=streamer,
+                                          logits_processor=processors, **extra)
+                self._store_turns(out.past_key_values, attention, prompts, owners)
+                new, raw = out.sequences[:, input_ids.shape[1]:], out.logits
+        logps = torch.stack(raw, dim=1).float().log_softmax(-1)  # [B, T, V]
         tok_logps = logps.gather(-1, new.unsqueeze(-1)).squeeze(-1)
         if mask is not None:  # the logprob under the mask the token was sampled from, as vLLM reports it
             tok_logps = tok_logps - mask.log_mass_B_T(tok_logps.shape[1])
@@ -587,19 +599,19 @@ class LocalBackend:
                 cache.update(k, v, i)
         return cache
 
-    def _keep_turns(self, past: Any, attention: torch.Tensor, prompts: list[list[int]], owners: list[Any]) -> None:
+    def _store_turns(self, past: Any, attention: torch.Tensor, prompts: list[list[int]], owners: list[Any]) -> None:
         """Each row's prompt keys and values, copied out of the batch's cache, as its
-        episode's turn-cache entry (the columns its mask marks real, in order)."""
+        episode's turn-cache entry (the columns its mask marks real, in order). Called with
+        the lock held, right after the prefill (before any finished row leaves the cache)."""
         if self.turn_cache.max_bytes == 0 or all(o is None for o in owners) or not isinstance(past, (DynamicCache, StaticCache)):
             return
         width = attention.shape[1]
-        with self._lock:
-            for i, (owner, prompt) in enumerate(zip(owners, prompts)):
-                if owner is None:
-                    continue
-                real = attention[i].bool()
-                # boolean indexing copies: the entry owns its memory, the batch's cache can go
-                kv = [(layer.keys[i:i + 1, :, :width][:, :, real], layer.values[i:i + 1, :, :width][:, :, real])
-                      for layer in past.layers]
-                if kv and kv[0][0].shape[2] == len(prompt):
-                    self.turn_cache.store(owner, prompt, kv)
+        for i, (owner, prompt) in enumerate(zip(owners, prompts)):
+            if owner is None:
+                continue
+            real = attention[i].bool()
+            # boolean indexing copies: the entry owns its memory, the batch's cache can go
+            kv = [(layer.keys[i:i + 1, :, :width][:, :, real], layer.values[i:i + 1, :, :width][:, :, real])
+                  for layer in past.layers]
+            if kv and kv[0][0].shape[2] == len(prompt):
+                self.turn_cache.store(owner, prompt, kv)

@@ -87,6 +87,8 @@ def cache_key(cfg: TrainConfig, base: str) -> str:
         settings["kv_cache"] = cfg.backend.kv_cache
     if not cfg.backend.prefix_groups:
         settings["prefix_groups"] = False
+    if not cfg.backend.drop_finished:  # generate: the same tokens up to float rounding
+        settings["drop_finished"] = False
     # as resolved too: `auto` keys with the explicit choice it makes on this machine
     if resolve_attention(cfg.backend.attention, dtype)[0]:
         settings["attention"] = "float32"
@@ -139,7 +141,7 @@ def build(cfg: TrainConfig, base: str, root: Path, suite: EnvSuite | None = None
         "backend": {"kind": "local", "model": base, "max_batch_size": cfg.backend.max_batch_size,
                     "precision": cfg.backend.precision, "reuse_kv": cfg.backend.reuse_kv,
                     "kv_cache": cfg.backend.kv_cache, "attention": cfg.backend.attention,
-                    "prefix_groups": cfg.backend.prefix_groups},
+                    "prefix_groups": cfg.backend.prefix_groups, "drop_finished": cfg.backend.drop_finished},
         "sampling": {"max_tokens": cfg.sampling.max_tokens, "temperature": s.temperature},
         "runner": {"group_size": s.group_size, "concurrency": cfg.runner.concurrency, "progress": cfg.runner.progress},
         "agent": cfg.agent.model_dump(), "analyzer": {"kind": "rule_based"},

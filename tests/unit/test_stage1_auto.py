@@ -108,7 +108,8 @@ def test_cache_key_changes_with_every_setting_that_changes_the_model():
                  {"backend": {"reuse_kv": False}},
                  {"stage1": {"completion_head": False}}, {"skills": {"answer_format": "workflow"}},
                  {"skills": {"failures": "skip"}}, {"backend": {"kv_cache": "static"}},
-                 {"backend": {"precision": "bfloat16", "attention": "float32"}}]:
+                 {"backend": {"precision": "bfloat16", "attention": "float32"}},
+                 {"backend": {"prefix_groups": False}}, {"backend": {"drop_finished": False}}]:
         assert _key(over) != base, over
     assert _key({}, "/other") != base
     # fp32 attention is bf16's option: in fp32 it changes nothing, so neither does the key

@@ -1,0 +1,92 @@
+"""The local backend's decode loop: a row that has sampled its stop token leaves the forward.
+
+transformers' ``generate`` runs every row of a batch until the longest one ends; a finished
+row keeps going through the model on padding. On the embedded demo the hindsight batch's
+skills end after 36-44 tokens but one runs to 73, and an agent's action ends after a few of
+its 16 tokens: most of a batch's late steps computed rows nobody reads. ``generate`` cannot
+shrink a batch as it runs (its loop, caches and criteria assume a fixed one), so this loop is
+written here, doing what ``generate``'s sampling loop does with one difference: the model runs
+on the unfinished rows only (the cache keeps their rows, ``Cache.batch_select_indices``).
+
+Everything a row's tokens depend on is what ``generate`` gives it: the logits processors see
+the whole batch at every step, as there (a finished row's logits are zeros and its token is
+padding, which nothing reads), so each row's sampler draws from its own generator exactly as
+often as before and the grammar masks see the same ids; logits are cast to fp32 before the
+processors, the raw ones kept for the log-probs. The numbers are ``generate``'s up to float
+rounding (a forward over fewer rows may round a product differently); ids and log-probs are
+compared in ``tests/unit/test_decode.py``. ``backend.drop_finished false`` keeps ``generate``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from transformers.cache_utils import DynamicCache
+
+
+def can_drop_rows(cache: Any) -> bool:
+    """Whether rows can leave ``cache`` mid-generation (a dynamic cache; a static one keeps
+    its fixed batch, and its rows run to the end as in ``generate``)."""
+    return cache is None or isinstance(cache, DynamicCache)
+
+
+def sample_until_done(model: Any, input_ids: torch.Tensor, attention: torch.Tensor, *, cache: Any, cache_kwarg: str,
+                      position_ids: torch.Tensor | None, processors: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+                      stop_ids: Sequence[int], max_new: int, pad_id: int, should_stop: Callable[[], bool] = lambda: False,
+                      streamer: Any = None,
+                      after_prefill: Callable[[Any], None] | None = None) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """Decode up to ``max_new`` tokens a row; (new ids [B, steps], each step's raw fp32 logits [B, V]).
+
+    ``input_ids``/``attention`` span every column, those ``cache`` already holds first (as
+    ``generate`` takes them). A row's ids after its stop token are ``pad_id``; ``should_stop()`` ends the whole batch after
+    the step it turns true. ``after_prefill(cache)`` sees the cache holding every row's prompt
+    (before any row leaves it: the turn cache copies prompts out of it). Rows leave the forward
+    only where ``can_drop_rows(cache)``."""
+    batch = input_ids.shape[0]
+    if cache is None:
+        cache = DynamicCache()
+    if position_ids is None:  # generate's: the count of real tokens before, 0 on padding
+        position_ids = (attention.cumsum(1) - 1).masked_fill(attention == 0, 0)
+    droppable = can_drop_rows(cache)
+    stops = torch.tensor(sorted(set(stop_ids)), dtype=torch.long)
+    ids, mask = input_ids, attention
+    # the cache may already hold the first columns (a shared prefix, an episode's last turn): the
+    # prefill computes the rest, the mask still spans them all (generate slices the same way)
+    past = cache.get_seq_length()
+    step_ids, step_pos = input_ids[:, past:], position_ids[:, past:]
+    last_pos = position_ids[:, -1]  # of each row in the forward, the position of its last token
+    active = torch.arange(batch)
+    unfinished = torch.ones(batch, dtype=torch.bool)
+    raw_steps: list[torch.Tensor] = []
+    if streamer is not None:
+        streamer.put(input_ids.cpu())
+    for step in range(max_new):
+        out = model(input_ids=step_ids, attention_mask=mask[active], position_ids=step_pos, use_cache=True,
+                    logits_to_keep=1, **{cache_kwarg: cache})
+        if step == 0 and after_prefill is not None:
+            after_prefill(cache)
+        logits = out.logits[:, -1].to(copy=True, dtype=torch.float32)
+        if len(active) < batch:  # finished rows: zeros, never read
+            logits = logits.new_zeros((batch, logits.shape[-1])).index_copy_(0, active, logits)
+        raw_steps.append(logits)
+        chosen = processors(ids, logits).argmax(-1)
+        chosen = torch.where(unfinished, chosen, torch.full_like(chosen, pad_id))
+        ids = torch.cat([ids, chosen[:, None]], dim=1)
+        mask = torch.cat([mask, mask.new_ones((batch, 1))], dim=1)
+        if streamer is not None:
+            streamer.put(chosen.cpu())
+        unfinished &= ~torch.isin(chosen, stops)
+        if should_stop() or not unfinished.any():
+            break
+        if droppable and not bool(unfinished[active].all()):
+            kept = unfinished[active].nonzero().squeeze(-1)
+            cache.batch_select_indices(kept)
+            active, last_pos = active[kept], last_pos[kept]
+        step_ids = chosen[active][:, None]
+        last_pos = last_pos + 1
+        step_pos = last_pos[:, None]
+    if streamer is not None:
+        streamer.end()
+    return ids[:, input_ids.shape[1]:], raw_steps
