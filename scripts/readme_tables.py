@@ -238,6 +238,17 @@ def run_memory(results: dict[str, Result]) -> list[str]:
             "", f"Both sides logged {same} rows and losses, update for update."]
 
 
+def side_flags(settings: dict[str, Any]) -> str:
+    """A side's settings as the flags that set them: {"backend": {"kv_cache": "concat",
+    "drop_finished": False}} -> "--backend.kv-cache concat --no-backend.drop-finished"."""
+    flags = []
+    for section, values in settings.items():
+        for key, value in values.items():
+            flag = f"{section}.{key}".replace("_", "-")
+            flags.append(f"--no-{flag}" if value is False else f"--{flag}" if value is True else f"--{flag} {value}")
+    return " ".join(flags)
+
+
 def demo_speed(results: dict[str, Result], name: str = "demo_speed") -> list[str]:
     """The README's first command on each path: stage 1 and one iteration, against the first side."""
     r = one(results, name)
@@ -246,10 +257,12 @@ def demo_speed(results: dict[str, Result], name: str = "demo_speed") -> list[str
     base = sides[0]
     names = {"before": "before (fp32, every prompt whole, TRL's padded update and SFT head)",
              "fp32": "fp32 (`--backend.precision float32`, the README's command before auto)",
-             "previous": "previous (`--no-trainer.sampled-head --backend.kv-cache concat --no-backend.prefix-groups`, the README's command before them)",
+
              # the files before 2026-12-07 ran the README's command in fp32, those after in auto
              "default": "default (the README's command when run)", "auto": "`--backend.precision auto` (bf16 attention)",
              "auto-attn32": "`--backend.precision auto --backend.attention float32`"}
+    if "previous" in c.get("side_settings", {}):  # what `previous` switched back changed over time
+        names["previous"] = f"previous (`{side_flags(c['side_settings']['previous'])}`: the README's command, these switched back)"
     stage1 = x.get("stage1", {})
     rows = []
     for side in sides:

@@ -649,3 +649,10 @@ def test_a_capture_row_whose_graph_side_ran_faster_claims_no_goal():
     fake, local = rows[-2], rows[-1]
     assert "goal <= 5: met" in fake and "missed" in fake
     assert "met" not in local and "not resolved" in local and "-144.00 ms" in local
+
+
+def test_a_sides_label_names_the_flags_its_own_file_switched():
+    """`previous` meant other settings in other files: each table names its own file's."""
+    assert tables.side_flags({"backend": {"kv_cache": "concat", "drop_finished": False},
+                                     "trainer": {"sampled_head": False, "share_prefix": True}}) == (
+        "--backend.kv-cache concat --no-backend.drop-finished --no-trainer.sampled-head --trainer.share-prefix")
