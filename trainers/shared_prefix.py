@@ -196,7 +196,7 @@ def logps_on_prompt_kv(model: Any, kv: PromptKV, rows: list[int], shared: list[i
     and the teacher computes the skill and the completion only. Returns (len(rows), longest
     completion), zero-padded; no gradient. Exact up to float rounding
     (``tests/unit/test_shared_prefix.py`` against the whole prompt scored alone). With ``keep``
-    ((len(rows), longest completion) bool, completion token j of row j's row at column j), the
+    ((len(rows), longest completion) bool, entry (i, j) for completion token j of ``rows[i]``), the
     head runs at those tokens only and the others are 0 (``trainers.head``; a model without a
     plain head scores them all)."""
     dev = kv.prefix[0][0].device
