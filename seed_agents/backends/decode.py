@@ -32,6 +32,17 @@ def can_drop_rows(cache: Any) -> bool:
     return cache is None or isinstance(cache, DynamicCache)
 
 
+def fewest_moves(keep: torch.Tensor) -> torch.Tensor:
+    """The kept rows' indices in the order that moves the fewest: a kept row among the first
+    ``n`` (the kept count) stays in its slot, the kept rows past ``n`` fill the gaps in order.
+    (A cache may then move rows within its buffers: ``GrowingLayer.batch_select_indices``.)"""
+    kept = keep.nonzero().squeeze(-1)
+    n = len(kept)
+    order = torch.arange(n)
+    order[~keep[:n]] = kept[kept >= n]
+    return order
+
+
 def sample_until_done(model: Any, input_ids: torch.Tensor, attention: torch.Tensor, *, cache: Any, cache_kwarg: str,
                       position_ids: torch.Tensor | None, processors: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
                       stop_ids: Sequence[int], max_new: int, pad_id: int, should_stop: Callable[[], bool] = lambda: False,
@@ -81,7 +92,7 @@ def sample_until_done(model: Any, input_ids: torch.Tensor, attention: torch.Tens
         if should_stop() or not unfinished.any():
             break
         if droppable and not bool(unfinished[active].all()):
-            kept = unfinished[active].nonzero().squeeze(-1)
+            kept = fewest_moves(unfinished[active])
             cache.batch_select_indices(kept)
             active, last_pos = active[kept], last_pos[kept]
         step_ids = chosen[active][:, None]

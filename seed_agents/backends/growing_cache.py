@@ -55,6 +55,28 @@ class GrowingLayer(DynamicLayer):
         self._views = (self.keys, self.values)
         return self.keys, self.values
 
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        """Keep the rows ``indices`` names, row ``indices[j]`` as row j. Where every moved row
+        comes from past the kept count (``seed_agents.backends.decode`` orders a shrinking batch
+        so), the rows move within the buffers: no new buffers, and a kept row in place is not
+        copied at all. Any other order: transformers' (copies, then new buffers at the next
+        update)."""
+        order = indices.tolist()
+        n = len(order)
+        in_place = (self._k is not None and self.keys is self._views[0] and len(set(order)) == n
+                    and all(src == j or src >= n for j, src in enumerate(order)))
+        if not in_place:
+            super().batch_select_indices(indices)
+            return
+        assert self._k is not None and self._v is not None
+        for j, src in enumerate(order):
+            if src != j:
+                self._k[j, :, :self._len] = self._k[src, :, :self._len]
+                self._v[j, :, :self._len] = self._v[src, :, :self._len]
+        self._k, self._v = self._k[:n], self._v[:n]
+        self.keys, self.values = self._k[:, :, :self._len], self._v[:, :, :self._len]
+        self._views = (self.keys, self.values)
+
     def _restart(self) -> None:
         """Adopt whatever ``keys``/``values`` hold now (empty after lazy initialization)."""
         self._k = self._v = None

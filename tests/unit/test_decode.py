@@ -4,6 +4,7 @@ changes: the decode loop against transformers' ``generate`` on the same batches.
 import pytest
 import torch
 
+from seed_agents.backends.decode import fewest_moves
 from seed_agents.backends.local import LocalBackend
 from seed_agents.types import SamplingParams
 
@@ -91,3 +92,13 @@ def test_should_stop_ends_the_batch_and_a_grammar_still_holds(tiny_model_dir):
     assert [c.token_ids for c in got[0]] == [c.token_ids for c in got[1]]
     for a, b in zip(*got):
         assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-4
+
+
+def test_a_shrinking_batch_keeps_rows_in_their_slots_and_fills_the_gaps_from_the_end():
+    for keep in ([1, 0, 1, 1, 0, 1, 1, 0], [0, 0, 0, 1], [1, 1, 1, 0], [1, 1], [0, 1, 0, 1, 1, 0, 0, 1]):
+        mask = torch.tensor(keep, dtype=torch.bool)
+        order = fewest_moves(mask).tolist()
+        assert sorted(order) == mask.nonzero().squeeze(-1).tolist()
+        n = len(order)
+        assert all(src == j or src >= n for j, src in enumerate(order)), (keep, order)
+    assert fewest_moves(torch.tensor([1, 0, 1, 1, 0, 1, 1, 0], dtype=torch.bool)).tolist() == [0, 5, 2, 3, 6]

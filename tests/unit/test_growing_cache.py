@@ -1,6 +1,7 @@
 """The in-place growing KV cache holds what transformers' concatenating one holds, and the
 local backend samples the same tokens and log-probs with it, bit for bit."""
 
+import pytest
 import torch
 from transformers.cache_utils import DynamicCache
 
@@ -9,7 +10,8 @@ from seed_agents.backends.local import LocalBackend
 from seed_agents.types import SamplingParams
 
 
-def test_it_holds_what_the_concatenating_cache_holds_through_growth_and_reselection():
+@pytest.mark.parametrize("kept", [[0, 2], [2, 0]])  # rows moved within the buffers; any other order
+def test_it_holds_what_the_concatenating_cache_holds_through_growth_and_reselection(kept):
     torch.manual_seed(0)
     start = [(torch.randn(3, 2, 5, 4), torch.randn(3, 2, 5, 4).bfloat16()) for _ in range(2)]
     want, got = DynamicCache(ddp_cache_data=start), GrowingCache(start, value_dtype=torch.float32, reserve=2)
@@ -20,9 +22,12 @@ def test_it_holds_what_the_concatenating_cache_holds_through_growth_and_reselect
             wk, wv = want.update(k, v, layer)
             gk, gv = got.update(k, v, layer)
             assert torch.equal(gk, wk) and gv.dtype == torch.float32 and torch.equal(gv, wv.float())
-        if step == 4:  # generate drops finished rows this way in some modes: the layer must follow
+        if step == 4:  # the decode loop drops finished rows this way: the layer must follow
+            buffer = got.layers[0]._k
             for cache in (want, got):
-                cache.batch_select_indices(torch.tensor([0, 2]))
+                cache.batch_select_indices(torch.tensor(kept))
+            moved_in_place = got.layers[0].keys.untyped_storage().data_ptr() == buffer.untyped_storage().data_ptr()
+            assert moved_in_place == (kept == [0, 2])
             rows = 2
     assert got.get_seq_length() == want.get_seq_length() == 15
     assert got.layers[0]._k.shape[-2] > 15, "the buffer has room to spare"
