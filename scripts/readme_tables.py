@@ -1070,6 +1070,21 @@ def against_nearest_curve(results: dict[str, Result], name: str) -> list[str]:
     return out
 
 
+def decode_drop(results: dict[str, Result]) -> list[str]:
+    """One recorded iteration's calls replayed with finished rows kept in the forward and left out."""
+    r = one(results, "decode_drop")
+    c, x = r.config, r.results
+    sec, ratio = x["seconds"], x["ratio"]
+    what = (f"iteration {c['iteration']} of a recorded run replayed, {x['rows']} rows in {len(x['batches'])} batches, "
+            f"median of {c['repeats']}, the ways alternating" + (f"; {c['note']}" if c.get("note") else ""))
+    names = {"agent": "agent turns", "hindsight": "hindsight batch", "total": "both"}
+    rows = [[names[k], f"{sec['generate'][k]:.2f} s", f"{sec['drop'][k]:.2f} s", f"{ratio[k]:.3f}"]
+            for k in ("agent", "hindsight", "total")]
+    return [source_line(r, what), "",
+            *table(["calls", "every row to the end (`generate`)", "finished rows leave (`drop_finished`)", "ratio"], rows),
+            "", f"Rows that sampled the same ids both ways: {x['rows_same_ids']}/{x['rows']}."]
+
+
 RENDERERS: dict[str, Callable[[dict[str, Result]], list[str]]] = {
     "determinism": determinism, "tool_agent": tool_agent, "continual_demo": continual_demo,
     "continual_demo_atlas": continual_demo_atlas,
@@ -1080,7 +1095,7 @@ RENDERERS: dict[str, Callable[[dict[str, Result]], list[str]]] = {
     "rollout_throughput": rollout_throughput, "atlas_band": atlas_band, "continual_atlas": continual_atlas,
     "update_throughput": update_throughput, "learning_curve": learning_curve, "skill_scoring_speed": skill_scoring_speed,
     "atlas_skills": atlas_skills, "page_faults": page_faults, "learning_summary": learning_summary,
-    "decode_profile": decode_profile}
+    "decode_profile": decode_profile, "decode_drop": decode_drop}
 
 #: Benchmarks that write variants under another name (``--result-name NAME_variant``): a
 #: marker ``results:NAME_variant`` renders that file with its family's table.
