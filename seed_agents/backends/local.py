@@ -470,14 +470,6 @@ class LocalBackend:
         if self.tokenizer.eos_token_id is not None:
             stop.add(int(self.tokenizer.eos_token_id))
         input_ids, attention, extra = self._layout(prompts, owners, params.max_tokens)
-        # A fresh GenerationConfig: the checkpoint's defaults (top_k=50, repetition
-        # penalty, ...) would silently change the distribution we claim to sample from.
-        # Greedy decoding throughout: sampling is the processors' (``_RowSampler``).
-        cfg = GenerationConfig(
-            max_new_tokens=params.max_tokens, do_sample=False, temperature=None, top_p=None,
-            top_k=None, eos_token_id=sorted(stop), pad_token_id=self.pad_id,
-            output_logits=True, return_dict_in_generate=True, disable_compile=True,
-        )
         mask = grammar_mask(params.structural_tag, self.tokenizer, self.model.config.vocab_size, len(prompts), stop)
         if mask is not None and on_token is not None:
             on_token = mask.streamed(on_token)
@@ -498,6 +490,14 @@ class LocalBackend:
                     should_stop=lambda: should_stop() or _IN_FLIGHT.shutting_down.is_set(),
                     after_prefill=lambda cache: self._store_turns(cache, attention, prompts, owners))
             else:
+                # A fresh GenerationConfig: the checkpoint's defaults (top_k=50, repetition
+                # penalty, ...) would silently change the distribution we claim to sample from.
+                # Greedy decoding throughout: sampling is the processors' (``_RowSampler``).
+                cfg = GenerationConfig(
+                    max_new_tokens=params.max_tokens, do_sample=False, temperature=None, top_p=None,
+                    top_k=None, eos_token_id=sorted(stop), pad_token_id=self.pad_id,
+                    output_logits=True, return_dict_in_generate=True, disable_compile=True,
+                )
                 out = self.model.generate(input_ids=input_ids, attention_mask=attention, generation_config=cfg,
                                           stopping_criteria=_stopping_criteria(should_stop), streamer=streamer,
                                           logits_processor=processors, **extra)

@@ -403,7 +403,8 @@ def test_tail_groups_split_where_padding_costs_more_than_a_forward():
 
 
 @pytest.mark.parametrize("fuse", [False, True])
-def test_the_head_at_the_trained_positions_leaves_the_update_as_it_was(tiny_model_dir, tokenizer, tmp_path, fuse):
+def test_the_head_at_the_trained_positions_leaves_the_update_as_it_was(tiny_model_dir, tokenizer, tmp_path, fuse,
+                                                                        monkeypatch):
     """sampled_head: a SEED update (teacher and reference passes, KL and entropy terms on) on rows
     with untrained completion positions, as merged rows have between calls: the same loss and
     gradients as the head over every position. Fails if any pass reads a position the head skipped,
@@ -420,6 +421,12 @@ def test_the_head_at_the_trained_positions_leaves_the_update_as_it_was(tiny_mode
     assert any(0 in row.loss_mask for row in batch.rows) and all(1 in row.loss_mask for row in batch.rows)
     trainer.model.train()
     trainer.current_gradient_accumulation_steps = 1
+    import seed_agents.trainers.seed_trainer as seed_module
+
+    teachers = []
+    objective = seed_module.seed_objective
+    monkeypatch.setattr(seed_module, "seed_objective",
+                        lambda *a, **kw: teachers.append(kw["teacher_logp_B_T"].detach().clone()) or objective(*a, **kw))
 
     def loss_and_grads(sampled_head):
         trainer.args.sampled_head = sampled_head
@@ -431,6 +438,9 @@ def test_the_head_at_the_trained_positions_leaves_the_update_as_it_was(tiny_mode
 
     (full, grads_full), (sampled, grads_sampled) = loss_and_grads(False), loss_and_grads(True)
     assert trainer._metrics["train"]["teacher/fused_rows"] == ([1.0, 1.0] if fuse else [])
+    # the head skipped the untrained positions in the teacher's pass too: they read 0 there only
+    untrained = ~trainer.score_batch(batch)["loss_mask"].bool() & (teachers[0] != 0)
+    assert untrained.any() and (teachers[1][untrained] == 0).all()
     assert torch.allclose(full, sampled, atol=1e-5), (full, sampled)
     assert grads_full.keys() == grads_sampled.keys() and grads_full
     for name, g in grads_full.items():
