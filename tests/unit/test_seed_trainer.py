@@ -79,6 +79,25 @@ def test_seed_step_with_lambda_zero_equals_trl_grpo_loss(tiny_model_dir, tokeniz
     assert not torch.allclose(trainer._compute_loss(trainer.model, inputs), theirs)
 
 
+def _record_teachers(monkeypatch):
+    """The teacher log-probs each SEED loss is handed, in call order (seed_objective wrapped)."""
+    import seed_agents.trainers.seed_trainer as seed_module
+
+    seen = []
+    objective = seed_module.seed_objective
+    monkeypatch.setattr(seed_module, "seed_objective",
+                        lambda *a, **kw: seen.append(kw["teacher_logp_B_T"].detach().clone()) or objective(*a, **kw))
+    return seen
+
+
+def _loss_and_grads(trainer, inputs):
+    """One loss and its gradients on ``inputs``, from zeroed gradients."""
+    trainer.model.zero_grad()
+    loss = trainer._compute_loss(trainer.model, inputs)
+    loss.backward()
+    return loss.detach(), {n: p.grad.clone() for n, p in trainer.model.named_parameters() if p.grad is not None}
+
+
 @pytest.mark.parametrize("injector", ["system", "last_turn"])
 def test_a_fused_teacher_gives_the_loss_what_a_teacher_pass_of_its_own_does(tiny_model_dir, tokenizer, tmp_path,
                                                                             monkeypatch, injector):
@@ -97,19 +116,13 @@ def test_a_fused_teacher_gives_the_loss_what_a_teacher_pass_of_its_own_does(tiny
     assert all(p is not None for p in batch.teacher_prompt_ids)
     trainer.model.train()
     trainer.current_gradient_accumulation_steps = 1
-    seen = []
-    objective = seed_module.seed_objective
-    monkeypatch.setattr(seed_module, "seed_objective",
-                        lambda *a, **kw: seen.append(kw["teacher_logp_B_T"].detach().clone()) or objective(*a, **kw))
+    seen = _record_teachers(monkeypatch)
 
     def loss_and_grads(fuse):
         trainer.args.fuse_teacher = fuse
         inputs = trainer.score_batch(batch)
         assert ("teacher_prompt_ids" in inputs) == fuse
-        trainer.model.zero_grad()
-        loss = trainer._compute_loss(trainer.model, inputs)
-        loss.backward()
-        return loss.detach(), {n: p.grad.clone() for n, p in trainer.model.named_parameters() if p.grad is not None}
+        return _loss_and_grads(trainer, inputs)
 
     (alone, grads_alone), (fused, grads_fused) = loss_and_grads(False), loss_and_grads(True)
     assert trainer._metrics["train"]["teacher/fused_rows"] == [1.0]
@@ -421,20 +434,11 @@ def test_the_head_at_the_trained_positions_leaves_the_update_as_it_was(tiny_mode
     assert any(0 in row.loss_mask for row in batch.rows) and all(1 in row.loss_mask for row in batch.rows)
     trainer.model.train()
     trainer.current_gradient_accumulation_steps = 1
-    import seed_agents.trainers.seed_trainer as seed_module
-
-    teachers = []
-    objective = seed_module.seed_objective
-    monkeypatch.setattr(seed_module, "seed_objective",
-                        lambda *a, **kw: teachers.append(kw["teacher_logp_B_T"].detach().clone()) or objective(*a, **kw))
+    teachers = _record_teachers(monkeypatch)
 
     def loss_and_grads(sampled_head):
         trainer.args.sampled_head = sampled_head
-        inputs = trainer.score_batch(batch)
-        trainer.model.zero_grad()
-        loss = trainer._compute_loss(trainer.model, inputs)
-        loss.backward()
-        return loss.detach(), {n: p.grad.clone() for n, p in trainer.model.named_parameters() if p.grad is not None}
+        return _loss_and_grads(trainer, trainer.score_batch(batch))
 
     (full, grads_full), (sampled, grads_sampled) = loss_and_grads(False), loss_and_grads(True)
     assert trainer._metrics["train"]["teacher/fused_rows"] == ([1.0, 1.0] if fuse else [])
