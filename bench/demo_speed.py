@@ -6,13 +6,15 @@ full fine-tuning, stage 1 first) is run on up to four paths, side by side in one
 - ``before``: every prompt computed whole (``backend.reuse_kv false``: no shared batch
   prefix, no per-episode turn cache), transformers' concatenating KV cache (``backend.kv_cache
   concat``) and ``generate`` (``backend.drop_finished false``), TRL's padded update layout (``trainer.chunk_tokens 0``, ``trainer.share_prefix
-  false``, ``trainer.sampled_head false``), TRL's SFT head over every position in stage 1
+  false``, ``trainer.sampled_head false``, every activation recomputed in backward: ``trainer.keep_activations_gb
+  0``), TRL's SFT head over every position in stage 1
   (``stage1.completion_head false``), fp32 everywhere;
-- ``previous``: the README's command before a finished row left the decode's forward
-  (``--no-backend.drop-finished``: transformers' ``generate``), the path the results of
-  2026-12-07 call default (``demo_speed_reuse*``, whose ``previous`` side had the three levers
-  before it off as well: the LM head at every position, the concatenating cache, one prefix a
-  batch; each result file keeps its sides' settings);
+- ``previous``: the README's command with every update's activations recomputed in backward
+  (``--trainer.keep-activations-gb 0``: gradient checkpointing whatever the batch), the path
+  before the trainer kept them where they fit. The ``previous`` of earlier result files
+  switched other levers off (``demo_speed_drop*``: the finished-rows decode loop;
+  ``demo_speed_reuse*``: the LM head at every position, the concatenating cache, one prefix a
+  batch); each result file keeps its sides' settings;
 - ``fp32``: every reuse on, fp32 (``--backend.precision float32``): the README's first
   command until ``auto`` became the default;
 - ``default``: the README's first command as it is (precision and attention ``auto``: bf16
@@ -63,9 +65,9 @@ STAGE1_GOAL = 0.5
 SIDES: dict[str, dict[str, Any]] = {
     "before": {"backend": {"precision": "float32", "reuse_kv": False, "kv_cache": "concat", "prefix_groups": False,
                            "drop_finished": False},
-               "trainer": {"chunk_tokens": 0, "share_prefix": False, "sampled_head": False},
+               "trainer": {"chunk_tokens": 0, "share_prefix": False, "sampled_head": False, "keep_activations_gb": 0},
                "stage1": {"completion_head": False}},
-    "previous": {"backend": {"drop_finished": False}},
+    "previous": {"trainer": {"keep_activations_gb": 0}},
     "fp32": {"backend": {"precision": "float32"}},
     "default": {},
     "auto": {"backend": {"precision": "auto", "attention": "same"}},

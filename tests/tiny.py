@@ -16,11 +16,16 @@ def train_mode_model(model_dir: str, *, checkpointing: bool) -> Any:
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     model.train()
     if checkpointing:
-        if hasattr(model, "activation_checkpointing_enable"):  # transformers 5's name
-            model.activation_checkpointing_enable({"use_reentrant": False})
-        else:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        enable_checkpointing(model)
     return model
+
+
+def enable_checkpointing(model: Any) -> None:
+    """Non-reentrant activation checkpointing, as ``Trainer.train()`` turns it on."""
+    if hasattr(model, "activation_checkpointing_enable"):  # transformers 5's name
+        model.activation_checkpointing_enable({"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
 def row_inputs(rows: list[Any]) -> tuple[dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:

@@ -37,8 +37,11 @@ from seed_agents.config.core import PAPER, PAPER_LEARNING_RATE
 from seed_agents.distill import SEEDCoefficients, group_advantages, seed_objective
 from seed_agents.errors import NoTrainableRows
 from seed_agents.memory import release_free_memory
+from seed_agents.trainers.activations import ActivationCost, budget_bytes, recompute
+from seed_agents.trainers.activations import measure as measure_activations
 from seed_agents.trainers.head import completion_logps, plain_head
 from seed_agents.trainers.shared_prefix import PromptKV, logps_on_prompt_kv, shared_prefix_logps
+from seed_agents.trainers.shared_prefix import checkpointed_layers
 from seed_agents.trainers.shared_prefix import supported as prefix_supported
 from seed_agents.types import Row, Task, Trajectory
 
@@ -58,6 +61,7 @@ class SEEDConfig(GRPOConfig):
     release_memory: bool = field(default=True, metadata={"help": "Give the heap's freed memory back to the OS after the rollouts, the scoring, the update and a held-out evaluation of each step (glibc malloc_trim, seed_agents/memory.py); values are unchanged."})
     sampled_head: bool = field(default=True, metadata={"help": "Run the LM head, its log-softmax and entropy at the trained (loss-mask) completion positions only, in the loss and every scoring pass (trainers/head.py): a merged multi-turn row's completion also holds the environment's answers, which no term reads. The others read 0. Exact up to float rounding; needs chunk_tokens > 0."})
     chunk_tokens: int = field(default=8192, metadata={"help": "Token budget (rows x trimmed width) of one forward in the loss and in scoring; rows are grouped by length and each group's padding trimmed. 0: TRL's layout (every row padded to the batch's widest prompt and completion)."})
+    keep_activations_gb: float | None = field(default=None, metadata={"help": "With gradient_checkpointing: an update whose activations are estimated under this many GB keeps them and recomputes nothing (trainers/activations.py); None: a third of the memory available when the update starts; 0: always recompute (TRL's behaviour)."})
     # TRL fields with the paper's values
     beta: float = field(default=PAPER.kl, metadata={"help": "KL(pi || pi_ref) coefficient (k3 estimator)."})
     epsilon: float = field(default=PAPER.clip_eps, metadata={"help": "PPO clip range."})
@@ -89,6 +93,8 @@ class SEEDConfig(GRPOConfig):
                              "steps_per_generation 1 and gradient_accumulation_steps 1")
         if self.opd_coef < 0 or self.gate_sharpness < 0:
             raise ValueError("opd_coef and gate_sharpness must be >= 0")
+        if self.keep_activations_gb is not None and self.keep_activations_gb < 0:
+            raise ValueError("keep_activations_gb must be >= 0 (0: always recompute) or None (a share of the free memory)")
 
 
 class EpochSeededSampler(RepeatSampler):
@@ -252,6 +258,8 @@ class SEEDTrainer(GRPOTrainer):
                                      kl=args.beta, gate_sharpness=args.gate_sharpness)
         self.last_batch: RolloutBatch | None = None
         self._teacher_request: _TeacherRequest | None = None
+        self._activation_cost: ActivationCost | None = None
+        self._recomputing: bool | None = None  # the last update's choice, to print only the changes
 
     def _get_train_sampler(self, dataset: Any = None) -> EpochSeededSampler:
         dataset = self.train_dataset if dataset is None else dataset
@@ -526,6 +534,35 @@ class SEEDTrainer(GRPOTrainer):
         return request.logps
 
     # -- loss ------------------------------------------------------------------------
+    def compute_loss(self, model: Any, inputs: dict[str, torch.Tensor], return_outputs: bool = False,
+                     num_items_in_batch: Any = None) -> torch.Tensor:
+        """TRL's loss, with the layers told whether to recompute in backward (``_recompute``)."""
+        with recompute(model, self._recompute(model, inputs)):
+            return super().compute_loss(model, inputs, return_outputs=return_outputs,
+                                        num_items_in_batch=num_items_in_batch)
+
+    def _recompute(self, model: Any, inputs: dict[str, torch.Tensor]) -> bool:
+        """Whether this update's checkpointed layers recompute their forward in backward: only
+        when its activations, estimated from its tokens, exceed ``keep_activations_gb``
+        (``trainers.activations``). The estimate and the choice go to the step's metrics; the
+        choice is printed when it changes."""
+        keep_gb = self.args.keep_activations_gb
+        if keep_gb == 0 or not torch.is_grad_enabled() or not checkpointed_layers(model):
+            return True  # nothing to choose: every checkpointed layer recomputes, as in TRL
+        if self._activation_cost is None:
+            self._activation_cost = measure_activations(model, self.accelerator.autocast)
+        tokens = int(inputs["prompt_mask"].sum()) + int(inputs["completion_mask"].sum())
+        need, budget = self._activation_cost.estimate(tokens), budget_bytes(keep_gb)
+        on = need > budget
+        self._metrics["train"]["update/activations_gb"].append(need / 1e9)
+        self._metrics["train"]["update/recompute"].append(float(on))
+        if on != self._recomputing:
+            print(f"update: activations ~{need / 1e9:.1f} GB for {tokens} tokens (estimated), budget {budget / 1e9:.1f} GB"
+                  f"{'' if keep_gb is not None else ' (a third of the free memory)'}: "
+                  + ("recomputed in backward (gradient checkpointing)" if on else "kept, nothing recomputed"), flush=True)
+        self._recomputing = on
+        return on
+
     def _compute_loss(self, model: Any, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
         input_ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
         attention = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)

@@ -85,12 +85,15 @@ def _layers(model: Any) -> list[Any]:
     return [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
 
 
+def checkpointed_layers(model: Any) -> list[Any]:
+    """The model's layers that recompute their forward in backward now."""
+    return [m for m in _layers(model) if m.gradient_checkpointing]
+
+
 def supported(model: Any) -> bool:
     """Whether a grad-enabled forward can use the shared prefix here: no checkpointed layer,
     or layers that can keep a read-only cache under checkpointing."""
-    layers = _layers(model)
-    checkpointed = [m for m in layers if m.gradient_checkpointing]
-    return not checkpointed or all(hasattr(m, "_can_checkpoint_with_cache") for m in checkpointed)
+    return all(hasattr(m, "_can_checkpoint_with_cache") for m in checkpointed_layers(model))
 
 
 @contextlib.contextmanager
@@ -98,7 +101,7 @@ def _checkpointing(model: Any, *, prefix: bool) -> Iterator[None]:
     """The prefix forward runs without checkpointing (it fills a cache, which a replay would
     fill twice; it is one row, so its activations are small); the rows' forward keeps
     checkpointing and is told its cache is read-only."""
-    layers = [m for m in _layers(model) if m.gradient_checkpointing]
+    layers = checkpointed_layers(model)
     saved = [(m.gradient_checkpointing, m.__dict__.get("_can_checkpoint_with_cache")) for m in layers]
     for m in layers:
         if prefix:

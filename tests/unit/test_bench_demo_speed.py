@@ -20,6 +20,7 @@ def test_the_before_side_switches_off_every_reuse_and_the_others_keep_the_demo()
     before = cfg["before"]
     assert (before.backend.precision, before.backend.reuse_kv) == ("float32", False)
     assert (before.trainer.chunk_tokens, before.trainer.share_prefix, before.trainer.sampled_head) == (0, False, False)
+    assert before.trainer.keep_activations_gb == 0 and TrainConfig().trainer.keep_activations_gb is None
     assert (before.backend.kv_cache, before.backend.prefix_groups, before.backend.drop_finished) == ("concat", False, False)
     demo = TrainConfig()
     assert before.stage1.completion_head is False and demo.stage1.completion_head is True
@@ -32,7 +33,7 @@ def test_the_before_side_switches_off_every_reuse_and_the_others_keep_the_demo()
     assert cfg["auto-attn32"] == demo.model_copy(update={"backend": fast})
     assert (demo.trainer.sampled_head, demo.backend.kv_cache) == (True, "dynamic")
     assert demo.backend.drop_finished is True
-    assert cfg["previous"] == demo.model_copy(update={"backend": demo.backend.model_copy(update={"drop_finished": False})})
+    assert cfg["previous"] == demo.model_copy(update={"trainer": demo.trainer.model_copy(update={"keep_activations_gb": 0})})
     # nothing else differs from the embedded demo
     assert before.model_copy(update={"backend": demo.backend, "trainer": demo.trainer, "stage1": demo.stage1}) == demo
 

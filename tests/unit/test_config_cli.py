@@ -247,6 +247,18 @@ def test_seed_config_switches_checkpointing_without_a_deprecation_warning(tmp_pa
     assert args.gradient_checkpointing is on  # what TRL reads
 
 
+@pytest.mark.parametrize("keep_gb", [None, 0.0, 2.5])
+def test_the_activation_budget_reaches_the_trainer(tmp_path, keep_gb):
+    """``trainer.keep_activations_gb`` (null: a share of the free memory; 0: always recompute)."""
+    pytest.importorskip("trl")
+    from seed_agents.app.policy import seed_config
+
+    cfg = TrainConfig.model_validate({"trainer": {"keep_activations_gb": keep_gb}})
+    assert seed_config(cfg, tmp_path / "run").keep_activations_gb == keep_gb
+    with pytest.raises(ValidationError, match="keep_activations_gb"):
+        TrainConfig.model_validate({"trainer": {"keep_activations_gb": -1}})
+
+
 def test_the_old_gate_key_still_loads_with_one_deprecation_line(tmp_path):
     yaml = tmp_path / "old.yaml"
     yaml.write_text("trainer:\n  opd_beta: 4.0\n")
