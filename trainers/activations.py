@@ -16,8 +16,8 @@ distinct storages autograd keeps (``measure``). Under autocast the fixed part is
 weights' bf16 copies. Without checkpointing the activations are kept when the estimate fits
 the budget (``trainer.keep_activations_gb``; by default a third of the memory available as
 the update starts, leaving room for logits, gradients and the optimizer). Above the budget
-the layers recompute as before. Numbers are the same either way, up to float rounding:
-checkpointing replays the same forward.
+the layers recompute as before. The numbers do not depend on the choice: checkpointing replays
+the same forward (``tests/unit/test_activations.py``: the same loss and gradients, bit for bit).
 """
 
 from __future__ import annotations
@@ -86,16 +86,20 @@ def measure(model: Any, autocast: Any = contextlib.nullcontext) -> ActivationCos
     return ActivationCost(fixed=max(b0 - per_token * n0, 0.0), per_token=per_token)
 
 
-def available_bytes() -> float:
-    """Memory the OS can give this process now (psutil: RAM free or reclaimable)."""
+def available_bytes(device: torch.device | None = None) -> float:
+    """Memory the activations can take now: the GPU's free memory on a CUDA device, else what
+    the OS can give this process (psutil: RAM free or reclaimable)."""
+    if device is not None and device.type == "cuda":
+        return float(torch.cuda.mem_get_info(device)[0])
     import psutil
 
     return float(psutil.virtual_memory().available)
 
 
-def budget_bytes(keep_gb: float | None) -> float:
-    """The activation budget of one update: ``keep_gb`` GB, or a share of what is available."""
-    return keep_gb * 1e9 if keep_gb is not None else BUDGET_SHARE * available_bytes()
+def budget_bytes(keep_gb: float | None, device: torch.device | None = None) -> float:
+    """The activation budget of one update: ``keep_gb`` GB, or a share of what is available
+    on ``device``."""
+    return keep_gb * 1e9 if keep_gb is not None else BUDGET_SHARE * available_bytes(device)
 
 
 @contextlib.contextmanager

@@ -552,7 +552,7 @@ class SEEDTrainer(GRPOTrainer):
         if self._activation_cost is None:
             self._activation_cost = measure_activations(model, self.accelerator.autocast)
         tokens = int(inputs["prompt_mask"].sum()) + int(inputs["completion_mask"].sum())
-        need, budget = self._activation_cost.estimate(tokens), budget_bytes(keep_gb)
+        need, budget = self._activation_cost.estimate(tokens), budget_bytes(keep_gb, inputs["prompt_ids"].device)
         on = need > budget
         self._metrics["train"]["update/activations_gb"].append(need / 1e9)
         self._metrics["train"]["update/recompute"].append(float(on))
