@@ -12,7 +12,16 @@ update time is what checkpointing costs, the peak RSS is what it saves.
     .venv/bin/python bench/update_memory.py              # ~5 min on 2 cores
     .venv/bin/python bench/update_memory.py --repeats 2
 
-Every run goes to ``docs/results/update_memory.json`` (``--results-dir``).
+``--demo MODEL_DIR`` runs the embedded demo's iteration instead (``seed-agents train`` with no
+config: bf16 where the CPU has it, 2 tasks x 4 episodes, SEED) from the stage-1 model in
+``MODEL_DIR`` (stage 1 not run), written as ``update_memory_demo``: what the demo's update
+pays for recomputing, and what keeping its activations costs in memory
+(``trainer.keep_activations_gb``, whose default keeps them there).
+
+The "on" side recomputes at every update (``trainer.keep_activations_gb 0``): since the trainer
+keeps activations that fit, checkpointing alone no longer means a recompute.
+
+Every run goes to ``docs/results/update_memory.json`` (``--results-dir``; ``--result-name``).
 """
 
 from __future__ import annotations
@@ -45,6 +54,15 @@ CHILD = (
 
 
 def config(out: Path, checkpointing: bool, args: argparse.Namespace) -> dict:
+    # "on" recomputes at every update: the trainer would otherwise keep activations that fit
+    trainer = {"gradient_checkpointing": checkpointing, "keep_activations_gb": 0 if checkpointing else None}
+    if args.demo:
+        from seed_agents.config import TrainConfig
+
+        demo = TrainConfig().model_dump(mode="json")
+        demo["backend"]["model"] = args.demo
+        demo["trainer"].update(trainer)
+        return {**demo, "iterations": 1, "seed": args.seed, "out": str(out), "stage1": {**demo["stage1"], "run": "off"}}
     return {
         "env": "textworld", "split": "train", "num_tasks": 16, "tasks_per_iteration": 2, "iterations": 1,
         "seed": args.seed, "out": str(out),
@@ -55,7 +73,7 @@ def config(out: Path, checkpointing: bool, args: argparse.Namespace) -> dict:
         "agent": {"max_turns": 3, "history": "chat"},
         "skills": {"source": "self", "max_tokens": 128, "injector": "system"},
         "stage1": {"run": "off"},
-        "trainer": {"learning_rate": 2e-5, "opd_coef": 0.01, "kl_coef": 0.0, "gradient_checkpointing": checkpointing},
+        "trainer": {"learning_rate": 2e-5, "opd_coef": 0.01, "kl_coef": 0.0, **trainer},
     }
 
 
@@ -83,8 +101,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=1, help="Pairs of runs (off, on).")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=2, help="Torch threads per run.")
+    ap.add_argument("--demo", default=None, metavar="MODEL_DIR",
+                    help="Run the embedded demo's iteration from this stage-1 model folder (stage 1 not run).")
+    ap.add_argument("--note", default="", help="What else ran on the machine (it shapes the times).")
+    ap.add_argument("--result-name", default=None, help="Result file name (default: update_memory, with --demo update_memory_demo).")
     bench_results.add_results_args(ap)
     args = ap.parse_args(argv)
+    if args.demo is not None and not Path(args.demo).is_dir():
+        ap.error(f"--demo {args.demo}: no such model folder")
+    name = args.result_name or ("update_memory_demo" if args.demo else "update_memory")
+    if not name.startswith("update_memory") or not name.replace("_", "").isalnum():
+        ap.error("--result-name: update_memory or update_memory_<letters, digits, _>")
     started = bench_results.now()
     sides: dict[bool, list[dict]] = {False: [], True: []}
     with tempfile.TemporaryDirectory() as d:
@@ -97,11 +124,15 @@ def main(argv: list[str] | None = None) -> int:
           f"(on/off {med[True]['peak_rss_gb'] / med[False]['peak_rss_gb']:.2f}); update off {med[False]['update_s']:.1f} s, "
           f"on {med[True]['update_s']:.1f} s (on/off {med[True]['update_s'] / med[False]['update_s']:.2f})")
     shared = config(Path("out"), False, args)  # the settings both sides share, flattened for the header
+    train_config = {k: v for k, v in shared.items() if k != "out"}
+    if args.demo:  # the folder is this machine's: the file names what it holds
+        train_config["backend"] = {**train_config["backend"], "model": "<stage-1 model of smollm2-135m>"}
     bench_results.write_result(
-        "update_memory", {**bench_results.config_of(args), "model": Path(str(args.model)).name,
-                          "tasks_per_iteration": shared["tasks_per_iteration"],
-                          "group_size": shared["runner"]["group_size"], "max_turns": shared["agent"]["max_turns"],
-                          "train_config": {k: v for k, v in shared.items() if k != "out"}},
+        name, {**bench_results.config_of(args), "demo": args.demo is not None,
+               "model": "smollm2-135m (stage 1)" if args.demo else Path(str(args.model)).name,
+               "tasks_per_iteration": shared["tasks_per_iteration"],
+               "group_size": shared["runner"]["group_size"], "max_turns": shared["agent"]["max_turns"],
+               "train_config": train_config},
         {"runs": [s for gc in (False, True) for s in sides[gc]],
          "median": {"off" if not gc else "on": m for gc, m in med.items()},
          "rss_on_over_off": med[True]["peak_rss_gb"] / med[False]["peak_rss_gb"],

@@ -209,16 +209,19 @@ def gateway_overhead(results: dict[str, Result]) -> list[str]:
     return out
 
 
-def update_memory(results: dict[str, Result]) -> list[str]:
-    r = one(results, "update_memory")
+def update_memory(results: dict[str, Result], name: str = "update_memory") -> list[str]:
+    """Peak RSS and update time with and without the recompute (bench/update_memory.py; its
+    ``--demo`` form: the embedded demo's iteration)."""
+    r = one(results, name)
     c, x = r.config, r.results
     med = x["median"]
     pairs = len(x["runs"]) // 2
     rows = [[side, f"{med[side]['peak_rss_gb']:.2f} GB", f"{med[side]['update_s']:.1f} s"] for side in ("off", "on")]
     rows.append(["on/off", f"{x['rss_on_over_off']:.2f}x", f"{x['update_on_over_off']:.2f}x"])
-    return [source_line(r, f"one training iteration per run, median of {pairs} alternating pair(s), "
-                           f"{c['threads']} torch threads"), "",
-            *table(["gradient checkpointing", "peak RSS", "update time"], rows)]
+    what = "the embedded demo's iteration (stage 1 not run)" if c.get("demo") else "one training iteration"
+    return [source_line(r, f"{what} per run, median of {pairs} alternating pair(s), {c['threads']} torch threads"
+                           + (f"; {c['note']}" if c.get("note") else "")), "",
+            *table(["gradient checkpointing (recompute)", "peak RSS", "update time"], rows)]
 
 
 def run_memory(results: dict[str, Result]) -> list[str]:
@@ -1102,7 +1105,7 @@ RENDERERS: dict[str, Callable[[dict[str, Result]], list[str]]] = {
 FAMILIES: dict[str, Callable[[dict[str, Result], str], list[str]]] = {
     "learning_curve": learning_curve, "atlas_band": atlas_band, "update_throughput": update_throughput,
     "demo_speed": demo_speed, "roofline": roofline, "atlas_skills": atlas_skills,
-    "seed_overhead": seed_overhead}
+    "seed_overhead": seed_overhead, "update_memory": update_memory}
 
 
 def renderer(name: str) -> Callable[[dict[str, Result]], list[str]] | None:

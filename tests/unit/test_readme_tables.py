@@ -219,6 +219,18 @@ def test_update_memory_and_skill_usefulness_render_from_their_scripts_keys(tmp_p
             in render(tmp_path, "skill_usefulness"))
 
 
+def test_the_demo_form_of_update_memory_renders_as_its_family(tmp_path):
+    side = {"checkpointing": False, "peak_rss_gb": 7.1, "update_s": 12.0, "rows": 9.0}
+    write_result("update_memory_demo", {"model": "smollm2-135m (stage 1)", "threads": 2, "demo": True, "note": "alone",
+                                        "tasks_per_iteration": 2, "group_size": 4, "max_turns": 3},
+                 {"runs": [side, {**side, "checkpointing": True}],
+                  "median": {"off": {"peak_rss_gb": 7.1, "update_s": 12.0}, "on": {"peak_rss_gb": 4.1, "update_s": 15.0}},
+                  "rss_on_over_off": 4.1 / 7.1, "update_on_over_off": 15.0 / 12.0}, results_dir=tmp_path / "results")
+    text = render(tmp_path, "update_memory_demo")
+    assert "the embedded demo's iteration (stage 1 not run) per run, median of 1 alternating pair(s), 2 torch threads; alone" in text
+    assert "| on/off | 0.58x | 1.25x |" in text
+
+
 def test_run_memory_renders_from_its_scripts_keys(tmp_path):
     def side(on: bool, peak: float, step: float, wall: float) -> dict:
         return {"release_memory": on, "peak_rss_gb": peak, "wall_s": wall, "updates": 4, "step_s": step,
