@@ -6,15 +6,16 @@ full fine-tuning, stage 1 first) is run on up to four paths, side by side in one
 - ``before``: every prompt computed whole (``backend.reuse_kv false``: no shared batch
   prefix, no per-episode turn cache), transformers' concatenating KV cache (``backend.kv_cache
   concat``) and ``generate`` (``backend.drop_finished false``), TRL's padded update layout (``trainer.chunk_tokens 0``, ``trainer.share_prefix
-  false``, ``trainer.sampled_head false``, every activation recomputed in backward: ``trainer.keep_activations_gb
-  0``), TRL's SFT head over every position in stage 1
+  false``, ``trainer.sampled_head false``), TRL's SFT head over every position in stage 1
   (``stage1.completion_head false``), fp32 everywhere;
-- ``previous``: the README's command with every update's activations recomputed in backward
-  (``--trainer.keep-activations-gb 0``: gradient checkpointing whatever the batch), the path
-  before the trainer kept them where they fit. The ``previous`` of earlier result files
-  switched other levers off (``demo_speed_drop*``: the finished-rows decode loop;
-  ``demo_speed_reuse*``: the LM head at every position, the concatenating cache, one prefix a
-  batch); each result file keeps its sides' settings;
+- ``previous``: the README's command before a finished row left the decode's forward
+  (``--no-backend.drop-finished``: transformers' ``generate``). The ``previous`` of other
+  result files switched other levers: ``demo_speed_activations_runs``, every activation
+  recomputed (``--trainer.keep-activations-gb 0``) when the default was briefly ``auto``;
+  ``demo_speed_reuse*``, the LM head at every position, the concatenating cache, one prefix a
+  batch. Each result file keeps its sides' settings;
+- ``keep``: the README's command keeping an update's activations where they fit
+  (``--trainer.keep-activations-gb auto``; off by default, docs/training.md);
 - ``fp32``: every reuse on, fp32 (``--backend.precision float32``): the README's first
   command until ``auto`` became the default;
 - ``default``: the README's first command as it is (precision and attention ``auto``: bf16
@@ -65,14 +66,18 @@ STAGE1_GOAL = 0.5
 SIDES: dict[str, dict[str, Any]] = {
     "before": {"backend": {"precision": "float32", "reuse_kv": False, "kv_cache": "concat", "prefix_groups": False,
                            "drop_finished": False},
-               "trainer": {"chunk_tokens": 0, "share_prefix": False, "sampled_head": False, "keep_activations_gb": 0},
+               "trainer": {"chunk_tokens": 0, "share_prefix": False, "sampled_head": False},
                "stage1": {"completion_head": False}},
-    "previous": {"trainer": {"keep_activations_gb": 0}},
+    "previous": {"backend": {"drop_finished": False}},
+    "keep": {"trainer": {"keep_activations_gb": "auto"}},
     "fp32": {"backend": {"precision": "float32"}},
     "default": {},
     "auto": {"backend": {"precision": "auto", "attention": "same"}},
     "auto-attn32": {"backend": {"precision": "auto", "attention": "float32"}},
 }
+
+#: what a run without --sides times: every side but the opt-in ``keep``
+DEFAULT_SIDES = [side for side in SIDES if side != "keep"]
 
 
 def merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
@@ -150,7 +155,8 @@ def verdict(ratio: float, goal: float) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--sides", default=",".join(SIDES), help=f"Comma list of {', '.join(SIDES)}; ratios read against the first.")
+    p.add_argument("--sides", default=",".join(DEFAULT_SIDES),
+                   help=f"Comma list of {', '.join(SIDES)}; ratios read against the first.")
     p.add_argument("--repeats", type=int, default=1, help="Runs per side (order alternating).")
     p.add_argument("--run-iterations", type=int, default=1,
                    help="Iterations in each run (the README's command runs 3); a run's iteration time is the median of "

@@ -15,11 +15,10 @@ update time is what checkpointing costs, the peak RSS is what it saves.
 ``--demo MODEL_DIR`` runs the embedded demo's iteration instead (``seed-agents train`` with no
 config: bf16 where the CPU has it, 2 tasks x 4 episodes, SEED) from the stage-1 model in
 ``MODEL_DIR`` (stage 1 not run), written as ``update_memory_demo``: what the demo's update
-pays for recomputing, and what keeping its activations costs in memory
-(``trainer.keep_activations_gb``, whose default keeps them there).
+pays for recomputing, and what keeping its activations costs in memory.
 
-The "on" side recomputes at every update (``trainer.keep_activations_gb 0``): since the trainer
-keeps activations that fit, checkpointing alone no longer means a recompute.
+The "on" side recomputes at every update (``trainer.keep_activations_gb 0``, the default): a
+budget above 0 would let the trainer keep activations that fit.
 
 Every run goes to ``docs/results/update_memory.json`` (``--results-dir``; ``--result-name``).
 """
@@ -54,8 +53,8 @@ CHILD = (
 
 
 def config(out: Path, checkpointing: bool, args: argparse.Namespace) -> dict:
-    # "on" recomputes at every update: the trainer would otherwise keep activations that fit
-    trainer = {"gradient_checkpointing": checkpointing, "keep_activations_gb": 0 if checkpointing else None}
+    # "on" recomputes at every update, whatever trainer.keep_activations_gb's default becomes
+    trainer = {"gradient_checkpointing": checkpointing, "keep_activations_gb": 0}
     if args.demo:
         from seed_agents.config import TrainConfig
 

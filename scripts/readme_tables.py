@@ -266,6 +266,8 @@ def demo_speed(results: dict[str, Result], name: str = "demo_speed") -> list[str
              "auto-attn32": "`--backend.precision auto --backend.attention float32`"}
     if "previous" in c.get("side_settings", {}):  # what `previous` switched back changed over time
         names["previous"] = f"previous (`{side_flags(c['side_settings']['previous'])}`: the README's command, these switched back)"
+    if "keep" in c.get("side_settings", {}):
+        names["keep"] = f"keep (`{side_flags(c['side_settings']['keep'])}`: the README's command, activations kept where they fit)"
     stage1 = x.get("stage1", {})
     rows = []
     for side in sides:

@@ -1,23 +1,29 @@
 """Keep an update's activations when they fit in memory; recompute them when they do not.
 
 Gradient checkpointing (``trainer.gradient_checkpointing``) keeps each layer's input only and
-runs the layer's forward again in backward: memory for compute. How much compute it costs
-depends on the update. On the embedded demo's update (8 rows of ~430 tokens under bf16
-autocast, this 2-core AVX-512 machine) it cost 14.7 s with checkpointing against 11.9 s
-without, the median of 5 iterations a side. Peak RSS was 4.1 GB with it and 7.1 GB without.
-A learning-benchmark batch (64 rows of ~470 tokens) went past 23 GB without it and was killed
-(docs/benchmarks.md). One setting cannot serve both, so the trainer chooses for each update.
+runs the layer's forward again in backward: memory for compute. A learning-benchmark batch
+(64 rows of ~470 tokens) went past 23 GB without it and was killed (docs/benchmarks.md); the
+demo's update (8 rows of ~430 tokens) keeps ~3 GB without it. With ``keep_activations_gb``
+above 0 the trainer chooses for each update, keeping what fits.
 
 It estimates the bytes the loss forward would keep for backward as ``fixed + per_token x
 tokens``, where tokens are the batch's real prompt and completion tokens. A shared prefix
 computes fewer, so the estimate errs high. The two figures are measured on the model itself,
 in the update's number format: two small forwards under ``saved_tensors_hooks``, summing the
 distinct storages autograd keeps (``measure``). Under autocast the fixed part is the
-weights' bf16 copies. Without checkpointing the activations are kept when the estimate fits
-the budget (``trainer.keep_activations_gb``; by default a third of the memory available as
-the update starts, leaving room for logits, gradients and the optimizer). Above the budget
-the layers recompute as before. The numbers do not depend on the choice: checkpointing replays
-the same forward (``tests/unit/test_activations.py``: the same loss and gradients, bit for bit).
+weights' bf16 copies. The activations are kept when the estimate fits the budget
+(``keep_activations_gb`` GB, or with ``auto`` a third of the memory available as the update
+starts, leaving room for logits, gradients and the optimizer). Above it the layers recompute.
+The numbers do not depend on the choice: checkpointing replays the same forward
+(``tests/unit/test_activations.py``: the same loss and gradients, bit for bit).
+
+Off by default (0: every update recomputes) because on this CPU it did not pay. The trainer
+gives its freed heap back to the OS after each update (``trainer.release_memory``), so the next
+update faults the kept gigabytes in again, which costs about what the recompute saves. A
+forward and backward at the demo's shape (8 rows of 434 tokens, bf16 autocast) took 13.8 s kept
+against 13.7 s recomputed with that trim after each, and 9.6-10.6 against 12.5-13.1 s without it
+once warm (a one-off loop, docs/training.md). On a GPU, whose caching
+allocator keeps its memory, it should pay; not measured.
 """
 
 from __future__ import annotations

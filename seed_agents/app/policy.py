@@ -142,7 +142,7 @@ def seed_config(cfg: TrainConfig, out: Path) -> Any:
         entropy_coef=trainer.entropy_coef, epsilon=trainer.clip_eps, max_grad_norm=trainer.max_grad_norm,
         opd_coef=trainer.opd_coef, gate_sharpness=trainer.gate_sharpness, advantage_norm=trainer.advantage_norm,
         use_cpu=not torch.cuda.is_available(), bf16=trainer_dtype(cfg.backend) == torch.bfloat16,
-        gradient_checkpointing=trainer.gradient_checkpointing, keep_activations_gb=trainer.keep_activations_gb,
+        gradient_checkpointing=trainer.gradient_checkpointing, keep_activations_gb=None if trainer.keep_activations_gb == "auto" else trainer.keep_activations_gb,
         chunk_tokens=trainer.chunk_tokens,
         share_prefix=trainer.share_prefix, fuse_teacher=trainer.fuse_teacher, release_memory=trainer.release_memory,
         sampled_head=trainer.sampled_head,

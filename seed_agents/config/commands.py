@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -105,8 +105,8 @@ class TrainerConfig(BaseModel):
     max_grad_norm: float = Field(1.0, gt=0, description="Gradient clipping.")
     advantage_norm: Literal["mean_std", "mean"] = Field("mean_std", description="Group advantage normalization.")
     merge_rows: bool = Field(True, description="Merge calls whose tokens continue into one row.")
-    gradient_checkpointing: bool = Field(True, description="Recompute activations in backward for an update whose activations would not fit under keep_activations_gb: less memory for more compute (a SmolLM2 iteration on 2 cores in fp32, bench/update_memory.py: peak RSS 11.2 -> 7.3 GB at about the same update time, docs/results/update_memory.json; the demo's bf16 update 14.7 s against 11.9 s). false: never recompute.")
-    keep_activations_gb: float | None = Field(None, ge=0, description="With gradient_checkpointing: an update whose activations are estimated under this many GB keeps them and recomputes nothing, which is faster (the demo's update 11.9 s against 14.7 s with the recompute, at 7.1 against 4.1 GB peak RSS); a larger one recomputes (trainers/activations.py). The estimate comes from the batch's tokens and bytes per token measured on the model at the first update. null: a third of the memory available when the update starts; 0: always recompute (the path before).")
+    gradient_checkpointing: bool = Field(True, description="Recompute activations in backward (for an update whose activations do not fit under keep_activations_gb, 0 by default: every update): less memory for a little more compute (a SmolLM2 iteration on 2 cores, bench/update_memory.py: peak RSS 11.2 -> 7.3 GB at about the same update time in fp32, 6.7 -> 3.8 GB on the bf16 demo; docs/results/update_memory*.json). false: never recompute.")
+    keep_activations_gb: Annotated[float, Field(ge=0)] | Literal["auto"] = Field(0.0, description="With gradient_checkpointing: an update whose activations are estimated under this many GB keeps them and recomputes nothing (trainers/activations.py; the estimate: the batch's tokens times bytes per token measured on the model at the first update). auto: a third of the memory available when the update starts. 0 (default): always recompute. Off by default because on this CPU it did not pay: the memory the trainer gives back after each update (release_memory) is faulted in again by the next, which cost what the recompute saves (docs/training.md), while peak RSS grew from 4 to 7 GB on the demo.")
     release_memory: bool = Field(True, description="Give the heap's freed memory back to the OS after each step's rollouts, its scoring, its update and a held-out evaluation (glibc malloc_trim; seed_agents/memory.py): a learning run otherwise keeps what it freed resident (13.6 GB between updates of a SmolLM2 LoRA run, 2.1 GB after one trim) and its peak grows over the run. No computed value changes. false: glibc's default behaviour (the path before).")
     lora_r: int | None = Field(None, ge=1, le=512, description="Train a LoRA adapter of this rank instead of full weights.")
     lora_alpha: int = Field(32, ge=1, description="LoRA alpha.")

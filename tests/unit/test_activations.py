@@ -78,7 +78,8 @@ def test_the_trainer_keeps_what_fits_recomputes_what_does_not_and_the_numbers_ag
     loss and the gradients are the same either way. The estimate and the choice are in the
     step's metrics; the choice is printed when it changes. The default budget is a third of
     the available memory."""
-    trainer, _ = make_trainer(tiny_model_dir, tokenizer, tmp_path, opd_coef=1.0, gradient_checkpointing=True)
+    trainer, _ = make_trainer(tiny_model_dir, tokenizer, tmp_path, opd_coef=1.0, gradient_checkpointing=True,
+                              keep_activations_gb=None)
     enable_checkpointing(trainer.model)
     trainer._generate_and_score_completions([trainer.train_dataset[i % 2] for i in range(8)])
     batch = trainer.last_batch
@@ -116,11 +117,12 @@ def test_a_given_budget_decides_and_zero_always_recomputes(tiny_model_dir, token
     assert ("update/recompute" in trainer._metrics["train"]) is (keep_gb != 0)
 
 
-def test_a_negative_budget_is_refused(tmp_path):
+def test_a_negative_budget_is_refused_and_the_default_always_recomputes(tmp_path):
     from seed_agents.trainers.seed_trainer import SEEDConfig
 
     with pytest.raises(ValueError, match="keep_activations_gb"):
         SEEDConfig(output_dir=str(tmp_path), use_cpu=True, report_to=[], keep_activations_gb=-1.0)
+    assert SEEDConfig(output_dir=str(tmp_path), use_cpu=True, report_to=[]).keep_activations_gb == 0
 
 
 def test_the_budget_is_a_third_of_the_free_memory_of_the_update_s_device(monkeypatch):

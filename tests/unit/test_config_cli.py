@@ -247,14 +247,17 @@ def test_seed_config_switches_checkpointing_without_a_deprecation_warning(tmp_pa
     assert args.gradient_checkpointing is on  # what TRL reads
 
 
-@pytest.mark.parametrize("keep_gb", [None, 0.0, 2.5])
-def test_the_activation_budget_reaches_the_trainer(tmp_path, keep_gb):
-    """``trainer.keep_activations_gb`` (null: a share of the free memory; 0: always recompute)."""
+@pytest.mark.parametrize("keep_gb, passed", [("auto", None), (0.0, 0.0), (2.5, 2.5)])
+def test_the_activation_budget_reaches_the_trainer(tmp_path, keep_gb, passed):
+    """``trainer.keep_activations_gb``: 0 (the default) always recomputes; auto is a share of the
+    free memory (None to the trainer); a negative number is refused, on the command line too."""
     pytest.importorskip("trl")
     from seed_agents.app.policy import seed_config
 
     cfg = TrainConfig.model_validate({"trainer": {"keep_activations_gb": keep_gb}})
-    assert seed_config(cfg, tmp_path / "run").keep_activations_gb == keep_gb
+    assert seed_config(cfg, tmp_path / "run").keep_activations_gb == passed
+    assert TrainConfig().trainer.keep_activations_gb == 0
+    assert load_config(TrainConfig, None, {"trainer.keep_activations_gb": "auto"}).trainer.keep_activations_gb == "auto"
     with pytest.raises(ValidationError, match="keep_activations_gb"):
         TrainConfig.model_validate({"trainer": {"keep_activations_gb": -1}})
 
