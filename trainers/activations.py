@@ -21,7 +21,7 @@ Off by default (0: every update recomputes) because on this CPU it did not pay. 
 gives its freed heap back to the OS after each update (``trainer.release_memory``), so the next
 update faults the kept gigabytes in again, which costs about what the recompute saves. A
 forward and backward at the demo's shape (8 rows of 434 tokens, bf16 autocast) took 13.8 s kept
-against 13.7 s recomputed with that trim after each, and 9.6-10.6 against 12.5-13.1 s without it
+against 13.7 s recomputed with that trim after each, and 9.6-10.6 against 12.5-14.0 s without it
 once warm (a one-off loop, docs/training.md). On a GPU, whose caching
 allocator keeps its memory, it should pay; not measured.
 """
