@@ -103,7 +103,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--demo", default=None, metavar="MODEL_DIR",
                     help="Run the embedded demo's iteration from this stage-1 model folder (stage 1 not run).")
     ap.add_argument("--note", default="", help="What else ran on the machine (it shapes the times).")
-    ap.add_argument("--result-name", default=None, help="Result file name (default: update_memory, with --demo update_memory_demo).")
+    ap.add_argument("--result-name", default=None,
+                    help="Result file name (default: update_memory, with --demo update_memory_demo).")
     bench_results.add_results_args(ap)
     args = ap.parse_args(argv)
     if args.demo is not None and not Path(args.demo).is_dir():
