@@ -24,6 +24,7 @@ reference model) is TRL's.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
@@ -259,7 +260,7 @@ class SEEDTrainer(GRPOTrainer):
         self.last_batch: RolloutBatch | None = None
         self._teacher_request: _TeacherRequest | None = None
         self._activation_cost: ActivationCost | None = None
-        self._recomputing: bool | None = None  # the last update's choice, to print only the changes
+        self._keeping: bool | None = None  # the last update's choice, to print only the changes
 
     def _get_train_sampler(self, dataset: Any = None) -> EpochSeededSampler:
         dataset = self.train_dataset if dataset is None else dataset
@@ -536,32 +537,34 @@ class SEEDTrainer(GRPOTrainer):
     # -- loss ------------------------------------------------------------------------
     def compute_loss(self, model: Any, inputs: dict[str, torch.Tensor], return_outputs: bool = False,
                      num_items_in_batch: Any = None) -> torch.Tensor:
-        """TRL's loss, with the layers told whether to recompute in backward (``_recompute``)."""
-        with recompute(model, self._recompute(model, inputs)):
+        """TRL's loss; its checkpointed layers keep their activations instead of recomputing them
+        in backward where ``_keeps_activations`` says they fit."""
+        keep = self._keeps_activations(model, inputs)
+        with recompute(model, False) if keep else contextlib.nullcontext():
             return super().compute_loss(model, inputs, return_outputs=return_outputs,
                                         num_items_in_batch=num_items_in_batch)
 
-    def _recompute(self, model: Any, inputs: dict[str, torch.Tensor]) -> bool:
-        """Whether this update's checkpointed layers recompute their forward in backward: only
-        when its activations, estimated from its tokens, exceed ``keep_activations_gb``
+    def _keeps_activations(self, model: Any, inputs: dict[str, torch.Tensor]) -> bool:
+        """Whether this update keeps its activations: only with ``keep_activations_gb`` above 0
+        and its activations, estimated from its tokens, under that budget
         (``trainers.activations``). The estimate and the choice go to the step's metrics; the
         choice is printed when it changes."""
         keep_gb = self.args.keep_activations_gb
         if keep_gb == 0 or not torch.is_grad_enabled() or not checkpointed_layers(model):
-            return True  # nothing to choose: every checkpointed layer recomputes, as in TRL
+            return False  # nothing to choose: checkpointed layers recompute, as in TRL
         if self._activation_cost is None:
             self._activation_cost = measure_activations(model, self.accelerator.autocast)
         tokens = int(inputs["prompt_mask"].sum()) + int(inputs["completion_mask"].sum())
         need, budget = self._activation_cost.estimate(tokens), budget_bytes(keep_gb, inputs["prompt_ids"].device)
-        on = need > budget
+        keep = need <= budget
         self._metrics["train"]["update/activations_gb"].append(need / 1e9)
-        self._metrics["train"]["update/recompute"].append(float(on))
-        if on != self._recomputing:
+        self._metrics["train"]["update/recompute"].append(float(not keep))
+        if keep != self._keeping:
             print(f"update: activations ~{need / 1e9:.1f} GB for {tokens} tokens (estimated), budget {budget / 1e9:.1f} GB"
                   f"{'' if keep_gb is not None else ' (a third of the free memory)'}: "
-                  + ("recomputed in backward (gradient checkpointing)" if on else "kept, nothing recomputed"), flush=True)
-        self._recomputing = on
-        return on
+                  + ("kept, nothing recomputed" if keep else "recomputed in backward (gradient checkpointing)"), flush=True)
+        self._keeping = keep
+        return keep
 
     def _compute_loss(self, model: Any, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
         input_ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
