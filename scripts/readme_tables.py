@@ -224,6 +224,20 @@ def update_memory(results: dict[str, Result], name: str = "update_memory") -> li
             *table(["gradient checkpointing (recompute)", "peak RSS", "update time"], rows)]
 
 
+def activation_trim(results: dict[str, Result]) -> list[str]:
+    """A forward and backward kept or recomputed, with and without the heap trim after each
+    (bench/activation_trim.py)."""
+    r = one(results, "activation_trim")
+    c, x = r.config, r.results
+    rows = [[way, f"{x['median_s'][way]:.2f} s", ", ".join(f"{p:.2f}" for p in passes)]
+            for way, passes in x["passes"].items()]
+    return [source_line(r, f"SmolLM2 forward and backward, {c['rows']} rows x {c['tokens']} tokens, {c['dtype']}, "
+                           f"median of {c['repeats']} passes a way" + (f"; {c['note']}" if c.get("note") else "")), "",
+            *table(["way", "median", "passes (s)"], rows), "",
+            f"Kept over recomputed: {x['kept_over_recompute']:.2f}x without the trim, "
+            f"{x['kept_over_recompute_trimmed']:.2f}x with it."]
+
+
 def run_memory(results: dict[str, Result]) -> list[str]:
     """A learning run's training with freed heap memory given back and kept (bench/run_memory.py)."""
     r = one(results, "run_memory")
@@ -1094,7 +1108,7 @@ RENDERERS: dict[str, Callable[[dict[str, Result]], list[str]]] = {
     "determinism": determinism, "tool_agent": tool_agent, "continual_demo": continual_demo,
     "continual_demo_atlas": continual_demo_atlas,
     "capture_overhead": capture_overhead, "seed_overhead": seed_overhead, "gateway_overhead": gateway_overhead,
-    "update_memory": update_memory, "run_memory": run_memory, "demo_speed": demo_speed, "webshop_index": webshop_index,
+    "update_memory": update_memory, "activation_trim": activation_trim, "run_memory": run_memory, "demo_speed": demo_speed, "webshop_index": webshop_index,
     "sample_efficiency": sample_efficiency,
     "skill_usefulness": skill_usefulness, "roofline": roofline, "logprob_gap": logprob_gap,
     "rollout_throughput": rollout_throughput, "atlas_band": atlas_band, "continual_atlas": continual_atlas,

@@ -17,13 +17,13 @@ starts, leaving room for logits, gradients and the optimizer). Above it the laye
 The numbers do not depend on the choice: checkpointing replays the same forward
 (``tests/unit/test_activations.py``: the same loss and gradients, bit for bit).
 
-Off by default (0: every update recomputes) because on this CPU it did not pay. The trainer
-gives its freed heap back to the OS after each update (``trainer.release_memory``), so the next
-update faults the kept gigabytes in again, which costs about what the recompute saves. A
-forward and backward at the demo's shape (8 rows of 434 tokens, bf16 autocast) took 13.8 s kept
-against 13.7 s recomputed with that trim after each, and 9.6-10.6 against 12.5-14.0 s without it
-once warm (a one-off loop, docs/training.md). On a GPU, whose caching
-allocator keeps its memory, it should pay; not measured.
+Off by default (0: every update recomputes). At the demo's update shape (8 rows of 434 tokens,
+bf16 autocast) a warm forward and backward took 0.78x the recomputing one, and 0.86x with the
+heap trimmed after each pass, as ``trainer.release_memory`` does after every update
+(``bench/activation_trim.py``). A process's first update, which maps the kept memory fresh,
+was not faster (``bench/update_memory.py --demo``: 1.09x), no whole run has yet separated the
+saving from its noise, and the demo's peak RSS grows by ~2.9 GB (docs/training.md). On a GPU,
+whose caching allocator keeps its memory, it should pay more; not measured.
 """
 
 from __future__ import annotations

@@ -231,6 +231,16 @@ def test_the_demo_form_of_update_memory_renders_as_its_family(tmp_path):
     assert "| on/off | 0.58x | 1.25x |" in text
 
 
+def test_activation_trim_renders_from_its_scripts_keys(tmp_path):
+    passes = {"recompute": [12.9, 13.0], "kept": [10.0, 9.8], "recompute+trim": [13.7, 13.8], "kept+trim": [13.9, 13.8]}
+    write_result("activation_trim", {"rows": 8, "tokens": 434, "dtype": "bfloat16", "repeats": 2, "note": "alone"},
+                 {"passes": passes, "median_s": {w: sum(p) / 2 for w, p in passes.items()},
+                  "kept_over_recompute": 0.77, "kept_over_recompute_trimmed": 1.004}, results_dir=tmp_path / "results")
+    text = render(tmp_path, "activation_trim")
+    assert "8 rows x 434 tokens, bfloat16, median of 2 passes a way; alone" in text
+    assert "| kept+trim | 13.85 s | 13.90, 13.80 |" in text and "0.77x without the trim, 1.00x with it" in text
+
+
 def test_run_memory_renders_from_its_scripts_keys(tmp_path):
     def side(on: bool, peak: float, step: float, wall: float) -> dict:
         return {"release_memory": on, "peak_rss_gb": peak, "wall_s": wall, "updates": 4, "step_s": step,
