@@ -20,6 +20,8 @@ import gc
 import itertools
 import queue
 import threading
+import time
+import weakref
 from collections.abc import Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
@@ -48,6 +50,8 @@ def wait_for_workers(timeout_s: float) -> bool:
 
 
 _exit_stoppers: list[Callable[[], None]] = []
+#: Every live ``DaemonThreadExecutor``, for the exit to end and join their idle workers.
+_workers: weakref.WeakSet[DaemonThreadExecutor] = weakref.WeakSet()
 
 
 def stop_at_exit(stop: Callable[[], None]) -> None:
@@ -59,8 +63,9 @@ def stop_at_exit(stop: Callable[[], None]) -> None:
 
 
 def _quiet_exit() -> None:
-    """At interpreter exit, let daemon workers finish and free what they held, then
-    collect cyclic garbage here, on the main thread.
+    """At interpreter exit, let daemon workers finish and free what they held, end the idle
+    ones and wait until their threads are gone, then collect cyclic garbage here, on the
+    main thread.
 
     Why: a daemon thread that is still freeing tensors when the interpreter finalizes
     aborts the process. Freeing a torch tensor releases the GIL (``THPVariable_clear``);
@@ -71,10 +76,22 @@ def _quiet_exit() -> None:
     collect`, 128 episodes: a worker freeing a list of tuples of tensors while the main
     thread ran the finalizing garbage collection). Bounded: a call that never returns (a
     hung env step) must not hold the exit up, as ``DaemonThreadExecutor`` promises.
+
+    Then every executor is shut down and its idle workers are joined: a thread that ends
+    runs Python on its way out (``threading.Thread`` drops its target and arguments, which
+    may free the last reference to an episode and, through a weak-keyed cache, its
+    tensors), so a worker still leaving while the interpreter finalizes aborts it the same
+    way (seen under gdb at the end of `eval --concurrency 4`).
     """
     for stop in _exit_stoppers:
         stop()
     wait_for_workers(EXIT_WAIT_S)
+    deadline = time.monotonic() + EXIT_WAIT_S
+    executors = list(_workers)
+    for executor in executors:
+        executor.shutdown(wait=False)
+    for thread in [t for executor in executors for t in executor.threads()]:
+        thread.join(max(0.0, deadline - time.monotonic()))
     gc.collect()
 
 
@@ -130,6 +147,13 @@ class DaemonThreadExecutor(ThreadPoolExecutor):
         self._work: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
         self._idle = 0  # workers waiting for work and not yet claimed by a submit
         self._idle_s = idle_s
+        self._threads: weakref.WeakSet[threading.Thread] = weakref.WeakSet()
+        _workers.add(self)
+
+    def threads(self) -> list[threading.Thread]:
+        """This executor's worker threads still alive."""
+        with self._lock:
+            return [t for t in self._threads if t.is_alive()]
 
     def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> concurrent.futures.Future[T]:
         future: concurrent.futures.Future[T] = concurrent.futures.Future()
@@ -152,14 +176,21 @@ class DaemonThreadExecutor(ThreadPoolExecutor):
                 self._idle -= 1
                 self._work.put(work)
                 return future
+        # The call travels in a box the worker empties: a Thread keeps its args until it
+        # ends, and an idle worker lives on for idle_s holding its first call's references.
+        thread = threading.Thread(target=self._worker, args=([work],), name=f"{self._name}-{next(self._ids)}",
+                                  daemon=True)
         try:
-            threading.Thread(target=self._worker, args=(work,), name=f"{self._name}-{next(self._ids)}", daemon=True).start()
+            thread.start()
         except BaseException:  # no thread (out of threads): the call never counts, or the exit would wait for it
             _count_busy(-1)
             raise
+        with self._lock:
+            self._threads.add(thread)
         return future
 
-    def _worker(self, item: Callable[[], None] | None) -> None:
+    def _worker(self, box: list[Callable[[], None]]) -> None:
+        item: Callable[[], None] | None = box.pop()
         while item is not None:
             try:
                 item()
@@ -188,7 +219,7 @@ class DaemonThreadExecutor(ThreadPoolExecutor):
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         """Refuse new calls and release the idle workers; calls still running are left to
         finish on their own threads."""
-        with self._lock:
+        with self._lock:  # a worker between its call and going idle sees _closed and leaves
             self._closed = True
             for _ in range(self._idle):
                 self._work.put(None)

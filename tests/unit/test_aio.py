@@ -133,6 +133,7 @@ def test_at_exit_the_stoppers_run_before_the_wait(monkeypatch):
     order = []
     monkeypatch.setattr(aio, "_exit_stoppers", [lambda: order.append("stop")])
     monkeypatch.setattr(aio, "wait_for_workers", lambda timeout_s: order.append("wait") or True)
+    monkeypatch.setattr(aio, "_workers", set())  # this process's executors stay open
     monkeypatch.setattr(aio.gc, "collect", lambda: order.append("collect") or 0)
     aio._quiet_exit()
     assert order == ["stop", "wait", "collect"]
@@ -228,3 +229,54 @@ def test_daemon_executor_idle_workers_leave_after_idle_s():
         time.sleep(0.02)
     assert pool.submit(sum, [2]).result(timeout=5) == 2  # a new worker after the old one left
     pool.shutdown()
+
+
+def test_a_worker_holds_no_reference_to_a_finished_call():
+    """``threading.Thread`` keeps its arguments until the thread ends: a worker started with
+    its first call as an argument kept that call (and, through ``asyncio.to_thread``'s
+    context copy, the episode and its weak-keyed tensors) alive for as long as it idled,
+    and freed it on its way out, at the interpreter's exit."""
+    import gc
+    import weakref
+
+    from seed_agents.aio import DaemonThreadExecutor
+
+    class Episode:
+        pass
+
+    episode = Episode()
+    gone = threading.Event()
+    weakref.finalize(episode, gone.set)
+    pool = DaemonThreadExecutor(idle_s=30.0)
+    assert pool.submit(lambda e: e is not None, episode).result(timeout=5)
+    del episode
+    deadline = time.monotonic() + 5
+    while not gone.is_set() and time.monotonic() < deadline:  # the worker drops it after the result
+        gc.collect()
+        time.sleep(0.01)
+    assert gone.is_set(), "the idle worker still holds its first call"
+    assert pool.threads()  # the worker itself is still there, idle
+    pool.shutdown()
+
+
+def test_at_exit_idle_workers_are_ended_and_joined(tmp_path):
+    """An idle worker must not be left to end while the interpreter finalizes: the exit
+    shuts the executors down and joins their threads (bounded)."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "idle.py"
+    script.write_text(
+        "import threading, time\n"
+        "from seed_agents import aio\n"
+        "pool = aio.DaemonThreadExecutor(name='idle-at-exit', idle_s=60.0)\n"
+        "assert pool.submit(sum, [1]).result(timeout=5) == 1\n"
+        "t0 = time.monotonic()\n"
+        "aio._quiet_exit()\n"
+        "left = [t.name for t in threading.enumerate() if t.name.startswith('idle-at-exit')]\n"
+        "print(left, time.monotonic() - t0 < 3)\n"
+    )
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60,
+                         cwd=Path(__file__).resolve().parents[2])
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[] True"
