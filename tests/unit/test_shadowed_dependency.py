@@ -1,5 +1,5 @@
 """A folder or module named like a dependency is one line naming it and the fix, before
-anything imports the dependency.
+anything imports the dependency; ``serve --work-dir`` never makes one.
 
 The reported case: ``serve --work-dir ./vllm`` left a ``vllm/`` folder (log, caches), and
 ``PYTHONPATH=. seed-agents continual`` from there died in ``import trl.trainer.grpo_trainer``
@@ -15,11 +15,14 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 
-from seed_agents.shadowing import Shadow, find_shadows
+from seed_agents.app.commands.serve import ServeConfig
+from seed_agents.serve import VLLMServer
+from seed_agents.shadowing import DEPENDENCIES, Shadow, find_shadows, shadowing_name
 
 REPO = Path(__file__).resolve().parents[2]
 VLLM_INSTALLED = importlib.util.find_spec("vllm") is not None
@@ -156,3 +159,33 @@ def test_the_line_names_the_file_and_the_fix(tmp_path):
                                                                                     pythonpath=[str(tmp_path / "lib")])
     assert line == f"{tmp_path / 'lib' / 'torch.py'} (a file on PYTHONPATH) shadows the installed torch package (/site); " \
                    "rename or move it"
+
+
+# -- serve --work-dir -------------------------------------------------------------------------
+
+
+def test_serve_refuses_a_work_dir_that_would_shadow_and_creates_nothing(tmp_path):
+    done = _in(tmp_path, sys.executable, "-m", "seed_agents", "serve", "--work-dir", "./vllm",
+               "--model", "does-not-exist-model", "--vllm-python", str(tmp_path / "no-python"))
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr[-2000:]
+    assert "--work-dir vllm would be imported as the vllm package" in done.stderr
+    assert str(tmp_path / "vllm-work") in done.stderr  # the fix: a name that imports as nothing
+    assert not (tmp_path / "vllm").exists()
+
+
+def test_which_work_dirs_would_shadow(tmp_path):
+    entries = [str(tmp_path / "project")]
+    assert shadowing_name(tmp_path / "project" / "vllm", path=entries) == "vllm"
+    assert shadowing_name(tmp_path / "project" / "torch", path=entries) == "torch"
+    assert shadowing_name(tmp_path / "project" / "vllm-work", path=entries) is None
+    assert shadowing_name(tmp_path / "elsewhere" / "vllm", path=entries) is None  # not on the path: nothing imports it
+
+
+def test_serve_never_defaults_to_a_work_dir_that_shadows(tmp_path, monkeypatch):
+    """Unset, the work dir is a new temporary folder whose name is no module name at all."""
+    assert ServeConfig().work_dir is None
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    server = VLLMServer(str(tmp_path), port=9, worker_extension=False)
+    assert server.work_dir.parent == tmp_path and not server.work_dir.name.isidentifier(), server.work_dir
+    assert shadowing_name(server.work_dir, path=[str(tmp_path)]) is None
+    assert server.work_dir.name not in DEPENDENCIES
