@@ -30,6 +30,7 @@ from seed_agents.aio import run_sync
 from seed_agents.app.flags import PRECEDENCE, add_config_flags, error_line
 from seed_agents.config import EvalConfig, RenamedConfigKey, TrainConfig, load_config
 from seed_agents.errors import UserError
+from seed_agents.shadowing import ShadowedDependency, check_shadowing
 
 
 def build_eval_config(args: argparse.Namespace) -> EvalConfig:
@@ -167,6 +168,12 @@ def main(argv: list[str] | None = None) -> int:
             faulthandler.enable()
         except (AttributeError, ValueError, OSError):  # a stderr without a file descriptor (a notebook's)
             pass
+    try:  # before the parser: building it imports langgraph and langchain_core
+        check_shadowing()
+    except ShadowedDependency as err:
+        named = [a for a in (sys.argv[1:] if argv is None else argv) if not a.startswith("-")][:1]
+        print(f"{' '.join(['seed-agents', *named])}: error: {error_line(err)}", file=sys.stderr)
+        return err.exit_code
     args = _parser().parse_args(argv)  # a usage error: one line, then SystemExit(2), as argparse does
     from seed_agents.models import ONLINE_ENV, online
 

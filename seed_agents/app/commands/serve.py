@@ -22,6 +22,7 @@ from seed_agents.app.flags import config_command
 from seed_agents.config import load_config
 from seed_agents.config.core import check_env_name
 from seed_agents.errors import ConfigError
+from seed_agents.shadowing import shadowing_name
 from seed_agents.vllm_ext import API_KEY_ENV
 
 
@@ -36,7 +37,9 @@ class ServeConfig(BaseModel):
     port: int = Field(8000, ge=0, le=65535, description="Port to listen on.")
     api_key_env: str = Field(API_KEY_ENV, description="Environment variable holding the API key. When it is set, every route but /health demands `Authorization: Bearer <key>` (clients read the key from the variable their backend.api_key_env names). The key itself is never a flag nor written anywhere.")
     vllm_python: str | None = Field(None, description="Python of the venv with vLLM; unset: $SEED_AGENTS_VLLM_PYTHON, else .venv-vllm.")
-    work_dir: Path | None = Field(None, description="Folder for vLLM caches and the log; unset: a new temporary folder.")
+    work_dir: Path | None = Field(None, description="Folder for vLLM caches and the log; unset: a new temporary folder. "
+                                  "Not one named like a package (vllm, torch, ...) in the working directory or on "
+                                  "PYTHONPATH: commands run from there would import it.")
     max_model_len: int = Field(4096, ge=1, description="Context length vLLM allocates for.")
     startup_timeout_s: float = Field(600.0, gt=0, description="Seconds to wait for the server to answer /health.")
     stop_grace_s: float = Field(30.0, gt=0, description="On SIGTERM/SIGINT (or when serve itself dies), seconds vLLM gets to exit before all its processes are killed.")
@@ -75,6 +78,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise ConfigError(f"refusing to serve on --host {cfg.host} without an API key: vLLM's dev mode lets any caller "
                           f"replace the weights. Set ${cfg.api_key_env} (or name another variable with "
                           f"--api-key-env), or serve on 127.0.0.1")
+    if cfg.work_dir is not None and (name := shadowing_name(cfg.work_dir)):
+        folder = Path(cfg.work_dir).resolve()
+        raise ConfigError(f"--work-dir {cfg.work_dir} would be imported as the {name} package by any command run from "
+                          f"{folder.parent} or with it on PYTHONPATH; choose a folder named otherwise, e.g. "
+                          f"{folder.with_name(name + '-work')}")
     path = resolve_model(cfg.model)
     server = VLLMServer(path, served_model_name=cfg.model, port=cfg.port, host=cfg.host, python=cfg.vllm_python,
                         work_dir=cfg.work_dir, max_model_len=cfg.max_model_len, stop_grace_s=cfg.stop_grace_s,
