@@ -13,9 +13,12 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from seed_agents.config.loading import RenamedConfigKey
+
+if TYPE_CHECKING:
+    from seed_agents.types import EpisodeReward, Task
 
 _NAMESPACED = ("graphs", "tools", "trainers")
 # Modules that left the package for the repo's examples/ (importable from a checkout).
@@ -65,8 +68,9 @@ _SESSION_FORM = ({"session"}, {"calls"})
 
 
 def reward_form(fn: Any, spec: str = "") -> str:
-    """"episode" for ``fn(task, state)`` (the runner's and the loop's), "session" for
-    ``fn(session, calls)`` (the gateway's verifiers); a one-line ValueError for anything else."""
+    """"episode" for ``fn(task, state)`` (``seed_agents.types.EpisodeReward``, the runner's and the
+    loop's), "session" for ``fn(session, calls)`` (``seed_agents.types.Verifier``, the gateway's
+    verifiers); a one-line ValueError for anything else."""
     import inspect
 
     try:
@@ -85,26 +89,27 @@ def reward_form(fn: Any, spec: str = "") -> str:
                      f"(task, state) like the loop's rewards or (session, calls) like the gateway's verifiers")
 
 
-def load_reward(spec: str) -> Any:
+def load_reward(spec: str) -> EpisodeReward:
     """The reward at ``spec`` as ``reward(task, state) -> float``, the loop's form. A gateway
     verifier ``fn(session, calls)`` is adapted: it sees a session holding the replay's task
-    (``metadata["task"]``) and the episode's policy calls so far (the runner scores inside
-    the episode's capture scope); its None ("no opinion") scores 0."""
+    as the gateway stores one (``metadata["task"]``, a dict in ``Task``'s JSON form) and the
+    episode's policy calls so far (the runner scores inside the episode's capture scope); its
+    None ("no opinion") scores 0. ``seed_agents.types.Verifier`` says what each input holds."""
     fn = load_object(spec)
     if reward_form(fn, spec) == "episode":
         return fn
 
-    def episode_reward(task: Any, state: dict[str, Any]) -> float:
+    def episode_reward(task: Task, state: dict[str, Any]) -> float:
         import time
 
         from seed_agents.capture import current_scope
-        from seed_agents.store.records import SessionRecord
+        from seed_agents.types import SessionRecord
 
         scope = current_scope()
         calls = [c for c in (scope.calls if scope is not None else []) if c.purpose == "policy"]
         now = time.time()
-        session = SessionRecord(session_id=str(task.task_id), task_key=str(task.task_id), created_at=now, ended_at=now,
-                                metadata={"task": task.model_dump()}, flagged_reason=None, consumed_by=None,
+        session = SessionRecord(session_id=task.task_id, task_key=task.task_id, created_at=now, ended_at=now,
+                                metadata={"task": task.model_dump(mode="json")}, flagged_reason=None, consumed_by=None,
                                 num_calls=len(calls))
         value = fn(session, calls)
         return 0.0 if value is None else float(value)

@@ -16,7 +16,7 @@ import time
 import uuid
 from collections.abc import Sequence
 from enum import Enum
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -324,3 +324,62 @@ class EpisodeRecord(BaseModel):
         info = {k: v for k, v in metadata.items() if k not in (ENV_STEPS_KEY, FIRST_OBSERVATION_KEY)}
         return cls(task_id=task_id, success=success, reward=reward, steps=[EnvStep.model_validate(s) for s in raw],
                    first_observation=str(metadata.get(FIRST_OBSERVATION_KEY) or ""), metadata=info, tools=list(tools))
+
+
+# -- what a reward function is handed: the loop's form and the gateway's verifier form ------
+
+class SessionRecord(BaseModel):
+    """One session: the calls of one conversation or episode, and its life cycle.
+
+    The store's read model of a session (``seed_agents.store``), and what a ``Verifier``
+    reads. ``metadata`` holds, under ``"task"``, the task as a plain dict in ``Task``'s JSON
+    form (``{"task_id", "split", "data"}``; ``Task.model_validate`` makes it a ``Task``), when
+    the session has one: set with ``PUT /v1/sessions/{id}/metadata``, and always in a replay.
+    """
+
+    session_id: str
+    task_key: str | None = Field(description=(
+        "What the session attempts (the client's X-Task-Key). `train --from-store` trains the sessions of one key "
+        "as one GRPO group and the judge scores them against each other; the continual loop replays each session "
+        "as a group of its own and names the replayed task by the key."))
+    created_at: float
+    ended_at: float | None = Field(description="None while the session may still receive calls.")
+    metadata: dict[str, Any] = Field(description=(
+        "Free-form; the keys the project writes: 'task' (a dict in Task's JSON form) and 'recording' when set, "
+        "'transcript' for a session the gateway or a StoreSink recorded, 'episode' for one written from a trajectory."))
+    flagged_reason: str | None = Field(description="Why the session must never be trained on (e.g. a secret seen).")
+    consumed_by: str | None = Field(description="The update that trained on it; a session is trained at most once.")
+    num_calls: int
+
+
+class EpisodeReward(Protocol):
+    """The loop's and the runner's reward: ``reward(task, state) -> float``.
+
+    ``task`` is a ``Task`` (not a dict); ``state`` is the agent graph's final state, a dict:
+    for the tool agent of the continual loop ``state["answer"]`` (the text of the reply that
+    called no tool; absent when the turns ran out) and ``state["messages"]`` (the conversation
+    as LangChain messages, ``BaseMessage`` objects).
+    Success is a reward >= 1. The parameters must be named ``task`` and ``state`` (or
+    ``final_state``): ``seed_agents.imports.reward_form`` tells the two forms apart by name.
+    """
+
+    def __call__(self, task: Task, state: dict[str, Any], /) -> float: ...
+
+
+class Verifier(Protocol):
+    """The gateway's verifier, which the continual loop also takes as its reward:
+    ``verifier(session, calls) -> float | None`` (None: no opinion; the loop scores it 0).
+
+    At the gateway (``POST /v1/sessions/{id}/end``): ``session`` is the stored
+    ``SessionRecord`` and ``calls`` every call of the session, in order. In a replay or a
+    canary episode of the loop: a ``SessionRecord`` made for the episode (``session_id`` and
+    ``task_key`` are the task's ``task_id``, ``metadata`` is ``{"task": <the task as a dict>}``)
+    and that episode's policy calls so far, in order. Either way each call is an ``LLMCall``:
+    ``messages`` the prompt as rendered (role/content dicts after the tool format's conversion;
+    a forced call's prefill is the last, assistant, entry), ``text`` the reply as decoded
+    (without that prefill). The loop may call it more than once per episode (the hindsight
+    node asks whether the episode succeeded), so it must not count or change anything.
+    The parameters must be named ``session`` and ``calls``.
+    """
+
+    def __call__(self, session: SessionRecord, calls: list[LLMCall], /) -> float | None: ...

@@ -49,7 +49,6 @@ import hashlib
 import json
 import os
 import re
-import subprocess
 import threading
 import time
 from collections import defaultdict
@@ -65,7 +64,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from seed_agents.imports import load_object
 from seed_agents.redact import redact
 from seed_agents.tools.openapi import READ_ONLY_METHODS, AuthConfig, EpisodeSignal, OpenAPIToolsConfig, openapi_tools
-from seed_agents.tools.sandbox import SandboxReset, SandboxResetFailed
+from seed_agents.tools.sandbox import SandboxReset, SandboxResetFailed, run_reset_command
 from seed_agents.transcript import ToolResult
 from seed_agents.types import FaultKind
 
@@ -354,15 +353,7 @@ class ReplayTransport(httpx.BaseTransport, httpx.AsyncBaseTransport):
         if reset is None:
             return
         if reset.command is not None:
-            what = f"`{' '.join(reset.command)}`"
-            try:
-                done = subprocess.run(list(reset.command), capture_output=True, text=True, timeout=reset.timeout_s,
-                                      check=False)
-            except (OSError, subprocess.TimeoutExpired) as e:
-                raise SandboxResetFailed(f"sandbox reset {what} failed: {type(e).__name__}: {e}") from e
-            if done.returncode != 0:
-                tail = " ".join((done.stderr or done.stdout).split())[-300:]
-                raise SandboxResetFailed(f"sandbox reset {what} exited with status {done.returncode}: {tail}")
+            run_reset_command(reset.command, reset.timeout_s)
         else:
             assert self.config.sandbox_base_url is not None and reset.path is not None  # checked by the configs
             base = httpx.URL(self.config.sandbox_base_url)

@@ -9,8 +9,10 @@ messages, tools, policy version, latency, sampling) under the request's session.
 
 Sessions: the id comes from the ``X-Session-Id`` header or the path prefix
 ``/s/{session_id}/v1/...``; without one a new id is made. Either way it is echoed in the
-``X-Session-Id`` response header. ``X-Task-Key`` sets the session's task key (sessions
-with the same key form one training group) when the session has none yet.
+``X-Session-Id`` response header. ``X-Task-Key`` sets the session's task key (what it
+attempts: ``train --from-store`` trains the sessions of one key as one group and the judge
+compares them; the continual loop replays each session as a group of its own) when the
+session has none yet.
 
 Replaying a session (the continual loop): every stored call keeps the session's transcript
 (task and tool results, ``seed_agents.transcript``) in its metadata, so a session is

@@ -11,6 +11,7 @@ own verifiers record ``verifier`` and its judge ``judge``. A body asking for mor
 its key allows is refused (403), never quietly downgraded.
 
 A verifier is any ``fn(session: SessionRecord, calls: list[LLMCall]) -> float | None``
+(``seed_agents.types.Verifier``: what each input holds, here and in the loop's replays)
 named by import path (``pkg.mod:fn``) in the config. It runs when a session ends; a
 float becomes a reward with source ``"verifier"`` (comment: the verifier's path), None
 means "no opinion". A verifier that raises or returns a non-number is a fault: nothing
@@ -22,7 +23,6 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,14 +32,13 @@ from sqlalchemy.exc import SQLAlchemyError
 from seed_agents.gateway.errors import GatewayError
 from seed_agents.gateway.security import Role
 from seed_agents.imports import load_object
-from seed_agents.store import SessionRecord, StoreError, TraceStore
-from seed_agents.types import LLMCall
+from seed_agents.store import StoreError, TraceStore
+from seed_agents.types import Verifier
 
 log = logging.getLogger("seed_agents.gateway")
 
 VERIFIER_SOURCE = "verifier"
 USER_SOURCE = "user"
-Verifier = Callable[[SessionRecord, list[LLMCall]], "float | None"]
 
 
 class RewardIn(BaseModel):

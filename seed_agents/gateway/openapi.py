@@ -64,7 +64,9 @@ _CHAT_HEADERS = [
     {"name": "X-Session-Id", "in": "header", "required": False,
      "description": "The session this call belongs to; made and echoed when absent.", "schema": SESSION_ID},
     {"name": "X-Task-Key", "in": "header", "required": False,
-     "description": "Sessions with one task key form one training group.", "schema": {"type": "string", "minLength": 1, "maxLength": 256}},
+     "description": "What the session attempts: `train --from-store` trains the sessions of one key as one "
+                    "group, the judge compares them; the continual loop replays each session as a group of its own.",
+     "schema": {"type": "string", "minLength": 1, "maxLength": 256}},
 ]
 
 

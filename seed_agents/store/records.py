@@ -1,7 +1,8 @@
 """What the trace store hands back, and how several rewards become one.
 
 Every record type of the store lives here: sessions and their episodes, rewards, model
-versions and decisions, continual-loop cycles and queue lengths. These are read models:
+versions and decisions, continual-loop cycles and queue lengths (``SessionRecord`` is defined
+in ``seed_agents.types``, because a verifier reads it too, and named here). These are read models:
 the store builds them from rows; callers never construct them to write. ``RewardPolicy``
 is the one place that decides which reward a session trains on.
 """
@@ -15,19 +16,7 @@ from pydantic import BaseModel, Field
 
 from seed_agents.errors import StoreError  # noqa: F401 - named here for the store; a UserError, one line in the CLI
 from seed_agents.types import FaultKind, StopReason, Trajectory
-
-
-class SessionRecord(BaseModel):
-    """One session: the calls of one conversation or episode, and its life cycle."""
-
-    session_id: str
-    task_key: str | None = Field(description="Sessions with the same task key form one GRPO group.")
-    created_at: float
-    ended_at: float | None = Field(description="None while the session may still receive calls.")
-    metadata: dict[str, Any]
-    flagged_reason: str | None = Field(description="Why the session must never be trained on (e.g. a secret seen).")
-    consumed_by: str | None = Field(description="The update that trained on it; a session is trained at most once.")
-    num_calls: int
+from seed_agents.types import SessionRecord  # noqa: F401 - named here for the store; defined with the verifier it feeds
 
 
 class RewardRecord(BaseModel):

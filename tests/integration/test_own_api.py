@@ -7,6 +7,10 @@ the canary tasks, and the `continual --once` and `status` commands. What the tes
 
 - ports: the clinic (``tests/clinic_service.py``) runs as production and as a resettable
   sandbox on free loopback ports, the gateway on another;
+- the project's folder: the page's ``~/clinic_project`` is a folder under the test's temporary
+  one, the commands run in it, and its ``PYTHONPATH=~/clinic_project`` names that folder with
+  the working directory kept off ``sys.path`` (``PYTHONSAFEPATH``, as for the installed
+  ``seed-agents`` command), so the user's package is found through ``PYTHONPATH`` or not at all;
 - the model: `seed-agents serve` is replaced by a scripted stand-in for vLLM (the gateway's
   ``FakeVLLM`` answering each turn of the traffic from a script: a tiny random model writes
   no tool call the traffic could show), and the loop gets ``--backend.kind local`` with a
@@ -48,6 +52,7 @@ pytest.importorskip("trl")
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "own_api.md"
 DOC_PORTS = {"prod": "127.0.0.1:9000", "sandbox": "127.0.0.1:9001", "gateway": "8080", "upstream": "127.0.0.1:8000"}
+DOC_PROJECT = "~/clinic_project"  # the user's project on the page
 PROD_KEY, SANDBOX_KEY = "clinic-prod-key-5d0c8e1a7b", "clinic-sandbox-key-93fa2c6e1d"
 CLIENT_KEY, FEEDBACK_KEY = "gw-client-key-4e9b1f7a02c8", "gw-feedback-key-b83d0c5e91f6"
 # the traffic: (question, task key, the first turn's tool call, the answer after its result)
@@ -87,6 +92,14 @@ def with_flags(argv: list[str], **values: str) -> list[str]:
         assert flag in argv, f"the page's command has no {flag}"
         argv[argv.index(flag) + 1] = value
     return argv
+
+
+def on_pythonpath(prefix: dict[str, str], project: Path) -> dict[str, str]:
+    """The page's ``PYTHONPATH=~/clinic_project`` with the project's folder here, the suite's own
+    PYTHONPATH (when it has one) behind it, and the working directory off ``sys.path``."""
+    assert prefix == {"PYTHONPATH": DOC_PROJECT}, f"the page's command puts {prefix} in front, not the user's project"
+    paths = [str(project), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    return {"PYTHONPATH": os.pathsep.join(paths), "PYTHONSAFEPATH": "1"}
 
 
 def local(text: str, ports: dict[str, str]) -> str:
@@ -144,10 +157,11 @@ def test_the_own_api_walkthrough_runs_as_written(tmp_path: Path, tiny_model_dir:
     from transformers import AutoTokenizer
 
     t0 = time.perf_counter()
-    # the user's project: the reward module, the agent, the loop's config and canary tasks
-    (tmp_path / "my_clinic").mkdir()
-    (tmp_path / "my_clinic" / "__init__.py").write_text("")
-    (tmp_path / "my_clinic" / "rewards.py").write_text(doc_block("rewards"))
+    # the user's project, outside this checkout: the reward module, the agent, the loop's config and canary tasks
+    project = tmp_path / "clinic_project"
+    (project / "my_clinic").mkdir(parents=True)
+    (project / "my_clinic" / "__init__.py").write_text("")
+    (project / "my_clinic" / "rewards.py").write_text(doc_block("rewards"))
     env = {**os.environ, "CLINIC_API_KEY": PROD_KEY, "CLINIC_SANDBOX_KEY": SANDBOX_KEY, "TOKENIZERS_PARALLELISM": "false",
            "SEED_GATEWAY_CLIENT_KEYS": CLIENT_KEY, "SEED_GATEWAY_FEEDBACK_KEYS": FEEDBACK_KEY}
     for name, value in env.items():
@@ -158,17 +172,17 @@ def test_the_own_api_walkthrough_runs_as_written(tmp_path: Path, tiny_model_dir:
             served(model.app) as upstream:
         ports = {"prod": prod.url.removeprefix("http://"), "sandbox": sandbox.url.removeprefix("http://"),
                  "upstream": upstream.removeprefix("http://")}
-        (tmp_path / "clinic.yaml").write_text(local(doc_block("config"), ports))
-        (tmp_path / "clinic_canary.jsonl").write_text(doc_block("canary"))
+        (project / "clinic.yaml").write_text(local(doc_block("config"), ports))
+        (project / "clinic_canary.jsonl").write_text(doc_block("canary"))
         agent_code = local(doc_block("agent"), ports)
-        (tmp_path / "my_clinic" / "agent.py").write_text(agent_code)
+        (project / "my_clinic" / "agent.py").write_text(agent_code)
 
         # 1-3. the gateway in front of the model, the agent behind it, users' traffic with rewards
         commands = doc_commands(local(doc_block("gateway"), ports))
         assert [argv[3] for _, argv in commands] == ["serve", "gateway"]  # serve: the scripted stand-in above
         prefix, argv = commands[1]
         argv = with_flags(argv, upstream=upstream, tokenizer=tiny_model_dir, port=str(free_port()))
-        with gateway(argv, {**env, **prefix}, tmp_path) as gateway_url:
+        with gateway(argv, {**env, **on_pythonpath(prefix, project)}, project) as gateway_url:
             monkeypatch.setenv("GATEWAY_URL", gateway_url)
             monkeypatch.setenv("GATEWAY_CLIENT_KEY", CLIENT_KEY)
             monkeypatch.setenv("GATEWAY_FEEDBACK_KEY", FEEDBACK_KEY)
@@ -182,7 +196,7 @@ def test_the_own_api_walkthrough_runs_as_written(tmp_path: Path, tiny_model_dir:
         assert prod.mutating() == 1  # the users' booking: production traffic writes, as it should
         traffic_s = time.perf_counter() - t0
 
-        store = TraceStore.open(f"sqlite:///{tmp_path / 'runs' / 'clinic' / 'traces.db'}")
+        store = TraceStore.open(f"sqlite:///{project / 'runs' / 'clinic' / 'traces.db'}")
         sessions = store.sessions()
         assert len(sessions) == 2 and {s.task_key for s in sessions} == {"book", "slots"}
         rewards = {s.task_key: {r.source: r.value for r in store.rewards(s.session_id)} for s in sessions}
@@ -192,8 +206,9 @@ def test_the_own_api_walkthrough_runs_as_written(tmp_path: Path, tiny_model_dir:
         (run_prefix, continual), (_, status) = doc_commands(doc_block("loop"))
         assert continual[3:] == ["continual", "--config", "clinic.yaml", "--once"] and status[3] == "status"
         started = time.perf_counter()
-        run = subprocess.run([*continual, *TINY_RUN, "--backend.model", tiny_model_dir], cwd=tmp_path,
-                             env={**env, **run_prefix}, capture_output=True, text=True, timeout=900, check=False)
+        run = subprocess.run([*continual, *TINY_RUN, "--backend.model", tiny_model_dir], cwd=project,
+                             env={**env, **on_pythonpath(run_prefix, project)}, capture_output=True, text=True,
+                             timeout=900, check=False)
         wall = time.perf_counter() - started
         assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
         (line,) = [x for x in run.stdout.splitlines() if x.startswith("cycle ")]
@@ -208,7 +223,7 @@ def test_the_own_api_walkthrough_runs_as_written(tmp_path: Path, tiny_model_dir:
 
     # production: not one mutating request from the loop (its only write is the users' booking)
     assert prod.mutating() == 1
-    replays = [json.loads(x) for x in (tmp_path / "runs" / "clinic" / "cycles" / "1" / "replays.jsonl")
+    replays = [json.loads(x) for x in (project / "runs" / "clinic" / "cycles" / "1" / "replays.jsonl")
                .read_text().splitlines()]
     assert len(replays) == 4 and all(r["fault"] is None for r in replays), [r.get("error") for r in replays]
     counts = [r["metadata"]["replay"] for r in replays]
@@ -223,7 +238,7 @@ def test_the_own_api_walkthrough_runs_as_written(tmp_path: Path, tiny_model_dir:
     assert sum("POST /waitlist" in e for e in episodes) >= 4, log
 
     # status shows the cycle's decision
-    shown = subprocess.run(status, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300, check=False)
+    shown = subprocess.run(status, cwd=project, env=env, capture_output=True, text=True, timeout=300, check=False)
     assert shown.returncode == 0, shown.stderr[-2000:]
     assert re.search(r"#2 .* clinic-agent (PROMOTE|REJECT) v1 by gate", shown.stdout), shown.stdout
     assert re.search(r"\n  trained +2 ", shown.stdout), shown.stdout  # both sessions consumed, once

@@ -12,8 +12,14 @@ sandbox answers tells whether an earlier episode's write was still there.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import os
+import re
+import shutil
+import signal
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -34,6 +40,7 @@ from seed_agents.tools.openapi import AuthConfig
 from seed_agents.tools.replay import ReplayConfig, ReplayTransport, SandboxResetFailed
 from seed_agents.types import FaultKind
 from tests.clinic_service import ClinicServer
+from tests.gateway_procs import free_port
 
 NAME = "clinic-agent"
 SANDBOX_KEY = "sandbox-key-7f3a9c21e4b8"
@@ -246,3 +253,114 @@ def test_the_configs_say_which_sandbox_settings_go_together(tmp_path: Path) -> N
         ContinualConfig.model_validate({**raw, "replay": base})
     cfg = ContinualConfig.model_validate({**raw, "replay": {**base, "sandbox_reset": {"path": "/reset"}}})
     assert cfg.canary.replay_sandbox and cfg.replay.mode == "shadow"
+
+
+# ------------------------------------------------------------------ reset commands: how they run
+
+ROOT = Path(__file__).resolve().parents[2]
+PROD_KEY = "prod-key-0c4e8b2d9a17"
+STAND_IN_API = """import os
+
+from tests.clinic_service import create_app
+
+assert os.path.isfile(os.environ["CLINIC_DB"])  # the fresh copy the script made
+app = create_app(api_key=os.environ["CLINIC_API_KEY"], resettable=True)
+"""
+
+
+def command_reset(command: list[str], timeout_s: float = 30.0) -> ReplayTransport:
+    config = ReplayConfig.model_validate({"mode": "shadow", "production_base_url": "http://127.0.0.1:1",
+                                          "sandbox_base_url": "http://127.0.0.1:2",
+                                          "sandbox_reset": {"command": command, "timeout_s": timeout_s}})
+    return ReplayTransport(config, live=httpx.MockTransport(lambda r: httpx.Response(599)))
+
+
+def kill_from(pidfile: Path) -> None:
+    """End a process a test's reset command started (its pid in ``pidfile``), and wait for it."""
+    if not pidfile.exists():
+        return
+    pid = int(pidfile.read_text())
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+    for _ in range(100):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.05)
+
+
+@pytest.mark.skipif(not (shutil.which("setsid") and shutil.which("curl")), reason="the page's script uses setsid and curl")
+def test_the_pages_restart_script_detaches_its_server_and_sees_the_loops_environment(tmp_path, monkeypatch):
+    """docs/own_api.md's ``restart_sandbox.sh``, as written but for the port, in a user's project:
+    the server it starts outlives the reset, gets the sandbox key from the loop's environment,
+    writes its files in the loop's directory, and a second reset starts it afresh."""
+    found = re.search(r"<!-- own-api:reset -->\n```sh\n(.*?)```", (ROOT / "docs" / "own_api.md").read_text(), re.DOTALL)
+    assert found, "docs/own_api.md lost its block reset"
+    port = free_port()
+    project = tmp_path / "clinic_project"
+    (project / "my_clinic").mkdir(parents=True)
+    (project / "my_clinic" / "__init__.py").write_text("")
+    (project / "my_clinic" / "api.py").write_text(STAND_IN_API)
+    (project / "fixtures").mkdir()
+    (project / "fixtures" / "clinic.db").write_text("fixtures")
+    (project / "restart_sandbox.sh").write_text(found.group(1).replace("9001", str(port)))
+    monkeypatch.chdir(project)  # the loop's working directory
+    monkeypatch.setenv("CLINIC_API_KEY", PROD_KEY)
+    monkeypatch.setenv("CLINIC_SANDBOX_KEY", SANDBOX_KEY)
+    monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")  # uvicorn
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(project), str(ROOT)]))  # the user's package, tests/
+    transport = command_reset(["sh", "restart_sandbox.sh"], timeout_s=60)
+    url = f"http://127.0.0.1:{port}/waitlist"
+    try:
+        transport.reset_sandbox()  # returns once the server answers, which goes on serving
+        first = (project / "sandbox.pid").read_text()
+        join = httpx.post(url, json={"date": "2025-03-04"}, headers={"X-Api-Key": SANDBOX_KEY})
+        assert join.json()["position"] == 1
+        assert httpx.post(url, json={"date": "2025-03-04"}, headers={"X-Api-Key": PROD_KEY}).status_code == 401
+        assert (project / "sandbox.db").read_text() == "fixtures" and (project / "sandbox.log").exists()
+
+        transport.reset_sandbox()  # stops that server, starts a new one: the write above is gone
+        assert (project / "sandbox.pid").read_text() != first
+        assert httpx.post(url, json={"date": "2025-03-04"}, headers={"X-Api-Key": SANDBOX_KEY}).json()["position"] == 1
+        assert transport.sandbox_resets == 2
+    finally:
+        kill_from(project / "sandbox.pid")
+
+
+def test_a_reset_command_sees_the_loops_environment_and_directory_and_an_empty_stdin(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("CLINIC_SANDBOX_KEY", SANDBOX_KEY)
+    monkeypatch.setenv("CLINIC_API_KEY", PROD_KEY)
+    command_reset(["sh", "-c", 'pwd > where; printf %s "$CLINIC_SANDBOX_KEY/$CLINIC_API_KEY" > keys; cat > stdin'],
+                  timeout_s=10).reset_sandbox()
+    assert Path((tmp_path / "where").read_text().strip()).resolve() == tmp_path.resolve()
+    assert (tmp_path / "keys").read_text() == f"{SANDBOX_KEY}/{PROD_KEY}"  # every variable, as it is
+    assert (tmp_path / "stdin").read_text() == ""  # end of file at once: a prompt cannot hang the reset
+
+
+def test_a_server_left_attached_fails_the_reset_in_one_line_soon_after_the_command_exits(tmp_path):
+    pidfile = tmp_path / "attached.pid"
+    transport = command_reset(["sh", "-c", f"sleep 30 & echo $! > {pidfile}"], timeout_s=20)
+    started = time.monotonic()
+    try:
+        with pytest.raises(SandboxResetFailed) as info:
+            transport.reset_sandbox()
+    finally:
+        kill_from(pidfile)
+    assert time.monotonic() - started < 10  # DETACH_GRACE_S after the exit, not timeout_s
+    message = str(info.value)
+    assert "exited with status 0, but a process it started still holds its output" in message and "\n" not in message
+    assert "setsid server > sandbox.log 2>&1 < /dev/null &" in message
+    assert transport.sandbox_resets == 0 and info.value.kind == FaultKind.ENV
+
+
+def test_a_reset_command_that_does_not_end_is_stopped_at_its_timeout(tmp_path):
+    transport = command_reset(["sh", "-c", f"echo $$ > {tmp_path / 'pid'}; exec sleep 30"], timeout_s=0.5)
+    started = time.monotonic()
+    with pytest.raises(SandboxResetFailed, match=r"`sh -c .*` did not finish within 0.5 s$"):
+        transport.reset_sandbox()
+    assert time.monotonic() - started < 5
+    pid = int((tmp_path / "pid").read_text())
+    with pytest.raises(ProcessLookupError):  # killed and reaped
+        os.kill(pid, 0)
