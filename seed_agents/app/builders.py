@@ -8,6 +8,7 @@ episode is played), so the set-up lives once. Nothing here imports the trainer s
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,15 @@ from seed_agents.errors import ConfigError
 from seed_agents.types import SamplingParams, Task
 
 
-def read_tasks(path: Path) -> list[Any]:
+_TASKS_FUNCTION = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
+
+
+def read_tasks(path: Path | str) -> list[Any]:
+    """The tasks of a JSONL file (one Task record a line), or of a function named by import
+    path (``pkg.module:fn``, called with no argument) where no such file exists: a task
+    family that ships inside a package has its tasks without a data file beside it."""
+    if not Path(path).exists() and _TASKS_FUNCTION.fullmatch(str(path)):
+        return _tasks_from_function(str(path))
     try:
         lines = Path(path).read_text(encoding="utf-8").splitlines()
     except OSError as err:
@@ -42,6 +51,20 @@ def read_tasks(path: Path) -> list[Any]:
                                   f"line: {{\"task_id\": ..., \"data\": {{...}}}}") from None
     if not tasks:
         raise ConfigError(f"{path} holds no tasks; write one Task record per line")
+    return tasks
+
+
+def _tasks_from_function(spec: str) -> list[Task]:
+    from seed_agents.imports import load_object
+
+    try:
+        made = load_object(spec)()
+        tasks = [t if isinstance(t, Task) else Task.model_validate(t) for t in made]
+    except (ValueError, TypeError) as err:
+        raise ConfigError(f"tasks {spec!r}: {first_error(err)}; name a JSONL file "
+                          f"or a function 'pkg.module:fn' that returns Task records") from None
+    if not tasks:
+        raise ConfigError(f"tasks {spec!r} returned no tasks")
     return tasks
 
 

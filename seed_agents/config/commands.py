@@ -143,7 +143,7 @@ class GraphConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     build: str = Field(description="Import path 'pkg.module:fn'; fn(chat_model) returns a compiled graph.")
-    tasks: Path = Field(description="JSONL file, one Task per line ({'task_id': ..., 'data': {...}}).")
+    tasks: Path = Field(description="JSONL file, one Task per line ({'task_id': ..., 'data': {...}}), or a function 'pkg.module:fn' returning them.")
     reward: str = Field(description="Import path of reward(task, final_state) -> float; success is reward >= 1.")
     input: Literal["task", "messages"] = Field("task", description="Graph input: {'task': Task}, or also {'messages': [user: task.data['question']]} (prebuilt agents).")
 
@@ -191,7 +191,7 @@ class PeriodicEvalConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     split: str = Field("eval_seen", description="Env suite split to evaluate on (never the training split).")
-    tasks: Path | None = Field(None, description="Graph training: JSONL of held-out Task records (instead of a split).")
+    tasks: Path | None = Field(None, description="Graph training: JSONL of held-out Task records, or a function 'pkg.module:fn' returning them (instead of a split).")
     num_tasks: int = Field(8, ge=1, description="Held-out tasks, the same ones at every evaluation.")
     group_size: int = Field(1, ge=1, description="Episodes per held-out task.")
     every: int = Field(1, ge=1, description="Updates between evaluations.")
