@@ -14,7 +14,10 @@ One cycle, top to bottom (``ContinualLoop.step``):
    ``metadata["task"]`` when set, else the session's own transcript (its first user
    message, ``seed_agents.transcript``); the recording is ``metadata["recording"]`` when set,
    else the transcript's tool results (``tools.replay.recording_from_transcript``). The
-   hindsight node writes each replay's skill (SEED).
+   hindsight node writes each replay's skill (SEED). A session is a group; with fewer than
+   ``min_signal_groups`` groups with unequal rewards the cycle does not train: it is
+   ``skipped`` (``TraceStore.skip_cycle``), its sessions without reward variance become
+   ``unusable`` and the others go back to the queue.
 3. **train**: one SEED step on a LoRA adapter that starts from the promoted adapter (and,
    with ``carry_optimizer``, from the optimizer state saved with it: cycles then train as
    the steps of one run), with
@@ -26,8 +29,9 @@ One cycle, top to bottom (``ContinualLoop.step``):
 5. **canary + decide**: candidate and promoted version (with ``gate.anchor_margin``, the
    anchor too, once it no longer serves) play the fixed canary tasks with the same seeds
    (tools in a fresh sandbox app, the replay section's sandbox, or replay mode),
-   ``gate.decide`` compares them, ``VersionRegistry.record_decision`` promotes or
-   rejects with the evidence and every canary episode (``continual.canary.CanaryEpisode``:
+   ``gate.decide`` compares them (and says how many pairs played identically and how
+   many of the update's groups had no reward variance), ``VersionRegistry.record_decision``
+   promotes or rejects with the evidence and every canary episode (``continual.canary.CanaryEpisode``:
    its tool calls, results, answer), and the cycle is ``decided``.
 
 ``evaluate`` (steps 4-5 without the decision) is also what ``seed_agents.app.drill`` runs
@@ -75,7 +79,7 @@ from seed_agents.capture import JsonlSink
 from seed_agents.chat_model import SeedChatModel
 from seed_agents.config import TrainConfig
 from seed_agents.continual.canary import CanaryEpisode, Side, anchor_side, split_sides
-from seed_agents.continual.gate import GateDecision, decide
+from seed_agents.continual.gate import GateDecision, UpdateSignal, decide
 from seed_agents.continual.versions import VersionRegistry
 from seed_agents.errors import ContinualError
 from seed_agents.faults import crash_point
@@ -109,6 +113,7 @@ class CycleOutcome:
     state: str
     sessions: int
     unusable: int = 0
+    released: int = 0
     replays: int = 0
     replay_reward: float | None = None
     base_version: int | None = None
@@ -199,6 +204,8 @@ class ContinualLoop:
             if outcome is not None:
                 done.append(outcome)
                 self.log(outcome.line())
+                if outcome.released and not once:  # they wait for more signal: not replayed again at once
+                    time.sleep(self.cfg.poll_s)
             elif once:
                 self.log(f"no rewarded session waiting for {self.cfg.name!r}; nothing to do")
             else:
@@ -257,13 +264,31 @@ class ContinualLoop:
             outcome.notes.append("no session had two clean replays: skipped")
             return self.store.skip_cycle(cycle.cycle_id, unusable)
         trainable = [t for t in trajs if t.metadata.get("session_id") not in unusable]
+        flat = _flat_groups(trainable)
+        signal = UpdateSignal(groups=len(sids) - len(unusable), flat_groups=len(flat))
+        if signal.signal_groups < self.cfg.min_signal_groups:
+            return self._skip_without_signal(cycle, outcome, signal, unusable, flat)
         path, metrics = self._train(cycle.cycle_id, base, trainable)
         crash_point("continual-train-saved")
         cycle, _ = self.store.finish_training(
             cycle.cycle_id, path=str(path), unusable=unusable,
-            metadata={"metrics": metrics, "replays": len(trajs), "replay_reward": outcome.replay_reward})
+            metadata={"metrics": metrics, "replays": len(trajs), "replay_reward": outcome.replay_reward,
+                      "signal": signal.model_dump()})
         crash_point("continual-trained")
         return cycle
+
+    def _skip_without_signal(self, cycle: CycleRecord, outcome: CycleOutcome, signal: UpdateSignal,
+                             unusable: dict[str, str], flat: dict[str, str]) -> CycleRecord:
+        """Too few groups with unequal rewards to train on: an update would move the adapter
+        without the rewards saying which way. Sessions without reward variance are spent
+        (``unusable``, with why); those with it go back to the queue for a later cycle."""
+        why = (f"{signal.signal_groups} of {signal.groups} groups had unequal rewards, fewer than min_signal_groups "
+               f"{self.cfg.min_signal_groups}")
+        back = [sid for sid in self.store.cycle_sessions(cycle.cycle_id) if sid not in unusable and sid not in flat]
+        outcome.unusable, outcome.released = len(unusable) + len(flat), len(back)
+        outcome.notes.append(f"{why}: skipped without training" + (f", {_n(len(back), 'session')} queued again"
+                                                                    if back else ""))
+        return self.store.skip_cycle(cycle.cycle_id, {**unusable, **flat}, release=back, reason=why)
 
     async def _replays(self, cycle_id: int, sids: Sequence[str],
                        base: ModelVersionRecord) -> tuple[list[Trajectory], dict[str, str]]:
@@ -399,7 +424,9 @@ class ContinualLoop:
             outcome.notes.append(f"decision #{stored[-1].decision_id} already stored: {stored[-1].summary}")
             return self.store.advance_cycle(cycle.cycle_id, ("loaded",), "decided", decision_id=stored[-1].decision_id)
         promoted = self._promoted()
-        decision, episodes = self.evaluate(promoted, candidate)
+        raw_signal = candidate.metadata.get("signal")
+        update = UpdateSignal.model_validate(raw_signal) if isinstance(raw_signal, dict) else None
+        decision, episodes = self.evaluate(promoted, candidate, update=update)
         outcome.decision = decision
         try:
             record = self.registry.record_decision(name, candidate.version, decision, baseline=promoted.version,
@@ -415,11 +442,12 @@ class ContinualLoop:
         return self.store.advance_cycle(cycle.cycle_id, ("loaded",), "decided", decision_id=record.decision_id,
                                         metadata={"verdict": decision.verdict, "compared_with": promoted.version})
 
-    def evaluate(self, promoted: ModelVersionRecord,
-                 candidate: ModelVersionRecord) -> tuple[GateDecision, list[CanaryEpisode]]:
+    def evaluate(self, promoted: ModelVersionRecord, candidate: ModelVersionRecord, *,
+                 update: UpdateSignal | None = None) -> tuple[GateDecision, list[CanaryEpisode]]:
         """Load ``candidate`` (again: a restarted server forgets runtime adapters), play the
         canary with both versions (and the anchor, when the gate has an anchor margin and
-        the anchor is not the promoted version) and ask the gate; nothing is stored."""
+        the anchor is not the promoted version) and ask the gate; nothing is stored.
+        ``update``: the reward signal of the candidate's update, kept with the decision."""
         self.serving.load(candidate)
         anchor = self._anchor() if self.cfg.gate.anchor_margin is not None else None
         third = anchor if anchor is not None and anchor.version != promoted.version else None
@@ -430,7 +458,8 @@ class ContinualLoop:
         anchor_results = None
         if anchor is not None:  # the anchor played as its own side, or it is the promoted version
             anchor_results = anchor_side(episodes) if third is not None else promoted_results
-        return decide(promoted_results, candidate_results, self.cfg.gate, anchor=anchor_results), episodes
+        decision = decide(promoted_results, candidate_results, self.cfg.gate, anchor=anchor_results, update=update)
+        return decision, episodes
 
     def _anchor(self) -> ModelVersionRecord:
         """The gate's anchor: the oldest version of this name that served and was not
@@ -535,6 +564,21 @@ class ContinualLoop:
 
     def close(self) -> None:
         self.store.close()
+
+
+def _n(count: int, noun: str) -> str:
+    return f"{count} {noun}" + ("" if count == 1 else "s")
+
+
+def _flat_groups(trajs: Sequence[Trajectory]) -> dict[str, str]:
+    """Sessions whose clean replays all got the same reward (zero advantages: the rewards
+    teach nothing through them), with why."""
+    rewards: dict[str, list[float]] = {}
+    for t in trajs:
+        if t.fault is None:
+            rewards.setdefault(str(t.metadata.get("session_id")), []).append(t.reward)
+    return {sid: f"no reward variance: its {len(rs)} clean replays all scored {rs[0]:g}"
+            for sid, rs in rewards.items() if max(rs) - min(rs) <= 1e-9}
 
 
 def _keeping_state(reward: Callable[[Task, dict[str, Any]], float],

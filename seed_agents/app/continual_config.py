@@ -84,6 +84,9 @@ class ContinualConfig(BaseModel):
     replay: ReplayConfig = Field(default_factory=lambda: ReplayConfig(mode="shadow"), description="How training replays treat the tools (seed_agents.tools.replay.ReplayConfig; mode must be shadow, the default here).")
     sessions_per_cycle: int = Field(4, ge=1, le=10_000, description="Rewarded sessions claimed per cycle: each one is a task replayed group_size times.")
     group_size: int = Field(4, ge=2, le=256, description="Shadow replays per session: the GRPO group G.")
+    min_signal_groups: int = Field(1, ge=0, le=10_000, description=(
+        "Train only when this many replay groups had unequal rewards; else the cycle is skipped (sessions without "
+        "reward variance unusable, the rest queued again). 0: always train."))
     carry_optimizer: bool = Field(True, description=(
         "Keep the optimizer's state (Adam's moments and step count) with each adapter and start the next cycle's "
         "step from the promoted adapter's, so cycles train as the steps of one run do; off: every cycle's step is "

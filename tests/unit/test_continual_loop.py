@@ -10,6 +10,7 @@ the exactly-once bookkeeping. The verdicts themselves are tested in test_gate.py
 from __future__ import annotations
 
 import json
+import random
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -58,6 +59,7 @@ def make_config(tmp_path: Path, tiny_model_dir: str, prod_url: str, **over: Any)
         "sessions_per_cycle": 2, "group_size": 2,
         "canary": {"tasks": str(canary), "seeds": 1, "sandbox_app": "examples.library_service:create_app"},
         "gate": {"min_tasks": 2, "resamples": 200},
+        "min_signal_groups": 0,  # the tiny model scores 0 everywhere: train anyway, the plumbing is the point
         **over,
     }
     return ContinualConfig.model_validate(raw)
@@ -111,6 +113,10 @@ def test_cycles_claim_train_gate_and_account_for_every_session(tmp_path, tiny_mo
     assert prod.log.mutating() == 0  # no replay or canary episode wrote to production
     assert len(lines) == 2 and lines[0].startswith(f"cycle {cycles[0].cycle_id}: 2 sessions -> 4 replays")
     assert "promote" in lines[0] and lines[1].endswith("s)") and "v2 serves" in lines[1]
+    # every canary pair and every update group alike: the decision says the candidate changed nothing
+    gate = decisions[cycles[0].candidate_version].evidence["gate"]
+    assert gate["update"] == {"groups": 2, "flat_groups": 2} and gate["identical_pairs"] is not None
+    assert "2/2 update groups without reward variance" in lines[0]
 
     assert loop.step() is None  # nothing waits: no cycle opened
     assert len(store.cycles(cfg.name)) == 2
@@ -239,3 +245,53 @@ def test_the_tools_and_replay_sections_are_checked_when_the_config_loads(tmp_pat
     path.write_text(json.dumps({**base, "agent": {"tools": tools, "reward": "m:f"}, "replay": {"live_reads_per_s": 1.0}}))
     cfg = load_config(ContinualConfig, path, {})
     assert cfg.replay.mode == "shadow" and cfg.agent.tools.base_url == "http://127.0.0.1:8000"
+
+
+def signal_reward(task: Task, state: dict[str, Any]) -> float:
+    """A reward with variance where the task asks for it (``data["signal"]``), else 0: a
+    group with unequal rewards from a model that solves nothing."""
+    return random.random() if task.data.get("signal") else 0.0
+
+
+def recorded_session(store: TraceStore, i: int, *, signal: bool = False, max_tokens: int = 5,
+                     temperature: float = 0.3, tool_choice: str = "auto") -> str:
+    """An ended, rewarded library session whose calls recorded their sampling, as the gateway records them."""
+    from seed_agents.transcript import record_transcript, transcript_of
+    from seed_agents.types import SamplingParams
+
+    spec = LIBRARY_TASKS[i % len(LIBRARY_TASKS)]
+    task = {**spec, "data": {**spec["data"], "signal": signal}}
+    sid = store.create_session(f"rec-{i:03d}", task_key=spec["task_id"], metadata={"task": task})
+    messages = [{"role": "user", "content": spec["data"]["question"]}]
+    call = LLMCall(call_id=f"rec-call-{i:03d}", messages=messages, prompt_ids=[1, 2, 3], completion_ids=[4],
+                   logprobs=[-0.5], sampling=SamplingParams(max_tokens=max_tokens, temperature=temperature),
+                   scope={"source": "gateway", "tool_choice": tool_choice})
+    turn = store.add_call(sid, call)
+    record_transcript(store, sid, transcript_of(messages), call=call, turn=turn)
+    store.add_reward(sid, 1.0, source="user")
+    store.end_session(sid)
+    return sid
+
+
+def test_a_cycle_without_enough_reward_signal_does_not_train(tmp_path, tiny_model_dir, prod):
+    """Issue 66: 5 of 6 groups without reward variance still made a candidate. Below
+    min_signal_groups (groups with unequal rewards) the cycle is skipped: no candidate, the
+    sessions without variance spent (unusable, with why), the others back in the queue."""
+    cfg = make_config(tmp_path, tiny_model_dir, prod.url, min_signal_groups=2,
+                      agent={"tools": {"base_url": prod.url, "allow_hosts": ["127.0.0.1"]}, "max_turns": 2,
+                             "reward": "tests.unit.test_continual_loop:signal_reward"})
+    store = TraceStore.open(cfg.store)
+    flat, varied = recorded_session(store, 0), recorded_session(store, 1, signal=True)
+    lines: list[str] = []
+    loop = ContinualLoop(cfg, store=store, log=lines.append)
+    (outcome,) = loop.run(once=True)
+    assert (outcome.state, outcome.candidate_version, outcome.unusable, outcome.released) == ("skipped", None, 1, 1)
+    assert "1 of 2 groups had unequal rewards, fewer than min_signal_groups 2: skipped without training, 1 session " \
+           "queued again" in lines[-1]
+    claims = store.claim_states()
+    assert claims == {flat: (1, "unusable", "no reward variance: its 2 clean replays all scored 0")}
+    assert [s.session_id for s in store.trainable_sessions()] == [varied]  # back in the queue, nothing lost
+    assert store.get_cycle(1).metadata["skipped"] == {
+        "reason": "1 of 2 groups had unequal rewards, fewer than min_signal_groups 2", "unusable": 1, "released": 1}
+    assert [v.version for v in store.model_versions(cfg.name)] == [0]  # nothing trained
+    loop.close()
