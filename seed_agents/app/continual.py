@@ -13,11 +13,14 @@ One cycle, top to bottom (``ContinualLoop.step``):
    at a time (a failed reset faults the episode); a sandbox app is fresh per episode. The task is
    ``metadata["task"]`` when set, else the session's own transcript (its first user
    message, ``seed_agents.transcript``); the recording is ``metadata["recording"]`` when set,
-   else the transcript's tool results (``tools.replay.recording_from_transcript``). The
-   hindsight node writes each replay's skill (SEED). A session is a group; with fewer than
-   ``min_signal_groups`` groups with unequal rewards the cycle does not train: it is
-   ``skipped`` (``TraceStore.skip_cycle``), its sessions without reward variance become
-   ``unusable`` and the others go back to the queue.
+   else the transcript's tool results (``tools.replay.recording_from_transcript``). A replay
+   samples as the session's calls did (``metadata["sampling"]``: max_tokens, temperature,
+   tool_choice) where the config leaves those unset (``ContinualConfig.play``); where the
+   config sets one that differs, the loop says so once. The hindsight node writes each
+   replay's skill (SEED). A session is a group; with fewer than ``min_signal_groups``
+   groups with unequal rewards the cycle does not train: it is ``skipped``
+   (``TraceStore.skip_cycle``), its sessions without reward variance become ``unusable``
+   and the others go back to the queue.
 3. **train**: one SEED step on a LoRA adapter that starts from the promoted adapter (and,
    with ``carry_optimizer``, from the optimizer state saved with it: cycles then train as
    the steps of one run), with
@@ -59,7 +62,7 @@ import gc
 import os
 import shutil
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -72,7 +75,7 @@ from safetensors.torch import load_file
 from transformers import TrainerCallback
 
 from seed_agents.app.builders import read_tasks
-from seed_agents.app.continual_config import ContinualConfig
+from seed_agents.app.continual_config import ContinualConfig, Play, most_common
 from seed_agents.app.policy import build_policy, seed_config
 from seed_agents.app.serving import Serving, serving_for
 from seed_agents.capture import JsonlSink
@@ -100,7 +103,7 @@ from seed_agents.tools.openapi import load_spec, openapi_tools, read_only_predic
 from seed_agents.tools.replay import Recording, ReplayConfig, ReplayTransport, TokenBucket, recording_from_transcript
 from seed_agents.trainers.rollout import GraphRollout
 from seed_agents.trainers.seed_trainer import SEEDTrainer
-from seed_agents.transcript import session_transcript, transcript_of
+from seed_agents.transcript import DeployedSampling, session_sampling, session_transcript, transcript_of
 from seed_agents.types import FaultKind, Task, Trajectory
 
 __all__ = ["ContinualError", "ContinualLoop", "CycleOutcome", "cycle_overview"]
@@ -158,6 +161,7 @@ class ContinualLoop:
         """``bootstrap``: make the base model v0 and promote it when nothing is promoted yet
         (the loop's first start); a drill passes False, since it must change nothing."""
         self.cfg, self.log = cfg, log
+        self._warned: set[str] = set()
         self.tools_cfg, self.replay_cfg = cfg.agent.tools, cfg.replay
         try:
             self.reward = load_reward(cfg.agent.reward)
@@ -176,6 +180,7 @@ class ContinualLoop:
         except ValueError as e:
             raise ContinualError(f"agent.tools: {' '.join(str(e).split())}") from None
         names = [t.name for t in tools]
+        self.tool_names = frozenset(names)
         if cfg.agent.tool_choice not in ("auto", "none", "required", "any", *names):
             raise ContinualError(f"agent.tool_choice {cfg.agent.tool_choice!r} is not auto, none, required or one of "
                                  f"the spec's tools ({', '.join(names)})")
@@ -232,12 +237,14 @@ class ContinualLoop:
             cycle = self.store.resume_cycle(cycle.cycle_id)
         outcome = CycleOutcome(cycle_id=cycle.cycle_id, state=cycle.state, resumed_from=resumed,
                                sessions=len(self.store.cycle_sessions(cycle.cycle_id)), base_version=cycle.base_version)
+        deployed = self._deployed(cycle.cycle_id)
+        self._warn_unlike(deployed.values())
         if cycle.state == "claimed":
-            cycle = self._replay_and_train(cycle, outcome)
+            cycle = self._replay_and_train(cycle, outcome, deployed)
         if cycle.state == "trained":
             cycle = self._load(cycle)
         if cycle.state == "loaded":
-            cycle = self._evaluate_and_decide(cycle, outcome)
+            cycle = self._evaluate_and_decide(cycle, outcome, most_common(deployed.values()))
         outcome.state, outcome.candidate_version = cycle.state, cycle.candidate_version
         outcome.unusable = outcome.unusable or len(self.store.cycle_sessions(cycle.cycle_id, "unusable"))
         outcome.serving, outcome.wall_s = self._promoted().version, time.perf_counter() - t0
@@ -245,10 +252,11 @@ class ContinualLoop:
 
     # --------------------------------------------------------- claimed -> trained
 
-    def _replay_and_train(self, cycle: CycleRecord, outcome: CycleOutcome) -> CycleRecord:
+    def _replay_and_train(self, cycle: CycleRecord, outcome: CycleOutcome,
+                          deployed: dict[str, DeployedSampling | None]) -> CycleRecord:
         base = self._version(cycle.base_version)
         sids = self.store.cycle_sessions(cycle.cycle_id)
-        trajs, unusable = asyncio.run(self._replays(cycle.cycle_id, sids, base))
+        trajs, unusable = asyncio.run(self._replays(cycle.cycle_id, sids, base, deployed))
         outcome.replays = len(trajs)
         clean = [t for t in trajs if t.fault is None]
         outcome.replay_reward = sum(t.reward for t in clean) / len(clean) if clean else 0.0
@@ -290,10 +298,13 @@ class ContinualLoop:
                                                                     if back else ""))
         return self.store.skip_cycle(cycle.cycle_id, {**unusable, **flat}, release=back, reason=why)
 
-    async def _replays(self, cycle_id: int, sids: Sequence[str],
-                       base: ModelVersionRecord) -> tuple[list[Trajectory], dict[str, str]]:
-        """``group_size`` shadow replays of each session's task by ``base``; sessions that
-        cannot make a group (no task recorded, fewer than two clean replays), with why."""
+    async def _replays(self, cycle_id: int, sids: Sequence[str], base: ModelVersionRecord,
+                       deployed: dict[str, DeployedSampling | None] | None = None,
+                       ) -> tuple[list[Trajectory], dict[str, str]]:
+        """``group_size`` shadow replays of each session's task by ``base``, sampled as the
+        session was (``deployed``, where the config does not say); sessions that cannot make a
+        group (no task recorded, fewer than two clean replays), with why."""
+        deployed = deployed or {}
         backend = self.serving.backend(base)
         unusable: dict[str, str] = {}
         jobs, transports = [], []
@@ -313,7 +324,7 @@ class ContinualLoop:
             async with sem:
                 traj = await self._episode(backend, task, group_id=f"c{cycle_id}-{sid}", sample_index=i, seed=None,
                                            transport=transport, hindsight=self.cfg.skills.source == "self",
-                                           temperature=self.cfg.sampling.temperature)
+                                           play=self.cfg.play(deployed.get(sid), tools=self.tool_names))
             traj.metadata.update(session_id=sid, cycle=cycle_id,
                                  replay={**transport.counters.as_dict(), "sandbox_resets": transport.sandbox_resets})
             return traj
@@ -413,7 +424,8 @@ class ContinualLoop:
 
     # --------------------------------------------------------- loaded -> decided
 
-    def _evaluate_and_decide(self, cycle: CycleRecord, outcome: CycleOutcome) -> CycleRecord:
+    def _evaluate_and_decide(self, cycle: CycleRecord, outcome: CycleOutcome,
+                             deployed: DeployedSampling | None) -> CycleRecord:
         name = self.cfg.name
         candidate = self._version(cycle.candidate_version)
         if candidate.status != "candidate":  # decided before the kill; adopt the stored decision
@@ -426,7 +438,7 @@ class ContinualLoop:
         promoted = self._promoted()
         raw_signal = candidate.metadata.get("signal")
         update = UpdateSignal.model_validate(raw_signal) if isinstance(raw_signal, dict) else None
-        decision, episodes = self.evaluate(promoted, candidate, update=update)
+        decision, episodes = self.evaluate(promoted, candidate, deployed=deployed, update=update)
         outcome.decision = decision
         try:
             record = self.registry.record_decision(name, candidate.version, decision, baseline=promoted.version,
@@ -443,17 +455,20 @@ class ContinualLoop:
                                         metadata={"verdict": decision.verdict, "compared_with": promoted.version})
 
     def evaluate(self, promoted: ModelVersionRecord, candidate: ModelVersionRecord, *,
+                 deployed: DeployedSampling | None = None,
                  update: UpdateSignal | None = None) -> tuple[GateDecision, list[CanaryEpisode]]:
         """Load ``candidate`` (again: a restarted server forgets runtime adapters), play the
         canary with both versions (and the anchor, when the gate has an anchor margin and
         the anchor is not the promoted version) and ask the gate; nothing is stored.
-        ``update``: the reward signal of the candidate's update, kept with the decision."""
+        ``deployed``: how the deployment samples (where the config does not say); ``update``:
+        the reward signal of the candidate's update, kept with the decision."""
         self.serving.load(candidate)
         anchor = self._anchor() if self.cfg.gate.anchor_margin is not None else None
         third = anchor if anchor is not None and anchor.version != promoted.version else None
         if third is not None:
             self.serving.load(third)
-        episodes = asyncio.run(self._canary(promoted, candidate, third))
+        play = self.cfg.play(deployed, canary=True, tools=self.tool_names)
+        episodes = asyncio.run(self._canary(promoted, candidate, third, play=play))
         promoted_results, candidate_results = split_sides(episodes)
         anchor_results = None
         if anchor is not None:  # the anchor played as its own side, or it is the promoted version
@@ -470,7 +485,7 @@ class ContinualLoop:
         return min(good, key=lambda v: v.version)
 
     async def _canary(self, promoted: ModelVersionRecord, candidate: ModelVersionRecord,
-                      anchor: ModelVersionRecord | None = None) -> list[CanaryEpisode]:
+                      anchor: ModelVersionRecord | None = None, *, play: Play) -> list[CanaryEpisode]:
         """Each version (the anchor too, when given) on every (canary task, seed k); episode
         k samples with seed k."""
         sem = asyncio.Semaphore(self.cfg.runner.concurrency)
@@ -480,8 +495,7 @@ class ContinualLoop:
             async with sem:
                 traj = await self._episode(self.serving.backend(version), task, group_id=f"canary-{task.task_id}",
                                            sample_index=k, seed=self.cfg.seed * 1_000_003 + k,
-                                           transport=self._canary_transport(), hindsight=False,
-                                           temperature=self.cfg.canary.temperature, final=final)
+                                           transport=self._canary_transport(), hindsight=False, play=play, final=final)
             return CanaryEpisode.of(traj, side=side, version=version.version, seed=k, messages=final.get("messages"))
 
         sides: tuple[tuple[Side, ModelVersionRecord], ...] = (("promoted", promoted), ("candidate", candidate))
@@ -503,18 +517,19 @@ class ContinualLoop:
     # ---------------------------------------------------------------- episodes
 
     async def _episode(self, backend: Any, task: Task, *, group_id: str, sample_index: int, seed: int | None,
-                       transport: Any, hindsight: bool, temperature: float,
+                       transport: Any, hindsight: bool, play: Play,
                        final: dict[str, Any] | None = None) -> Trajectory:
-        """One episode of the deployed agent with its tools on ``transport``; nothing of it
-        is written to the store (a replay is not traffic). ``final`` receives the graph's
-        final state (its messages: what the canary keeps of the episode)."""
-        sampling = self.cfg.sampling.model_copy(update={"seed": seed, "temperature": temperature})
+        """One episode of the deployed agent with its tools on ``transport``, sampling as
+        ``play`` says; nothing of it is written to the store (a replay is not traffic).
+        ``final`` receives the graph's final state (its messages: what the canary keeps of
+        the episode)."""
+        sampling = play.sampling.model_copy(update={"seed": seed})
         llm = SeedChatModel(backend=backend, tokenizer=self.serving.tokenizer, sampling=sampling,
                             model_name=self.cfg.name)
         tools = openapi_tools(self.spec, self.tools_cfg, transport=transport)
         system_prompt = self.cfg.agent.system_prompt or task.data.get("system_prompt")  # the deployed one when unset
         graph = build_tool_agent(llm, tools, system_prompt=system_prompt,
-                                 max_turns=self.cfg.agent.max_turns, **self.cfg.agent.tool_choices())
+                                 max_turns=self.cfg.agent.max_turns, **play.tool_choices())
         if hindsight:
             s = self.cfg.skills
             graph = with_hindsight(graph, llm, success_fn=lambda state: self.reward(task, state) >= 1.0,
@@ -543,6 +558,22 @@ class ContinualLoop:
         return self._sandbox_turns[1]
 
     # ----------------------------------------------------------------- helpers
+
+    def _deployed(self, cycle_id: int) -> dict[str, DeployedSampling | None]:
+        """How the deployment sampled each session of the cycle (None: not recorded)."""
+        out: dict[str, DeployedSampling | None] = {}
+        for sid in self.store.cycle_sessions(cycle_id):
+            session = self.store.get_session(sid)
+            out[sid] = session_sampling(session.metadata) if session is not None else None
+        return out
+
+    def _warn_unlike(self, deployed: Iterable[DeployedSampling | None]) -> None:
+        """One line, once per difference in this process: where the config's sampling is not the deployment's."""
+        new = [d for d in self.cfg.unlike_deployment(deployed, tools=self.tool_names) if d not in self._warned]
+        if new:
+            self._warned.update(new)
+            self.log(f"warning: the loop samples unlike the deployment: {'; '.join(new)} (leave these out of the "
+                     f"config to replay sessions as they were sampled)")
 
     def _promoted(self) -> ModelVersionRecord:
         record = self.store.promoted_version(self.cfg.name)

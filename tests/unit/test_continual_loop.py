@@ -273,6 +273,56 @@ def recorded_session(store: TraceStore, i: int, *, signal: bool = False, max_tok
     return sid
 
 
+def test_replays_sample_as_the_deployment_did_unless_the_config_says_otherwise(tmp_path, tiny_model_dir, prod):
+    """Issue 66: the loop's own max_tokens cut forced calls the deployment finished. Left out
+    of the config, max_tokens, temperature and tool_choice are each session's, as recorded;
+    set, they win, and the loop says once, in one line, where they differ from the deployment."""
+    from seed_agents.transcript import DeployedSampling
+
+    raw = make_config(tmp_path, tiny_model_dir, prod.url, min_signal_groups=1).model_dump(mode="json", exclude_unset=True)
+    del raw["sampling"]
+    cfg = ContinualConfig.model_validate(raw)
+    assert (cfg.sampling.max_tokens, cfg.sampling.temperature) == (512, 0.7)  # no record: the gateway's budget
+    store = TraceStore.open(cfg.store)
+    recorded_session(store, 0, tool_choice="search_books")
+    recorded_session(store, 1, max_tokens=7, temperature=0.0)
+    lines: list[str] = []
+    loop = ContinualLoop(cfg, store=store, log=lines.append)
+    (outcome,) = loop.run(once=True)
+    assert outcome.state == "skipped"  # the tiny model solves nothing: no signal, no update (tested below)
+    replays = [json.loads(x) for x in (cfg.out / "cycles" / "1" / "replays.jsonl").read_text().splitlines()]
+    firsts = {(r["metadata"]["session_id"], r["calls"][0]["sampling"]["max_tokens"],
+               r["calls"][0]["sampling"]["temperature"], r["calls"][0]["messages"][-1]["content"]) for r in replays}
+    assert firsts == {("rec-000", 5, 0.3, '<tool_call>\n{"name": "search_books", "arguments":'),
+                      ("rec-001", 7, 0.0, LIBRARY_TASKS[1]["data"]["question"])}
+    assert not any(x.startswith("warning") for x in lines)
+    # the canary, which plays no session, samples as most of the cycle's sessions did
+    play = cfg.play(DeployedSampling(max_tokens=7, temperature=0.0, tool_choice="required"), canary=True)
+    assert (play.sampling.max_tokens, play.sampling.temperature, play.tool_choice) == (7, 0.0, "required")
+    loop.close()
+
+    # set in the config: the config wins, and one line says where it differs from the deployment
+    cfg = make_config(tmp_path, tiny_model_dir, prod.url, min_signal_groups=1, agent={
+        **raw["agent"], "tool_choice": "borrow_book"}, canary={**raw["canary"], "temperature": 0.7})
+    store = TraceStore.open(cfg.store)
+    recorded_session(store, 2, tool_choice="search_books")
+    recorded_session(store, 3, max_tokens=7, temperature=0.0)
+    recorded_session(store, 4, tool_choice="search_books")
+    recorded_session(store, 5)
+    lines = []
+    loop = ContinualLoop(cfg, store=store, log=lines.append)
+    assert [o.state for o in loop.run(cycles=2)] == ["skipped", "skipped"]
+    warnings = [x for x in lines if x.startswith("warning")]
+    assert len(warnings) == 1 and "sampling.max_tokens 6 where the deployment sent 5" in warnings[0], lines
+    assert "agent.tool_choice borrow_book where the deployment sent search_books" in warnings[0]
+    assert "sampling.temperature 1.0 where the deployment sent 0.3" in warnings[0]
+    assert "canary.temperature 0.7 where the deployment sent 0.0" in warnings[0]
+    replays = [json.loads(x) for x in (cfg.out / "cycles" / "2" / "replays.jsonl").read_text().splitlines()]
+    assert {(r["calls"][0]["sampling"]["max_tokens"], r["calls"][0]["messages"][-1]["content"]) for r in replays} == {
+        (6, '<tool_call>\n{"name": "borrow_book", "arguments":')}
+    loop.close()
+
+
 def test_a_cycle_without_enough_reward_signal_does_not_train(tmp_path, tiny_model_dir, prod):
     """Issue 66: 5 of 6 groups without reward variance still made a candidate. Below
     min_signal_groups (groups with unequal rewards) the cycle is skipped: no candidate, the
