@@ -40,6 +40,9 @@ One cycle, top to bottom (``ContinualLoop.step``):
 ``evaluate`` (steps 4-5 without the decision) is also what ``seed_agents.app.drill`` runs
 on a deliberately regressed candidate to rehearse the gate.
 
+Progress goes to stderr: a bar per phase (replays, canary) on a terminal, else one line
+per phase; the cycle's line (its decision) to ``log``.
+
 Crash safety: every arrow above is a transaction on the cycle row, so a process killed
 anywhere finds its cycle on restart (``TraceStore.open_cycle``) and takes it up where the
 store says it is: ``claimed`` -> replay and train again with the same sessions (nothing of
@@ -61,11 +64,13 @@ import asyncio
 import gc
 import os
 import shutil
+import sys
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import datasets
 import httpx
@@ -157,10 +162,12 @@ class ContinualLoop:
     """Runs cycles for one model name against one store (see the module docstring)."""
 
     def __init__(self, cfg: ContinualConfig, *, store: TraceStore | None = None, serving: Serving | None = None,
-                 log: Callable[[str], None] = print, bootstrap: bool = True) -> None:
+                 log: Callable[[str], None] = print, bootstrap: bool = True, progress: TextIO | None = None) -> None:
         """``bootstrap``: make the base model v0 and promote it when nothing is promoted yet
-        (the loop's first start); a drill passes False, since it must change nothing."""
+        (the loop's first start); a drill passes False, since it must change nothing.
+        ``progress``: where phases are shown (default stderr; a bar only if it is a terminal)."""
         self.cfg, self.log = cfg, log
+        self.progress = CycleProgress(progress, bars=cfg.runner.progress)
         self._warned: set[str] = set()
         self.tools_cfg, self.replay_cfg = cfg.agent.tools, cfg.replay
         try:
@@ -276,7 +283,10 @@ class ContinualLoop:
         signal = UpdateSignal(groups=len(sids) - len(unusable), flat_groups=len(flat))
         if signal.signal_groups < self.cfg.min_signal_groups:
             return self._skip_without_signal(cycle, outcome, signal, unusable, flat)
+        t0 = time.perf_counter()
         path, metrics = self._train(cycle.cycle_id, base, trainable)
+        self.progress.line(f"cycle {cycle.cycle_id}: update on {_n(signal.groups, 'group')} ({signal.signal_groups} "
+                           f"with unequal rewards) done in {time.perf_counter() - t0:.0f}s")
         crash_point("continual-train-saved")
         cycle, _ = self.store.finish_training(
             cycle.cycle_id, path=str(path), unusable=unusable,
@@ -327,10 +337,15 @@ class ContinualLoop:
                                            play=self.cfg.play(deployed.get(sid), tools=self.tool_names))
             traj.metadata.update(session_id=sid, cycle=cycle_id,
                                  replay={**transport.counters.as_dict(), "sandbox_resets": transport.sandbox_resets})
+            tick(traj)
             return traj
 
+        if jobs:
+            self.progress.line(f"cycle {cycle_id}: replaying {_n(len(jobs) // self.cfg.group_size, 'session')} "
+                               f"{self.cfg.group_size} times each with v{base.version}", bar_too=False)
         try:
-            trajs = list(await asyncio.gather(*(one(*job) for job in jobs)))
+            with self.progress.phase(f"cycle {cycle_id}: replays", len(jobs)) as tick:
+                trajs = list(await asyncio.gather(*(one(*job) for job in jobs)))
         finally:
             for transport in transports:
                 await transport.aclose()
@@ -438,7 +453,8 @@ class ContinualLoop:
         promoted = self._promoted()
         raw_signal = candidate.metadata.get("signal")
         update = UpdateSignal.model_validate(raw_signal) if isinstance(raw_signal, dict) else None
-        decision, episodes = self.evaluate(promoted, candidate, deployed=deployed, update=update)
+        decision, episodes = self.evaluate(promoted, candidate, deployed=deployed, update=update,
+                                           label=f"cycle {cycle.cycle_id}: canary")
         outcome.decision = decision
         try:
             record = self.registry.record_decision(name, candidate.version, decision, baseline=promoted.version,
@@ -455,8 +471,8 @@ class ContinualLoop:
                                         metadata={"verdict": decision.verdict, "compared_with": promoted.version})
 
     def evaluate(self, promoted: ModelVersionRecord, candidate: ModelVersionRecord, *,
-                 deployed: DeployedSampling | None = None,
-                 update: UpdateSignal | None = None) -> tuple[GateDecision, list[CanaryEpisode]]:
+                 deployed: DeployedSampling | None = None, update: UpdateSignal | None = None,
+                 label: str = "canary") -> tuple[GateDecision, list[CanaryEpisode]]:
         """Load ``candidate`` (again: a restarted server forgets runtime adapters), play the
         canary with both versions (and the anchor, when the gate has an anchor margin and
         the anchor is not the promoted version) and ask the gate; nothing is stored.
@@ -468,7 +484,7 @@ class ContinualLoop:
         if third is not None:
             self.serving.load(third)
         play = self.cfg.play(deployed, canary=True, tools=self.tool_names)
-        episodes = asyncio.run(self._canary(promoted, candidate, third, play=play))
+        episodes = asyncio.run(self._canary(promoted, candidate, third, play=play, label=label))
         promoted_results, candidate_results = split_sides(episodes)
         anchor_results = None
         if anchor is not None:  # the anchor played as its own side, or it is the promoted version
@@ -485,7 +501,7 @@ class ContinualLoop:
         return min(good, key=lambda v: v.version)
 
     async def _canary(self, promoted: ModelVersionRecord, candidate: ModelVersionRecord,
-                      anchor: ModelVersionRecord | None = None, *, play: Play) -> list[CanaryEpisode]:
+                      anchor: ModelVersionRecord | None = None, *, play: Play, label: str) -> list[CanaryEpisode]:
         """Each version (the anchor too, when given) on every (canary task, seed k); episode
         k samples with seed k."""
         sem = asyncio.Semaphore(self.cfg.runner.concurrency)
@@ -496,13 +512,15 @@ class ContinualLoop:
                 traj = await self._episode(self.serving.backend(version), task, group_id=f"canary-{task.task_id}",
                                            sample_index=k, seed=self.cfg.seed * 1_000_003 + k,
                                            transport=self._canary_transport(), hindsight=False, play=play, final=final)
+            tick(traj)
             return CanaryEpisode.of(traj, side=side, version=version.version, seed=k, messages=final.get("messages"))
 
         sides: tuple[tuple[Side, ModelVersionRecord], ...] = (("promoted", promoted), ("candidate", candidate))
         if anchor is not None:
             sides += (("anchor", anchor),)
         plays = [(s, v, t, k) for s, v in sides for t in self.canary_tasks for k in range(self.cfg.canary.seeds)]
-        return list(await asyncio.gather(*(one(*p) for p in plays)))
+        with self.progress.phase(label, len(plays)) as tick:
+            return list(await asyncio.gather(*(one(*p) for p in plays)))
 
     def _canary_transport(self) -> Any:
         """A fresh sandbox app per episode (same state for every episode), the replay
@@ -610,6 +628,54 @@ def _flat_groups(trajs: Sequence[Trajectory]) -> dict[str, str]:
             rewards.setdefault(str(t.metadata.get("session_id")), []).append(t.reward)
     return {sid: f"no reward variance: its {len(rs)} clean replays all scored {rs[0]:g}"
             for sid, rs in rewards.items() if max(rs) - min(rs) <= 1e-9}
+
+
+class CycleProgress:
+    """What a cycle is doing, on ``stream`` (stderr when None, looked up at each write): a bar
+    per phase on a terminal when ``bars``, else one line per phase as it ends."""
+
+    def __init__(self, stream: TextIO | None = None, *, bars: bool = True) -> None:
+        self._stream, self._bars = stream, bars
+
+    @property
+    def stream(self) -> TextIO:
+        return self._stream if self._stream is not None else sys.stderr
+
+    @property
+    def bars(self) -> bool:
+        isatty = getattr(self.stream, "isatty", None)
+        return self._bars and callable(isatty) and bool(isatty())
+
+    def line(self, text: str, *, bar_too: bool = True) -> None:
+        """``text`` as a line; ``bar_too`` False: only where no bar shows the same."""
+        if bar_too or not self.bars:
+            print(text, file=self.stream, flush=True)
+
+    @contextmanager
+    def phase(self, what: str, total: int) -> Iterator[Callable[[Trajectory], None]]:
+        """A phase of ``total`` episodes; call the yielded function with each one that ends."""
+        t0, done, faulted = time.perf_counter(), [0], [0]
+        bar = None
+        if self.bars and total:
+            from tqdm import tqdm
+
+            bar = tqdm(total=total, desc=what, unit="ep", dynamic_ncols=True, file=self.stream)
+
+        def tick(traj: Trajectory) -> None:
+            done[0] += 1
+            faulted[0] += traj.fault is not None
+            if bar is not None:
+                bar.set_postfix(faulted=faulted[0], refresh=False)
+                bar.update(1)
+
+        try:
+            yield tick
+        finally:
+            if bar is not None:
+                bar.close()
+        if bar is None and total:
+            faults = f", {faulted[0]} faulted" if faulted[0] else ""
+            self.line(f"{what} {done[0]}/{total} done{faults} ({time.perf_counter() - t0:.0f}s)")
 
 
 def _keeping_state(reward: Callable[[Task, dict[str, Any]], float],

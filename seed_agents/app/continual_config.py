@@ -118,7 +118,9 @@ class ContinualConfig(BaseModel):
         "recorded it (else 512 and 0.7)."))
     skills: SkillConfig = Field(default_factory=lambda: SkillConfig(max_tokens=128))
     trainer: TrainerConfig = Field(default_factory=lambda: TrainerConfig(learning_rate=1e-4, lora_r=8, kl_coef=0.0), description="One optimizer step per cycle; lora_r is required.")
-    runner: RunnerConfig = Field(default_factory=lambda: RunnerConfig(concurrency=4, episode_timeout_s=300.0, progress=False))
+    runner: RunnerConfig = Field(default_factory=lambda: RunnerConfig(concurrency=4, episode_timeout_s=300.0), description=(
+        "Episode scheduling; progress: a bar per phase (replays, canary) on a terminal, else one line per phase; "
+        "progress off: lines only."))
     agent: ToolAgentConfig
     replay: ReplayConfig = Field(default_factory=lambda: ReplayConfig(mode="shadow"), description="How training replays treat the tools (seed_agents.tools.replay.ReplayConfig; mode must be shadow, the default here).")
     sessions_per_cycle: int = Field(4, ge=1, le=10_000, description="Rewarded sessions claimed per cycle: each one is a task replayed group_size times.")

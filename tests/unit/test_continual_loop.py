@@ -9,8 +9,10 @@ the exactly-once bookkeeping. The verdicts themselves are tested in test_gate.py
 
 from __future__ import annotations
 
+import io
 import json
 import random
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -117,6 +119,13 @@ def test_cycles_claim_train_gate_and_account_for_every_session(tmp_path, tiny_mo
     gate = decisions[cycles[0].candidate_version].evidence["gate"]
     assert gate["update"] == {"groups": 2, "flat_groups": 2} and gate["identical_pairs"] is not None
     assert "2/2 update groups without reward variance" in lines[0]
+    # not a terminal: one line per phase on stderr (issue 66: seven minutes of replays printed nothing)
+    phases = [x.split(": ", 1)[1] for x in capsys.readouterr().err.splitlines() if x.startswith("cycle ")]
+    assert [re.sub(r"\(\d+s\)|in \d+s", "", x).strip() for x in phases] == [
+        "replaying 2 sessions 2 times each with v0", "replays 4/4 done", "update on 2 groups (0 with unequal rewards) done",
+        "canary 4/4 done",  # the second cycle: one session cannot be replayed
+        "replaying 1 session 2 times each with v1", "replays 2/2 done", "update on 1 group (0 with unequal rewards) done",
+        "canary 4/4 done"]
 
     assert loop.step() is None  # nothing waits: no cycle opened
     assert len(store.cycles(cfg.name)) == 2
@@ -333,7 +342,7 @@ def test_a_cycle_without_enough_reward_signal_does_not_train(tmp_path, tiny_mode
     store = TraceStore.open(cfg.store)
     flat, varied = recorded_session(store, 0), recorded_session(store, 1, signal=True)
     lines: list[str] = []
-    loop = ContinualLoop(cfg, store=store, log=lines.append)
+    loop = ContinualLoop(cfg, store=store, log=lines.append, progress=io.StringIO())
     (outcome,) = loop.run(once=True)
     assert (outcome.state, outcome.candidate_version, outcome.unusable, outcome.released) == ("skipped", None, 1, 1)
     assert "1 of 2 groups had unequal rewards, fewer than min_signal_groups 2: skipped without training, 1 session " \
@@ -345,3 +354,32 @@ def test_a_cycle_without_enough_reward_signal_does_not_train(tmp_path, tiny_mode
         "reason": "1 of 2 groups had unequal rewards, fewer than min_signal_groups 2", "unusable": 1, "released": 1}
     assert [v.version for v in store.model_versions(cfg.name)] == [0]  # nothing trained
     loop.close()
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_on_a_terminal_each_phase_shows_a_bar(tmp_path, tiny_model_dir, prod):
+    """Issue 66: a bar per phase where stderr is a terminal (no per-phase lines then);
+    runner.progress false: lines even there."""
+    cfg = make_config(tmp_path, tiny_model_dir, prod.url, min_signal_groups=1, runner={"concurrency": 4})
+    store = TraceStore.open(cfg.store)
+    seed_sessions(store, 2)
+    shown = _Terminal()
+    loop = ContinualLoop(cfg, store=store, log=lambda _: None, progress=shown)
+    assert [o.state for o in loop.run(once=True)] == ["skipped"]
+    loop.close()
+    assert "cycle 1: replays" in shown.getvalue() and "4/4" in shown.getvalue() and "\r" in shown.getvalue()
+    assert "done" not in shown.getvalue()
+
+    cfg = make_config(tmp_path, tiny_model_dir, prod.url, min_signal_groups=1, store=f"sqlite:///{tmp_path / 'other.db'}")
+    assert not cfg.runner.progress
+    store = TraceStore.open(cfg.store)
+    seed_sessions(store, 2)
+    shown = _Terminal()
+    loop = ContinualLoop(cfg, store=store, log=lambda _: None, progress=shown)
+    loop.run(once=True)
+    loop.close()
+    assert "\r" not in shown.getvalue() and "cycle 1: replays 4/4 done" in shown.getvalue()
