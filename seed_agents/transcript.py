@@ -18,22 +18,30 @@ store:
 (``metadata["transcript"]``); the gateway and ``StoreSink`` call it on every stored call.
 An explicit ``metadata["task"]`` / ``metadata["recording"]`` (the gateway's session
 metadata endpoint, or ``TraceStore.merge_session_metadata``) takes precedence over it.
+
+Given the call, it also keeps how the deployed agent sampled (``DeployedSampling`` in
+``metadata["sampling"]``: max_tokens, temperature, tool_choice), so that the loop replays
+a session as it was played: a replay with a smaller ``max_tokens`` cuts the forced calls
+the deployment finished.
 """
 
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from seed_agents.tool_calls import parse_tool_calls
-from seed_agents.types import Task
+from seed_agents.types import LLMCall, Task
 
 if TYPE_CHECKING:
     from seed_agents.store.store import TraceStore
 
 TRANSCRIPT_KEY = "transcript"
+SAMPLING_KEY = "sampling"
+TOOL_CHOICE_LABEL = "tool_choice"
+"""The call's scope label that holds the tool_choice it was sent with (the gateway sets it)."""
 _RESPONSE_OPEN, _RESPONSE_CLOSE = "<tool_response>\n", "\n</tool_response>"
 
 
@@ -98,18 +106,66 @@ def transcript_of(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | 
     return out
 
 
-def record_transcript(store: TraceStore, session_id: str, transcript: Transcript) -> bool:
+class DeployedSampling(BaseModel):
+    """How the deployed agent sampled one session, from its calls: what the continual loop
+    replays it with where its config does not say otherwise."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    max_tokens: int = Field(ge=1, description="The largest max_tokens a call of the session asked for.")
+    temperature: float = Field(ge=0, description="The first call's temperature.")
+    tool_choice: str | None = Field(None, description=(
+        "The first call's tool_choice: auto, none, required or a tool name; None: not recorded (not a gateway call)."))
+    later_tool_choice: str | None = Field(None, description="The last later call's tool_choice; None: no later call.")
+
+    @classmethod
+    def of_call(cls, call: LLMCall) -> DeployedSampling | None:
+        """What one call says (None when it recorded no sampling)."""
+        if call.sampling is None:
+            return None
+        choice = call.scope.get(TOOL_CHOICE_LABEL)
+        return cls(max_tokens=call.sampling.max_tokens, temperature=call.sampling.temperature,
+                   tool_choice=choice if isinstance(choice, str) else None)
+
+    def then(self, later: DeployedSampling) -> DeployedSampling:
+        """The session's record after a later call (idempotent: the same call again changes nothing)."""
+        return self.model_copy(update={"max_tokens": max(self.max_tokens, later.max_tokens),
+                                       "later_tool_choice": later.tool_choice})
+
+    @property
+    def tool_choice_turns(self) -> Literal["first", "every"] | None:
+        """Where a tool_choice other than auto applied, as the loop's ``agent.tool_choice_turns``
+        says it: every turn when later turns sent the first one's again; None: auto, one turn,
+        or not recorded."""
+        if self.tool_choice in (None, "auto") or self.later_tool_choice is None:
+            return None
+        return "every" if self.later_tool_choice == self.tool_choice else "first"
+
+
+def record_transcript(store: TraceStore, session_id: str, transcript: Transcript, *, call: LLMCall | None = None,
+                      turn: int = 0) -> bool:
     """Keep ``transcript`` in the session's metadata unless a fuller one is there (a client
-    that trimmed its history must not erase tool results seen earlier); True when written."""
+    that trimmed its history must not erase tool results seen earlier); True when written.
+
+    ``call`` (the session's ``turn``-th, as ``add_call`` numbered it): also keep how it was
+    sampled (``DeployedSampling``), in the same write."""
     session = store.get_session(session_id)
     if session is None:
         return False
+    extra: dict[str, Any] = {}
     old = session.metadata.get(TRANSCRIPT_KEY)
     new = transcript.model_dump()
-    if old == new or (isinstance(old, dict) and len(old.get("tool_results") or []) > len(transcript.tool_results)):
-        return False
-    store.merge_session_metadata(session_id, {TRANSCRIPT_KEY: new})
-    return True
+    if not (old == new or (isinstance(old, dict) and len(old.get("tool_results") or []) > len(transcript.tool_results))):
+        extra[TRANSCRIPT_KEY] = new
+    sampled = DeployedSampling.of_call(call) if call is not None else None
+    if sampled is not None:
+        before = session_sampling(session.metadata)
+        kept = sampled if before is None or turn == 0 else before.then(sampled)
+        if kept != before:
+            extra[SAMPLING_KEY] = kept.model_dump()
+    if extra:
+        store.merge_session_metadata(session_id, extra)
+    return TRANSCRIPT_KEY in extra
 
 
 def session_transcript(metadata: dict[str, Any]) -> Transcript | None:
@@ -146,3 +202,14 @@ def _without_tools_block(system: str, tools: list[dict[str, Any]] | None) -> str
     if system == block:
         return ""
     return system.removesuffix("\n\n" + block)
+
+
+def session_sampling(metadata: dict[str, Any]) -> DeployedSampling | None:
+    """How the deployed agent sampled the session, if recorded."""
+    raw = metadata.get(SAMPLING_KEY)
+    if not isinstance(raw, dict):
+        return None
+    try:
+        return DeployedSampling.model_validate(raw)
+    except ValueError:  # a key of that name set by hand for something else: not ours to read
+        return None

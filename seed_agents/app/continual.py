@@ -13,8 +13,14 @@ One cycle, top to bottom (``ContinualLoop.step``):
    at a time (a failed reset faults the episode); a sandbox app is fresh per episode. The task is
    ``metadata["task"]`` when set, else the session's own transcript (its first user
    message, ``seed_agents.transcript``); the recording is ``metadata["recording"]`` when set,
-   else the transcript's tool results (``tools.replay.recording_from_transcript``). The
-   hindsight node writes each replay's skill (SEED).
+   else the transcript's tool results (``tools.replay.recording_from_transcript``). A replay
+   samples as the session's calls did (``metadata["sampling"]``: max_tokens, temperature,
+   tool_choice) where the config leaves those unset (``ContinualConfig.play``); where the
+   config sets one that differs, the loop says so once. The hindsight node writes each
+   replay's skill (SEED). A session is a group; with fewer than ``min_signal_groups``
+   groups with unequal rewards the cycle does not train: it is ``skipped``
+   (``TraceStore.skip_cycle``), its sessions without reward variance become ``unusable``
+   and the others go back to the queue.
 3. **train**: one SEED step on a LoRA adapter that starts from the promoted adapter (and,
    with ``carry_optimizer``, from the optimizer state saved with it: cycles then train as
    the steps of one run), with
@@ -26,12 +32,16 @@ One cycle, top to bottom (``ContinualLoop.step``):
 5. **canary + decide**: candidate and promoted version (with ``gate.anchor_margin``, the
    anchor too, once it no longer serves) play the fixed canary tasks with the same seeds
    (tools in a fresh sandbox app, the replay section's sandbox, or replay mode),
-   ``gate.decide`` compares them, ``VersionRegistry.record_decision`` promotes or
-   rejects with the evidence and every canary episode (``continual.canary.CanaryEpisode``:
+   ``gate.decide`` compares them (and says how many pairs played identically and how
+   many of the update's groups had no reward variance), ``VersionRegistry.record_decision``
+   promotes or rejects with the evidence and every canary episode (``continual.canary.CanaryEpisode``:
    its tool calls, results, answer), and the cycle is ``decided``.
 
 ``evaluate`` (steps 4-5 without the decision) is also what ``seed_agents.app.drill`` runs
 on a deliberately regressed candidate to rehearse the gate.
+
+Progress goes to stderr: a bar per phase (replays, canary) on a terminal, else one line
+per phase; the cycle's line (its decision) to ``log``.
 
 Crash safety: every arrow above is a transaction on the cycle row, so a process killed
 anywhere finds its cycle on restart (``TraceStore.open_cycle``) and takes it up where the
@@ -54,11 +64,13 @@ import asyncio
 import gc
 import os
 import shutil
+import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import datasets
 import httpx
@@ -68,14 +80,14 @@ from safetensors.torch import load_file
 from transformers import TrainerCallback
 
 from seed_agents.app.builders import read_tasks
-from seed_agents.app.continual_config import ContinualConfig
+from seed_agents.app.continual_config import ContinualConfig, Play, most_common
 from seed_agents.app.policy import build_policy, seed_config
 from seed_agents.app.serving import Serving, serving_for
 from seed_agents.capture import JsonlSink
 from seed_agents.chat_model import SeedChatModel
 from seed_agents.config import TrainConfig
 from seed_agents.continual.canary import CanaryEpisode, Side, anchor_side, split_sides
-from seed_agents.continual.gate import GateDecision, decide
+from seed_agents.continual.gate import GateDecision, UpdateSignal, decide
 from seed_agents.continual.versions import VersionRegistry
 from seed_agents.errors import ContinualError
 from seed_agents.faults import crash_point
@@ -96,7 +108,7 @@ from seed_agents.tools.openapi import load_spec, openapi_tools, read_only_predic
 from seed_agents.tools.replay import Recording, ReplayConfig, ReplayTransport, TokenBucket, recording_from_transcript
 from seed_agents.trainers.rollout import GraphRollout
 from seed_agents.trainers.seed_trainer import SEEDTrainer
-from seed_agents.transcript import session_transcript, transcript_of
+from seed_agents.transcript import DeployedSampling, session_sampling, session_transcript, transcript_of
 from seed_agents.types import FaultKind, Task, Trajectory
 
 __all__ = ["ContinualError", "ContinualLoop", "CycleOutcome", "cycle_overview"]
@@ -109,6 +121,7 @@ class CycleOutcome:
     state: str
     sessions: int
     unusable: int = 0
+    released: int = 0
     replays: int = 0
     replay_reward: float | None = None
     base_version: int | None = None
@@ -149,10 +162,13 @@ class ContinualLoop:
     """Runs cycles for one model name against one store (see the module docstring)."""
 
     def __init__(self, cfg: ContinualConfig, *, store: TraceStore | None = None, serving: Serving | None = None,
-                 log: Callable[[str], None] = print, bootstrap: bool = True) -> None:
+                 log: Callable[[str], None] = print, bootstrap: bool = True, progress: TextIO | None = None) -> None:
         """``bootstrap``: make the base model v0 and promote it when nothing is promoted yet
-        (the loop's first start); a drill passes False, since it must change nothing."""
+        (the loop's first start); a drill passes False, since it must change nothing.
+        ``progress``: where phases are shown (default stderr; a bar only if it is a terminal)."""
         self.cfg, self.log = cfg, log
+        self.progress = CycleProgress(progress, bars=cfg.runner.progress)
+        self._warned: set[str] = set()
         self.tools_cfg, self.replay_cfg = cfg.agent.tools, cfg.replay
         try:
             self.reward = load_reward(cfg.agent.reward)
@@ -171,6 +187,7 @@ class ContinualLoop:
         except ValueError as e:
             raise ContinualError(f"agent.tools: {' '.join(str(e).split())}") from None
         names = [t.name for t in tools]
+        self.tool_names = frozenset(names)
         if cfg.agent.tool_choice not in ("auto", "none", "required", "any", *names):
             raise ContinualError(f"agent.tool_choice {cfg.agent.tool_choice!r} is not auto, none, required or one of "
                                  f"the spec's tools ({', '.join(names)})")
@@ -199,6 +216,8 @@ class ContinualLoop:
             if outcome is not None:
                 done.append(outcome)
                 self.log(outcome.line())
+                if outcome.released and not once:  # they wait for more signal: not replayed again at once
+                    time.sleep(self.cfg.poll_s)
             elif once:
                 self.log(f"no rewarded session waiting for {self.cfg.name!r}; nothing to do")
             else:
@@ -225,12 +244,14 @@ class ContinualLoop:
             cycle = self.store.resume_cycle(cycle.cycle_id)
         outcome = CycleOutcome(cycle_id=cycle.cycle_id, state=cycle.state, resumed_from=resumed,
                                sessions=len(self.store.cycle_sessions(cycle.cycle_id)), base_version=cycle.base_version)
+        deployed = self._deployed(cycle.cycle_id)
+        self._warn_unlike(deployed.values())
         if cycle.state == "claimed":
-            cycle = self._replay_and_train(cycle, outcome)
+            cycle = self._replay_and_train(cycle, outcome, deployed)
         if cycle.state == "trained":
             cycle = self._load(cycle)
         if cycle.state == "loaded":
-            cycle = self._evaluate_and_decide(cycle, outcome)
+            cycle = self._evaluate_and_decide(cycle, outcome, most_common(deployed.values()))
         outcome.state, outcome.candidate_version = cycle.state, cycle.candidate_version
         outcome.unusable = outcome.unusable or len(self.store.cycle_sessions(cycle.cycle_id, "unusable"))
         outcome.serving, outcome.wall_s = self._promoted().version, time.perf_counter() - t0
@@ -238,10 +259,11 @@ class ContinualLoop:
 
     # --------------------------------------------------------- claimed -> trained
 
-    def _replay_and_train(self, cycle: CycleRecord, outcome: CycleOutcome) -> CycleRecord:
+    def _replay_and_train(self, cycle: CycleRecord, outcome: CycleOutcome,
+                          deployed: dict[str, DeployedSampling | None]) -> CycleRecord:
         base = self._version(cycle.base_version)
         sids = self.store.cycle_sessions(cycle.cycle_id)
-        trajs, unusable = asyncio.run(self._replays(cycle.cycle_id, sids, base))
+        trajs, unusable = asyncio.run(self._replays(cycle.cycle_id, sids, base, deployed))
         outcome.replays = len(trajs)
         clean = [t for t in trajs if t.fault is None]
         outcome.replay_reward = sum(t.reward for t in clean) / len(clean) if clean else 0.0
@@ -257,18 +279,42 @@ class ContinualLoop:
             outcome.notes.append("no session had two clean replays: skipped")
             return self.store.skip_cycle(cycle.cycle_id, unusable)
         trainable = [t for t in trajs if t.metadata.get("session_id") not in unusable]
+        flat = _flat_groups(trainable)
+        signal = UpdateSignal(groups=len(sids) - len(unusable), flat_groups=len(flat))
+        if signal.signal_groups < self.cfg.min_signal_groups:
+            return self._skip_without_signal(cycle, outcome, signal, unusable, flat)
+        t0 = time.perf_counter()
         path, metrics = self._train(cycle.cycle_id, base, trainable)
+        self.progress.line(f"cycle {cycle.cycle_id}: update on {_n(signal.groups, 'group')} ({signal.signal_groups} "
+                           f"with unequal rewards) done in {time.perf_counter() - t0:.0f}s")
         crash_point("continual-train-saved")
         cycle, _ = self.store.finish_training(
             cycle.cycle_id, path=str(path), unusable=unusable,
-            metadata={"metrics": metrics, "replays": len(trajs), "replay_reward": outcome.replay_reward})
+            metadata={"metrics": metrics, "replays": len(trajs), "replay_reward": outcome.replay_reward,
+                      "signal": signal.model_dump()})
         crash_point("continual-trained")
         return cycle
 
-    async def _replays(self, cycle_id: int, sids: Sequence[str],
-                       base: ModelVersionRecord) -> tuple[list[Trajectory], dict[str, str]]:
-        """``group_size`` shadow replays of each session's task by ``base``; sessions that
-        cannot make a group (no task recorded, fewer than two clean replays), with why."""
+    def _skip_without_signal(self, cycle: CycleRecord, outcome: CycleOutcome, signal: UpdateSignal,
+                             unusable: dict[str, str], flat: dict[str, str]) -> CycleRecord:
+        """Too few groups with unequal rewards to train on: an update would move the adapter
+        without the rewards saying which way. Sessions without reward variance are spent
+        (``unusable``, with why); those with it go back to the queue for a later cycle."""
+        why = (f"{signal.signal_groups} of {signal.groups} groups had unequal rewards, fewer than min_signal_groups "
+               f"{self.cfg.min_signal_groups}")
+        back = [sid for sid in self.store.cycle_sessions(cycle.cycle_id) if sid not in unusable and sid not in flat]
+        outcome.unusable, outcome.released = len(unusable) + len(flat), len(back)
+        outcome.notes.append(f"{why}: skipped without training" + (f", {_n(len(back), 'session')} queued again"
+                                                                    if back else ""))
+        return self.store.skip_cycle(cycle.cycle_id, {**unusable, **flat}, release=back, reason=why)
+
+    async def _replays(self, cycle_id: int, sids: Sequence[str], base: ModelVersionRecord,
+                       deployed: dict[str, DeployedSampling | None] | None = None,
+                       ) -> tuple[list[Trajectory], dict[str, str]]:
+        """``group_size`` shadow replays of each session's task by ``base``, sampled as the
+        session was (``deployed``, where the config does not say); sessions that cannot make a
+        group (no task recorded, fewer than two clean replays), with why."""
+        deployed = deployed or {}
         backend = self.serving.backend(base)
         unusable: dict[str, str] = {}
         jobs, transports = [], []
@@ -288,13 +334,18 @@ class ContinualLoop:
             async with sem:
                 traj = await self._episode(backend, task, group_id=f"c{cycle_id}-{sid}", sample_index=i, seed=None,
                                            transport=transport, hindsight=self.cfg.skills.source == "self",
-                                           temperature=self.cfg.sampling.temperature)
+                                           play=self.cfg.play(deployed.get(sid), tools=self.tool_names))
             traj.metadata.update(session_id=sid, cycle=cycle_id,
                                  replay={**transport.counters.as_dict(), "sandbox_resets": transport.sandbox_resets})
+            tick(traj)
             return traj
 
+        if jobs:
+            self.progress.line(f"cycle {cycle_id}: replaying {_n(len(jobs) // self.cfg.group_size, 'session')} "
+                               f"{self.cfg.group_size} times each with v{base.version}", bar_too=False)
         try:
-            trajs = list(await asyncio.gather(*(one(*job) for job in jobs)))
+            with self.progress.phase(f"cycle {cycle_id}: replays", len(jobs)) as tick:
+                trajs = list(await asyncio.gather(*(one(*job) for job in jobs)))
         finally:
             for transport in transports:
                 await transport.aclose()
@@ -388,7 +439,8 @@ class ContinualLoop:
 
     # --------------------------------------------------------- loaded -> decided
 
-    def _evaluate_and_decide(self, cycle: CycleRecord, outcome: CycleOutcome) -> CycleRecord:
+    def _evaluate_and_decide(self, cycle: CycleRecord, outcome: CycleOutcome,
+                             deployed: DeployedSampling | None) -> CycleRecord:
         name = self.cfg.name
         candidate = self._version(cycle.candidate_version)
         if candidate.status != "candidate":  # decided before the kill; adopt the stored decision
@@ -399,7 +451,10 @@ class ContinualLoop:
             outcome.notes.append(f"decision #{stored[-1].decision_id} already stored: {stored[-1].summary}")
             return self.store.advance_cycle(cycle.cycle_id, ("loaded",), "decided", decision_id=stored[-1].decision_id)
         promoted = self._promoted()
-        decision, episodes = self.evaluate(promoted, candidate)
+        raw_signal = candidate.metadata.get("signal")
+        update = UpdateSignal.model_validate(raw_signal) if isinstance(raw_signal, dict) else None
+        decision, episodes = self.evaluate(promoted, candidate, deployed=deployed, update=update,
+                                           label=f"cycle {cycle.cycle_id}: canary")
         outcome.decision = decision
         try:
             record = self.registry.record_decision(name, candidate.version, decision, baseline=promoted.version,
@@ -415,22 +470,27 @@ class ContinualLoop:
         return self.store.advance_cycle(cycle.cycle_id, ("loaded",), "decided", decision_id=record.decision_id,
                                         metadata={"verdict": decision.verdict, "compared_with": promoted.version})
 
-    def evaluate(self, promoted: ModelVersionRecord,
-                 candidate: ModelVersionRecord) -> tuple[GateDecision, list[CanaryEpisode]]:
+    def evaluate(self, promoted: ModelVersionRecord, candidate: ModelVersionRecord, *,
+                 deployed: DeployedSampling | None = None, update: UpdateSignal | None = None,
+                 label: str = "canary") -> tuple[GateDecision, list[CanaryEpisode]]:
         """Load ``candidate`` (again: a restarted server forgets runtime adapters), play the
         canary with both versions (and the anchor, when the gate has an anchor margin and
-        the anchor is not the promoted version) and ask the gate; nothing is stored."""
+        the anchor is not the promoted version) and ask the gate; nothing is stored.
+        ``deployed``: how the deployment samples (where the config does not say); ``update``:
+        the reward signal of the candidate's update, kept with the decision."""
         self.serving.load(candidate)
         anchor = self._anchor() if self.cfg.gate.anchor_margin is not None else None
         third = anchor if anchor is not None and anchor.version != promoted.version else None
         if third is not None:
             self.serving.load(third)
-        episodes = asyncio.run(self._canary(promoted, candidate, third))
+        play = self.cfg.play(deployed, canary=True, tools=self.tool_names)
+        episodes = asyncio.run(self._canary(promoted, candidate, third, play=play, label=label))
         promoted_results, candidate_results = split_sides(episodes)
         anchor_results = None
         if anchor is not None:  # the anchor played as its own side, or it is the promoted version
             anchor_results = anchor_side(episodes) if third is not None else promoted_results
-        return decide(promoted_results, candidate_results, self.cfg.gate, anchor=anchor_results), episodes
+        decision = decide(promoted_results, candidate_results, self.cfg.gate, anchor=anchor_results, update=update)
+        return decision, episodes
 
     def _anchor(self) -> ModelVersionRecord:
         """The gate's anchor: the oldest version of this name that served and was not
@@ -441,7 +501,7 @@ class ContinualLoop:
         return min(good, key=lambda v: v.version)
 
     async def _canary(self, promoted: ModelVersionRecord, candidate: ModelVersionRecord,
-                      anchor: ModelVersionRecord | None = None) -> list[CanaryEpisode]:
+                      anchor: ModelVersionRecord | None = None, *, play: Play, label: str) -> list[CanaryEpisode]:
         """Each version (the anchor too, when given) on every (canary task, seed k); episode
         k samples with seed k."""
         sem = asyncio.Semaphore(self.cfg.runner.concurrency)
@@ -451,15 +511,16 @@ class ContinualLoop:
             async with sem:
                 traj = await self._episode(self.serving.backend(version), task, group_id=f"canary-{task.task_id}",
                                            sample_index=k, seed=self.cfg.seed * 1_000_003 + k,
-                                           transport=self._canary_transport(), hindsight=False,
-                                           temperature=self.cfg.canary.temperature, final=final)
+                                           transport=self._canary_transport(), hindsight=False, play=play, final=final)
+            tick(traj)
             return CanaryEpisode.of(traj, side=side, version=version.version, seed=k, messages=final.get("messages"))
 
         sides: tuple[tuple[Side, ModelVersionRecord], ...] = (("promoted", promoted), ("candidate", candidate))
         if anchor is not None:
             sides += (("anchor", anchor),)
         plays = [(s, v, t, k) for s, v in sides for t in self.canary_tasks for k in range(self.cfg.canary.seeds)]
-        return list(await asyncio.gather(*(one(*p) for p in plays)))
+        with self.progress.phase(label, len(plays)) as tick:
+            return list(await asyncio.gather(*(one(*p) for p in plays)))
 
     def _canary_transport(self) -> Any:
         """A fresh sandbox app per episode (same state for every episode), the replay
@@ -474,18 +535,19 @@ class ContinualLoop:
     # ---------------------------------------------------------------- episodes
 
     async def _episode(self, backend: Any, task: Task, *, group_id: str, sample_index: int, seed: int | None,
-                       transport: Any, hindsight: bool, temperature: float,
+                       transport: Any, hindsight: bool, play: Play,
                        final: dict[str, Any] | None = None) -> Trajectory:
-        """One episode of the deployed agent with its tools on ``transport``; nothing of it
-        is written to the store (a replay is not traffic). ``final`` receives the graph's
-        final state (its messages: what the canary keeps of the episode)."""
-        sampling = self.cfg.sampling.model_copy(update={"seed": seed, "temperature": temperature})
+        """One episode of the deployed agent with its tools on ``transport``, sampling as
+        ``play`` says; nothing of it is written to the store (a replay is not traffic).
+        ``final`` receives the graph's final state (its messages: what the canary keeps of
+        the episode)."""
+        sampling = play.sampling.model_copy(update={"seed": seed})
         llm = SeedChatModel(backend=backend, tokenizer=self.serving.tokenizer, sampling=sampling,
                             model_name=self.cfg.name)
         tools = openapi_tools(self.spec, self.tools_cfg, transport=transport)
         system_prompt = self.cfg.agent.system_prompt or task.data.get("system_prompt")  # the deployed one when unset
         graph = build_tool_agent(llm, tools, system_prompt=system_prompt,
-                                 max_turns=self.cfg.agent.max_turns, **self.cfg.agent.tool_choices())
+                                 max_turns=self.cfg.agent.max_turns, **play.tool_choices())
         if hindsight:
             s = self.cfg.skills
             graph = with_hindsight(graph, llm, success_fn=lambda state: self.reward(task, state) >= 1.0,
@@ -515,6 +577,22 @@ class ContinualLoop:
 
     # ----------------------------------------------------------------- helpers
 
+    def _deployed(self, cycle_id: int) -> dict[str, DeployedSampling | None]:
+        """How the deployment sampled each session of the cycle (None: not recorded)."""
+        out: dict[str, DeployedSampling | None] = {}
+        for sid in self.store.cycle_sessions(cycle_id):
+            session = self.store.get_session(sid)
+            out[sid] = session_sampling(session.metadata) if session is not None else None
+        return out
+
+    def _warn_unlike(self, deployed: Iterable[DeployedSampling | None]) -> None:
+        """One line, once per difference in this process: where the config's sampling is not the deployment's."""
+        new = [d for d in self.cfg.unlike_deployment(deployed, tools=self.tool_names) if d not in self._warned]
+        if new:
+            self._warned.update(new)
+            self.log(f"warning: the loop samples unlike the deployment: {'; '.join(new)} (leave these out of the "
+                     f"config to replay sessions as they were sampled)")
+
     def _promoted(self) -> ModelVersionRecord:
         record = self.store.promoted_version(self.cfg.name)
         if record is None:
@@ -535,6 +613,69 @@ class ContinualLoop:
 
     def close(self) -> None:
         self.store.close()
+
+
+def _n(count: int, noun: str) -> str:
+    return f"{count} {noun}" + ("" if count == 1 else "s")
+
+
+def _flat_groups(trajs: Sequence[Trajectory]) -> dict[str, str]:
+    """Sessions whose clean replays all got the same reward (zero advantages: the rewards
+    teach nothing through them), with why."""
+    rewards: dict[str, list[float]] = {}
+    for t in trajs:
+        if t.fault is None:
+            rewards.setdefault(str(t.metadata.get("session_id")), []).append(t.reward)
+    return {sid: f"no reward variance: its {len(rs)} clean replays all scored {rs[0]:g}"
+            for sid, rs in rewards.items() if max(rs) - min(rs) <= 1e-9}
+
+
+class CycleProgress:
+    """What a cycle is doing, on ``stream`` (stderr when None, looked up at each write): a bar
+    per phase on a terminal when ``bars``, else one line per phase as it ends."""
+
+    def __init__(self, stream: TextIO | None = None, *, bars: bool = True) -> None:
+        self._stream, self._bars = stream, bars
+
+    @property
+    def stream(self) -> TextIO:
+        return self._stream if self._stream is not None else sys.stderr
+
+    @property
+    def bars(self) -> bool:
+        isatty = getattr(self.stream, "isatty", None)
+        return self._bars and callable(isatty) and bool(isatty())
+
+    def line(self, text: str, *, bar_too: bool = True) -> None:
+        """``text`` as a line; ``bar_too`` False: only where no bar shows the same."""
+        if bar_too or not self.bars:
+            print(text, file=self.stream, flush=True)
+
+    @contextmanager
+    def phase(self, what: str, total: int) -> Iterator[Callable[[Trajectory], None]]:
+        """A phase of ``total`` episodes; call the yielded function with each one that ends."""
+        t0, done, faulted = time.perf_counter(), [0], [0]
+        bar = None
+        if self.bars and total:
+            from tqdm import tqdm
+
+            bar = tqdm(total=total, desc=what, unit="ep", dynamic_ncols=True, file=self.stream)
+
+        def tick(traj: Trajectory) -> None:
+            done[0] += 1
+            faulted[0] += traj.fault is not None
+            if bar is not None:
+                bar.set_postfix(faulted=faulted[0], refresh=False)
+                bar.update(1)
+
+        try:
+            yield tick
+        finally:
+            if bar is not None:
+                bar.close()
+        if bar is None and total:
+            faults = f", {faulted[0]} faulted" if faulted[0] else ""
+            self.line(f"{what} {done[0]}/{total} done{faults} ({time.perf_counter() - t0:.0f}s)")
 
 
 def _keeping_state(reward: Callable[[Task, dict[str, Any]], float],

@@ -4,23 +4,62 @@ The model, sampling, skills and optimizer settings are ``seed_agents.config``'s 
 fields as ``seed-agents train``); the tool API is ``seed_agents.tools.openapi.OpenAPIToolsConfig``,
 the shadow replays' rules ``seed_agents.tools.replay.ReplayConfig`` and the gate ``GateConfig``.
 What is new here: which sessions a cycle takes, how many replays make a group, and the
-canary. Every section is typed, so a bad tools or replay section is one error when the
-config loads, before the loop opens the store or plays anything. It lives in the app layer
+canary.
+
+Sampling follows the deployment: ``sampling.max_tokens``, ``sampling.temperature``,
+``agent.tool_choice`` (with ``tool_choice_turns``) and ``canary.temperature`` left out of
+the config are each session's own, as the gateway recorded them
+(``seed_agents.transcript.DeployedSampling``); the canary, which plays no session, takes
+those of the cycle's sessions. Set, they win, and ``unlike_deployment`` names where they
+differ from what the deployment sent (the loop prints it once, as a warning). Without a
+record the defaults below apply, and ``max_tokens`` is the gateway's default, 512, so a
+forced tool call the deployment finished is not cut in its replay.
+
+Every section is typed, so a bad tools or replay section is one error when the config
+loads, before the loop opens the store or plays anything. It lives in the app layer
 because it composes the tools' own configs.
 """
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Collection, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 from seed_agents.config import BackendConfig, RunnerConfig, SkillConfig, TrainerConfig
 from seed_agents.continual.gate import GateConfig
 from seed_agents.tools.openapi import OpenAPIToolsConfig
 from seed_agents.tools.replay import ReplayConfig
+from seed_agents.transcript import DeployedSampling
 from seed_agents.types import SamplingParams
+
+DEFAULT_SAMPLING = {"max_tokens": 512, "temperature": 0.7}
+"""The loop's sampling where neither its config nor the session's record says: ``max_tokens``
+as the gateway's ``default_max_tokens``."""
+_CHOICES = ("auto", "none", "required", "any")
+
+
+@dataclass(frozen=True)
+class Play:
+    """How one replay or canary episode samples: the config's settings, else the deployment's."""
+
+    sampling: SamplingParams
+    tool_choice: str
+    tool_choice_turns: Literal["first", "every"]
+
+    def tool_choices(self) -> dict[str, str | None]:
+        """``build_tool_agent``'s keyword arguments for the tool choice."""
+        return tool_choice_kwargs(self.tool_choice, self.tool_choice_turns)
+
+
+def tool_choice_kwargs(choice: str, turns: str) -> dict[str, str | None]:
+    """``build_tool_agent``'s keyword arguments for ``choice`` applied on ``turns`` (first or every)."""
+    forced = None if choice == "auto" else choice
+    return {"tool_choice": forced} if turns == "every" else {"first_tool_choice": forced}
 
 
 class ToolAgentConfig(BaseModel):
@@ -34,21 +73,18 @@ class ToolAgentConfig(BaseModel):
     system_prompt: str | None = Field(None, description="The agent's system message.")
     max_turns: int = Field(4, ge=1, le=100, description="Model turns per episode.")
     tool_choice: str = Field("auto", min_length=1, description=(
-        "The tool_choice the deployed agent sends: auto, none, required, or an operation's tool name (a forced call, "
-        "constrained as the gateway and SeedChatModel constrain it). Set it to what production sends, so the replayed "
-        "agent is the deployed one."))
+        "auto, none, required, or a tool (operation) name: a forced call. Unset: what each session's first call sent "
+        "through the gateway (recorded), else auto."))
     tool_choice_turns: Literal["first", "every"] = Field("first", description=(
-        "Where tool_choice applies: the first turn only (later turns answer or call freely), or every turn."))
+        "Where tool_choice applies: the first turn only (later turns answer or call freely), or every turn. "
+        "Unset: as the session's calls sent it."))
     reward: str = Field(description=(
         "Import path of the reward: reward(task, state) -> float, or the gateway's verifier form "
         "fn(session, calls) -> float (adapted; see docs/deploy.md); success is reward >= 1."))
 
     def tool_choices(self) -> dict[str, str | None]:
         """``build_tool_agent``'s keyword arguments for ``tool_choice``."""
-        choice = None if self.tool_choice == "auto" else self.tool_choice
-        if self.tool_choice_turns == "every":
-            return {"tool_choice": choice}
-        return {"first_tool_choice": choice}
+        return tool_choice_kwargs(self.tool_choice, self.tool_choice_turns)
 
 
 class CanaryConfig(BaseModel):
@@ -59,7 +95,8 @@ class CanaryConfig(BaseModel):
 
     tasks: Path = Field(description="JSONL of Task records ({'task_id': ..., 'data': {'question': ..., ...}}).")
     seeds: int = Field(2, ge=1, le=64, description="Episodes per task and version; episode k samples with seed k.")
-    temperature: float = Field(0.7, ge=0, description="Sampling temperature of canary episodes (0: greedy).")
+    temperature: float = Field(0.7, ge=0, description=(
+        "Sampling temperature of canary episodes (0: greedy). Unset: the deployment's, as the cycle's sessions recorded it."))
     sandbox_app: str | None = Field(None, description="Import path of an ASGI app factory (e.g. examples.library_service:create_app): every canary episode gets a fresh instance, in process.")
     recording: Path | None = Field(None, description="Without sandbox_app: a recording (tools.replay JSONL) that answers canary requests in replay mode; a request it lacks gets a 424.")
     replay_sandbox: bool = Field(False, description="Instead of sandbox_app: play canary episodes in shadow mode with the replay section's sandbox (a sandbox_base_url is reset before every episode, a replay.sandbox_app is fresh); reads from `recording` when set, else live under the rate limit. For an API that is not an ASGI app.")
@@ -76,14 +113,21 @@ class ContinualConfig(BaseModel):
     out: Path = Field(Path("runs/continual"), description="Adapters (adapters/cycle-<id>) and per-cycle traces (cycles/<id>/).")
     seed: int = Field(0, description="Seed of sampling and training.")
     backend: BackendConfig = Field(default_factory=BackendConfig, description="The base model; kind vllm: the server that serves every version (LoRA) and `model` is its base served name.")
-    sampling: SamplingParams = Field(default_factory=lambda: SamplingParams(max_tokens=64, temperature=0.7), description="Replay sampling.")
+    sampling: SamplingParams = Field(default_factory=lambda: SamplingParams(**DEFAULT_SAMPLING), description=(
+        "Replay and canary sampling. max_tokens and temperature left unset: each session's own, as the gateway "
+        "recorded it (else 512 and 0.7)."))
     skills: SkillConfig = Field(default_factory=lambda: SkillConfig(max_tokens=128))
     trainer: TrainerConfig = Field(default_factory=lambda: TrainerConfig(learning_rate=1e-4, lora_r=8, kl_coef=0.0), description="One optimizer step per cycle; lora_r is required.")
-    runner: RunnerConfig = Field(default_factory=lambda: RunnerConfig(concurrency=4, episode_timeout_s=300.0, progress=False))
+    runner: RunnerConfig = Field(default_factory=lambda: RunnerConfig(concurrency=4, episode_timeout_s=300.0), description=(
+        "Episode scheduling; progress: a bar per phase (replays, canary) on a terminal, else one line per phase; "
+        "progress off: lines only."))
     agent: ToolAgentConfig
     replay: ReplayConfig = Field(default_factory=lambda: ReplayConfig(mode="shadow"), description="How training replays treat the tools (seed_agents.tools.replay.ReplayConfig; mode must be shadow, the default here).")
     sessions_per_cycle: int = Field(4, ge=1, le=10_000, description="Rewarded sessions claimed per cycle: each one is a task replayed group_size times.")
     group_size: int = Field(4, ge=2, le=256, description="Shadow replays per session: the GRPO group G.")
+    min_signal_groups: int = Field(1, ge=0, le=10_000, description=(
+        "Train only when this many replay groups had unequal rewards; else the cycle is skipped (sessions without "
+        "reward variance unusable, the rest queued again). 0: always train."))
     carry_optimizer: bool = Field(True, description=(
         "Keep the optimizer's state (Adam's moments and step count) with each adapter and start the next cycle's "
         "step from the promoted adapter's, so cycles train as the steps of one run do; off: every cycle's step is "
@@ -93,6 +137,7 @@ class ContinualConfig(BaseModel):
     canary: CanaryConfig
     gate: GateConfig = Field(default_factory=GateConfig)
     poll_s: float = Field(30.0, gt=0, description="Wait between checks while no session is waiting.")
+    _explicit: frozenset[str] = PrivateAttr(default_factory=frozenset)
 
     @field_validator("replay", mode="before")
     @classmethod
@@ -120,7 +165,58 @@ class ContinualConfig(BaseModel):
             if self.replay.sandbox_base_url is not None and self.replay.sandbox_reset is None:
                 raise ValueError("canary.replay_sandbox with replay.sandbox_base_url needs replay.sandbox_reset: "
                                  "every canary episode must start from the same sandbox state")
+        explicit = {f"sampling.{k}" for k in DEFAULT_SAMPLING
+                    if "sampling" in self.model_fields_set and k in self.sampling.model_fields_set}
+        explicit |= {f"agent.{k}" for k in ("tool_choice", "tool_choice_turns") if k in self.agent.model_fields_set}
+        explicit |= {"canary.temperature"} if "temperature" in self.canary.model_fields_set else set()
+        self._explicit = frozenset(explicit)
+        # a partial sampling section keeps the loop's defaults, not SamplingParams' own
+        unset = {k: v for k, v in DEFAULT_SAMPLING.items() if f"sampling.{k}" not in explicit}
+        if unset:
+            self.sampling = self.sampling.model_copy(update=unset)
         return self
+
+    def explicit(self, field: str) -> bool:
+        """Whether the config (file or flag) set ``field`` (e.g. ``sampling.max_tokens``), rather than leaving it to
+        the deployment's record."""
+        return field in self._explicit
+
+    def play(self, deployed: DeployedSampling | None, *, canary: bool = False, tools: Collection[str] = ()) -> Play:
+        """How an episode samples: each setting the config sets, else the deployment's record
+        (``deployed``; a tool_choice naming none of ``tools`` is not used), else the default.
+        ``canary``: the temperature is ``canary.temperature``'s."""
+        def pick(field: str, mine: Any, theirs: Any) -> Any:
+            return mine if self.explicit(field) or deployed is None or theirs is None else theirs
+
+        temperature = (pick("canary.temperature", self.canary.temperature, deployed and deployed.temperature) if canary
+                       else pick("sampling.temperature", self.sampling.temperature, deployed and deployed.temperature))
+        sampling = self.sampling.model_copy(update={
+            "max_tokens": pick("sampling.max_tokens", self.sampling.max_tokens, deployed and deployed.max_tokens),
+            "temperature": temperature})
+        recorded = deployed.tool_choice if deployed is not None and _usable(deployed.tool_choice, tools) else None
+        choice = pick("agent.tool_choice", self.agent.tool_choice, recorded)
+        turns = pick("agent.tool_choice_turns", self.agent.tool_choice_turns,
+                     deployed.tool_choice_turns if recorded is not None and deployed is not None else None)
+        return Play(sampling=sampling, tool_choice=choice, tool_choice_turns=turns)
+
+    def unlike_deployment(self, deployed: Iterable[DeployedSampling | None], *, tools: Collection[str] = ()) -> list[str]:
+        """Where the settings this config sets differ from what the deployment sent (its
+        sessions' records), and recorded tool choices the loop cannot send; one phrase each."""
+        found: Counter[str] = Counter()
+        for d in deployed:
+            if d is None:
+                continue
+            for field, mine, theirs in (("sampling.max_tokens", self.sampling.max_tokens, d.max_tokens),
+                                        ("sampling.temperature", self.sampling.temperature, d.temperature),
+                                        ("canary.temperature", self.canary.temperature, d.temperature),
+                                        ("agent.tool_choice", self.agent.tool_choice, d.tool_choice),
+                                        ("agent.tool_choice_turns", self.agent.tool_choice_turns, d.tool_choice_turns)):
+                if self.explicit(field) and theirs is not None and _same(mine) != _same(theirs):
+                    found[f"{field} {mine} where the deployment sent {theirs}"] += 1
+            if d.tool_choice is not None and not _usable(d.tool_choice, tools) and not self.explicit("agent.tool_choice"):
+                found[f"the deployment forced {d.tool_choice!r}, not a tool of the loop's spec: agent.tool_choice "
+                      f"{self.agent.tool_choice} instead"] += 1
+        return list(found)
 
     def train_fields(self, out: Path, n_groups: int) -> dict[str, Any]:
         """The ``seed_agents.config.TrainConfig`` of one cycle's update, so the loop reuses
@@ -134,3 +230,17 @@ class ContinualConfig(BaseModel):
             "sync": "lora", "stage1": {"run": "off"},
         }
 
+
+def _same(value: Any) -> Any:
+    return "required" if value == "any" else value  # SeedChatModel's word for OpenAI's
+
+
+def _usable(choice: str | None, tools: Collection[str]) -> bool:
+    return choice is not None and (choice in _CHOICES or choice in tools)
+
+
+def most_common(deployed: Iterable[DeployedSampling | None]) -> DeployedSampling | None:
+    """The record most of a cycle's sessions share (the first of them at a tie): what the
+    canary, which plays no session, samples with."""
+    counts = Counter(d for d in deployed if d is not None)
+    return max(counts, key=counts.__getitem__) if counts else None

@@ -113,5 +113,7 @@ class RunnerConfig(BaseModel):
     concurrency: int = Field(8, ge=1, le=4096, description="Episodes in flight at once.")
     episode_timeout_s: float = Field(600.0, gt=0, description="Wall-clock limit per episode.")
     recursion_limit: int = Field(1000, ge=10, description="LangGraph super-step limit per episode.")
-    progress: bool = Field(True, description="Show a progress bar.")
+    progress: bool = Field(True, description=(
+        "Show a progress bar (continual: a bar per phase where stderr is a terminal, else one line per phase; off: "
+        "lines only)."))
     max_fault_fraction: float = Field(0.5, ge=0.0, le=1.0, description="Stop the run when more than this fraction of a batch's episodes (an iteration's, or an eval's) ended in an infrastructure fault (env/tool crash, timeout, backend down, reward error). Faulted episodes are never trained on either way.")

@@ -11,7 +11,8 @@ each canary episode behind a decision (its tool calls, results, answer).
 """
 
 from seed_agents.continual.canary import CanaryEpisode, EpisodeTrace
-from seed_agents.continual.gate import CanaryResult, GateConfig, GateDecision, GatePower, decide, gate_power
+from seed_agents.continual.gate import (CanaryResult, GateConfig, GateDecision, GatePower, UpdateSignal, decide,
+                                        gate_power)
 from seed_agents.continual.versions import DecisionRecord, ServedVersion, VersionRegistry, VersionStatus
 
 __all__ = [
@@ -23,6 +24,7 @@ __all__ = [
     "GateDecision",
     "GatePower",
     "ServedVersion",
+    "UpdateSignal",
     "VersionRegistry",
     "VersionStatus",
     "decide",

@@ -16,6 +16,7 @@ episode's calls are not stored, only what people read.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Literal
@@ -88,6 +89,13 @@ class EpisodeTrace(BaseModel):
                    invalid_tool_calls=invalid, answer=cut(answer), turns=len(trajectory.policy_calls),
                    stop_reason=trajectory.stop_reason.value, error=cut(trajectory.error))
 
+    def fingerprint(self) -> str:
+        """What the agent did, hashed: its tool calls (names and arguments) and its answer.
+        Two episodes with the same fingerprint look the same to a user (results are left
+        out: the same calls on the same fresh sandbox get the same answers)."""
+        did = [[c.name, c.args] for c in self.tool_calls] + [self.omitted_tool_calls, self.answer]
+        return hashlib.sha256(json.dumps(did, ensure_ascii=False).encode()).hexdigest()[:16]
+
 
 class CanaryEpisode(BaseModel):
     """One canary episode of one side: the gate's result and the trace behind it.
@@ -113,7 +121,7 @@ class CanaryEpisode(BaseModel):
     def result(self) -> CanaryResult:
         """What the gate pairs."""
         return CanaryResult(task_id=self.task_id, seed=self.seed, reward=self.reward, success=self.success,
-                            fault=self.fault)
+                            fault=self.fault, fingerprint=self.trace.fingerprint())
 
 
 def split_sides(episodes: Sequence[CanaryEpisode]) -> tuple[list[CanaryResult], list[CanaryResult]]:

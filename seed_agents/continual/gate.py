@@ -38,6 +38,14 @@ non-inferiority test, paired over tasks:
    chain of promotions can accumulate is then bounded by ``anchor_margin`` (at the
    gate's confidence, per decision) instead of growing with the number of cycles.
 
+6. Sameness, for reading only (the verdict does not use it): ``identical_pairs`` counts the
+   fault-free pairs whose two episodes did the same thing (the results' ``fingerprint``:
+   the same tool calls with the same arguments and the same answer), and ``update`` (given
+   by the caller) says how many of the update's groups had no reward variance, so taught
+   the candidate nothing through their rewards. A candidate whose every pair is identical
+   is reported as indistinguishable from the promoted version: a "promote" then changes
+   nothing users see.
+
 An exact copy of the promoted weights with zero variance (every ``d_task`` is 0, so the
 bootstrap interval is [0, 0]) IS promoted, even at ``margin == 0``: the test asks "not
 worse by more than the margin", and 0 >= -0 holds. With real sampling noise the lower
@@ -77,6 +85,9 @@ class CanaryResult(BaseModel):
     reward: float
     success: bool = False
     fault: FaultKind | None = Field(None, description="Set when an infrastructure fault ended the episode: never paired.")
+    fingerprint: str | None = Field(None, description=(
+        "What the episode did (its tool calls and answer, hashed): equal for two episodes that did the same. "
+        "None: not known."))
 
     @field_validator("reward")
     @classmethod
@@ -124,6 +135,22 @@ class AnchorCheck(BaseModel):
     candidate_mean: float | None
 
 
+class UpdateSignal(BaseModel):
+    """The reward signal of the update that made the candidate: its groups (one per replayed
+    session), and how many had equal rewards on every replay (zero advantages: no outcome
+    gradient)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    groups: int = Field(ge=0, description="Groups the update trained on.")
+    flat_groups: int = Field(ge=0, description="Of them, groups whose replays all got the same reward.")
+
+    @property
+    def signal_groups(self) -> int:
+        """Groups with unequal rewards: the ones the rewards teach through."""
+        return self.groups - self.flat_groups
+
+
 class GateDecision(BaseModel):
     """The gate's verdict with everything it rests on; ``model_dump(mode="json")`` is what the store keeps."""
 
@@ -142,30 +169,51 @@ class GateDecision(BaseModel):
     reasons: list[str]
     config: GateConfig
     anchor: AnchorCheck | None = Field(None, description="The check against the anchor, when config.anchor_margin is set.")
+    identical_pairs: int | None = Field(None, description=(
+        "Fault-free pairs whose two episodes did the same (same tool calls and answer); None: no fingerprints given."))
+    update: UpdateSignal | None = Field(None, description="The reward signal of the update that made the candidate, when known.")
 
     @property
     def promote(self) -> bool:
         return self.verdict == "promote"
 
+    @property
+    def indistinguishable(self) -> bool:
+        """Every fault-free canary pair played the same episode on both sides."""
+        return self.identical_pairs is not None and self.n_pairs > 0 and self.identical_pairs == self.n_pairs
+
+    def sameness(self) -> str:
+        """How alike the candidate and the promoted version are ("" when nothing is known)."""
+        bits = []
+        if self.identical_pairs is not None and self.n_pairs:
+            bits.append(f"{self.identical_pairs}/{self.n_pairs} canary pairs identical")
+        if self.update is not None:
+            bits.append(f"{self.update.flat_groups}/{self.update.groups} update groups without reward variance")
+        head = "indistinguishable from the promoted version: " if self.indistinguishable else ""
+        return head + ", ".join(bits)
+
     def summary(self) -> str:
         """One line: verdict, difference, bound against the margin, how many tasks."""
+        same = f"; {self.sameness()}" if self.sameness() else ""
         if self.mean_diff is None or self.ci_low is None:
-            return f"{self.verdict}: no fault-free pairs ({self.reasons[0]})"
+            return f"{self.verdict}: no fault-free pairs ({self.reasons[0]}){same}"
         level = f"{self.config.confidence:.0%}"
         anchor = ""
         if self.anchor is not None and self.anchor.mean_diff is not None and self.anchor.ci_low is not None:
             anchor = (f"; vs the anchor {self.anchor.mean_diff:+.3f}, bound {self.anchor.ci_low:+.3f} vs "
                       f"{_neg(self.config.anchor_margin or 0.0)}")
         return (f"{self.verdict}: mean diff {self.mean_diff:+.3f}, {level} lower bound {self.ci_low:+.3f} vs "
-                f"{_neg(self.config.margin)} ({self.n_tasks} tasks, {self.n_pairs} pairs){anchor}")
+                f"{_neg(self.config.margin)} ({self.n_tasks} tasks, {self.n_pairs} pairs){anchor}{same}")
 
 
 def decide(promoted: Sequence[CanaryResult], candidate: Sequence[CanaryResult],
-           config: GateConfig | None = None, *, anchor: Sequence[CanaryResult] | None = None) -> GateDecision:
+           config: GateConfig | None = None, *, anchor: Sequence[CanaryResult] | None = None,
+           update: UpdateSignal | None = None) -> GateDecision:
     """Pair the two versions' canary results and decide (see the module docstring).
 
     ``anchor``: the anchor's canary results, required exactly when ``config.anchor_margin``
-    is set (pass ``promoted`` again when the anchor is the promoted version)."""
+    is set (pass ``promoted`` again when the anchor is the promoted version). ``update``:
+    the reward signal of the update behind the candidate, kept with the decision."""
     config = config or GateConfig()
     if (anchor is None) != (config.anchor_margin is None):
         raise ValueError("anchor results are given exactly when anchor_margin is set: "
@@ -220,10 +268,15 @@ def decide(promoted: Sequence[CanaryResult], candidate: Sequence[CanaryResult],
         else:
             reasons.append(f"against the anchor the {level} lower bound is {vs.ci_low:+.4f}, within "
                            f"{_neg(config.anchor_margin)}")
+    if main.identical is not None and main.n_pairs and main.identical == main.n_pairs:
+        reasons.append(f"in all {main.n_pairs} fault-free pairs the candidate made the same tool calls and gave the "
+                       f"same answer as the promoted version: it is indistinguishable from it on this canary")
+    if update is not None and update.groups and not update.signal_groups:
+        reasons.append(f"none of the update's {update.groups} groups had unequal rewards: its rewards taught nothing")
     return GateDecision(verdict=verdict, mean_diff=main.mean_diff, ci_low=main.ci_low, ci_high=main.ci_high,
                         n_tasks=n_tasks, n_pairs=main.n_pairs, per_task=per_task, promoted_mean=main.base_mean,
                         candidate_mean=main.cand_mean, faults=faults, episodes=episodes, unmatched=main.unmatched,
-                        reasons=reasons, config=config, anchor=check)
+                        reasons=reasons, config=config, anchor=check, identical_pairs=main.identical, update=update)
 
 
 @dataclass(frozen=True)
@@ -235,6 +288,7 @@ class _Paired:
     sides: dict[str, list[tuple[float, float]]]  # per task: (base, candidate) of each fault-free pair
     n_pairs: int
     unmatched: int
+    identical: int | None = None  # pairs whose episodes did the same; None when a pair lacks a fingerprint
     mean_diff: float | None = None
     ci_low: float | None = None
     ci_high: float | None = None
@@ -250,14 +304,19 @@ class _Paired:
            value: Callable[[CanaryResult], float], config: GateConfig) -> _Paired:
         diffs: dict[str, list[float]] = defaultdict(list)
         sides: dict[str, list[tuple[float, float]]] = defaultdict(list)
+        identical: int | None = 0
         for key in sorted(base.keys() & cand.keys()):
             b, c = base[key], cand[key]
             if b.fault is None and c.fault is None:
                 diffs[key[0]].append(value(c) - value(b))
                 sides[key[0]].append((value(b), value(c)))
+                if b.fingerprint is None or c.fingerprint is None:
+                    identical = None
+                elif identical is not None:
+                    identical += b.fingerprint == c.fingerprint
         per_task = {task: _mean(d) for task, d in sorted(diffs.items())}
         paired = cls(per_task=per_task, sides=dict(sides), n_pairs=sum(len(d) for d in diffs.values()),
-                     unmatched=len(base.keys() ^ cand.keys()))
+                     unmatched=len(base.keys() ^ cand.keys()), identical=identical)
         if not per_task:
             return paired
         values = list(per_task.values())

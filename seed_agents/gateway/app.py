@@ -297,7 +297,7 @@ async def _chat(gw: Gateway, request: Request, path_session: str | None) -> Resp
         model, version = gw.upstream.model, gw.upstream.policy_version
         turn = Turn(session_id=sid, task_key=task_key, call_id=new_id(), messages=req.messages, tools=tools,
                     prompt_ids=prompt_ids, rendered=rendered, params=params, model=model, policy_version=version,
-                    stream=req.stream, prefix=prefix)
+                    stream=req.stream, prefix=prefix, tool_choice=choice)
         if req.stream:
             return await _open_stream(gw, request, req, turn, headers)
         comp = await gw.upstream.complete(model, prompt_ids, params, version)

@@ -18,7 +18,9 @@ Each stored call also updates the session's replayable transcript (``metadata["t
 ``seed_agents.transcript``): the first user message, the system prompt, the tool names, and
 every tool call with the tool message the client answered it with, read from the
 client's structured messages after redaction. The continual loop replays a session from it
-when no explicit ``metadata["task"]`` / ``["recording"]`` was set.
+when no explicit ``metadata["task"]`` / ``["recording"]`` was set, sampling as the session's
+calls asked (``metadata["sampling"]``: max_tokens, temperature, and the tool_choice each call
+also keeps in ``scope["tool_choice"]``).
 
 When the store cannot be written (``GatewayConfig.store_outage``): in ``spool`` mode (the
 default) a call that meets an outage is committed to the local spool instead and the user is
@@ -48,7 +50,7 @@ from seed_agents.gateway.render import Renderer
 from seed_agents.gateway.security import Redactor
 from seed_agents.gateway.spool import Flusher, FlushResult, Spool, SpoolEntry, SpoolError, default_spool_path, is_outage
 from seed_agents.store import SessionRecord, StoreError, TraceStore
-from seed_agents.transcript import record_transcript, transcript_of
+from seed_agents.transcript import TOOL_CHOICE_LABEL, record_transcript, transcript_of
 from seed_agents.types import Completion, LLMCall, SamplingParams
 
 log = logging.getLogger("seed_agents.gateway")
@@ -73,6 +75,7 @@ class Turn:
     policy_version: int
     stream: bool
     prefix: str = ""  # a forced call's prefill: the end of the prompt, the start of the client's reply
+    tool_choice: str | None = None  # the request's, as tool_choice_of reads it (None: auto)
     started_at: float = field(default_factory=time.time)
     t0: float = field(default_factory=time.perf_counter)
 
@@ -166,7 +169,9 @@ class Recorder:
             completion_ids = self.renderer.encode(red_text)
             logprobs = [0.0] * len(completion_ids)
         flagged = prompt_secret or red_text != text
-        scope: dict[str, Any] = {"source": "gateway", "stream": turn.stream}
+        # the tool_choice in the loop's words (agent.tool_choice), for the replays to send the same
+        choice = {None: "auto", "any": "required"}.get(turn.tool_choice, turn.tool_choice)
+        scope: dict[str, Any] = {"source": "gateway", "stream": turn.stream, TOOL_CHOICE_LABEL: choice}
         if flagged:
             scope["flagged"] = SECRET_FLAG
         call = LLMCall(
@@ -232,8 +237,8 @@ class Recorder:
         if entry.flagged:  # out of training before the call becomes visible
             self.store.create_session(sid, task_key=task_key)
             self.store.flag_session(sid, SECRET_FLAG)
-        self.store.add_call(sid, entry.call, task_key=task_key)  # creates the session when new
-        record_transcript(self.store, sid, entry.transcript)
+        turn = self.store.add_call(sid, entry.call, task_key=task_key)  # creates the session when new
+        record_transcript(self.store, sid, entry.transcript, call=entry.call, turn=turn)
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
         """Run a blocking store method off the event loop; a store failure becomes a 503."""

@@ -227,6 +227,25 @@ def evidence_summary(d: DecisionRecord) -> str:
     return "; ".join(bits) if bits else "(no evidence stored)"
 
 
+def sameness_summary(d: DecisionRecord) -> str | None:
+    """How alike a gate's candidate and the promoted version were: identical canary pairs and
+    update groups without reward variance (``GateDecision.sameness``); None when not recorded."""
+    gate = (d.evidence or {}).get("gate")
+    if not isinstance(gate, dict):
+        return None
+    bits = []
+    identical, n_pairs = gate.get("identical_pairs"), gate.get("n_pairs") or 0
+    if isinstance(identical, int) and n_pairs:
+        bits.append(f"{identical}/{n_pairs} canary pairs identical")
+    update = gate.get("update")
+    if isinstance(update, dict):
+        bits.append(f"{update.get('flat_groups')}/{update.get('groups')} update groups without reward variance")
+    if not bits:
+        return None
+    same = "INDISTINGUISHABLE from the version it was compared with: " if identical == n_pairs and n_pairs else ""
+    return same + ", ".join(bits)
+
+
 # -- the drill-down ----------------------------------------------------------------------------
 
 

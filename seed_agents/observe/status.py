@@ -1,9 +1,10 @@
 """``seed-agents status``: one screen on a deployed agent's trace store.
 
 Versions with their state and their traffic, the last decisions with the evidence each
-rests on, success over time per version in fixed windows, and queue lengths. Rendering is
-a pure function of an ``Overview`` (``data.read_overview``), so tests check the text
-without a terminal. Times are UTC, like the window boundaries (multiples of the window
+rests on (and how alike the candidate and the version it was compared with played),
+success over time per version in fixed windows, and queue lengths. Rendering is a pure
+function of an ``Overview`` (``data.read_overview``), so tests check the text without a
+terminal. Times are UTC, like the window boundaries (multiples of the window
 length since the epoch).
 """
 
@@ -21,7 +22,7 @@ from seed_agents.observe.curve import (
     totals,
     window_starts,
 )
-from seed_agents.observe.data import QUEUES, Overview, evidence_summary, outcomes
+from seed_agents.observe.data import QUEUES, Overview, evidence_summary, outcomes, sameness_summary
 
 
 def utc(ts: float, *, seconds: bool = True) -> str:
@@ -88,6 +89,9 @@ def render_status(ov: Overview, *, store_label: str, window_s: int | None = None
         lines.append(_cut(head, width, "  "))
         lines.append(_cut(d.summary, width, "      "))
         lines.append(_cut(f"evidence: {evidence_summary(d)}", width, "      "))
+        same = sameness_summary(d)
+        if same:
+            lines.append(_cut(f"sameness: {same}", width, "      "))
     lines.append("")
 
     # -- success over time

@@ -19,7 +19,15 @@ from dataclasses import dataclass
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from seed_agents.continual import CanaryEpisode, EpisodeTrace, GateConfig, GateDecision, VersionRegistry, decide
+from seed_agents.continual import (
+    CanaryEpisode,
+    EpisodeTrace,
+    GateConfig,
+    GateDecision,
+    UpdateSignal,
+    VersionRegistry,
+    decide,
+)
 from seed_agents.continual.canary import ToolCallTrace, split_sides
 from seed_agents.store import TraceStore
 from seed_agents.store.schema import decisions, sessions
@@ -95,7 +103,8 @@ def _gate(promote: bool, *, baseline: int, candidate: int, n_tasks: int = 8) -> 
     """A real gate decision from hand-made paired canary episodes, and the episodes."""
     episodes = [_canary_episode("promoted", baseline, i, float(i % 2)) for i in range(n_tasks)]
     episodes += [_canary_episode("candidate", candidate, i, 1.0 if promote or i % 4 == 0 else 0.0) for i in range(n_tasks)]
-    return decide(*split_sides(episodes), GateConfig(margin=0.05, resamples=1000)), episodes
+    update = UpdateSignal(groups=4, flat_groups=1 if promote else 3)  # the reward signal of the candidate's update
+    return decide(*split_sides(episodes), GateConfig(margin=0.05, resamples=1000), update=update), episodes
 
 
 def populate(store: TraceStore, *, seed: int = 0, hours: int = 6, per_hour: int = 5) -> Populated:

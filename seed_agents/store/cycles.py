@@ -175,23 +175,38 @@ class CycleStore(StoreBase):
         with _one_promoted_guard(self._cycle_name(cycle_id)):
             return self._write(tx)
 
-    def skip_cycle(self, cycle_id: int, unusable: dict[str, str]) -> CycleRecord:
-        """None of the cycle's sessions could be trained: their claims become ``unusable``
-        with the reason given per session (they are never claimed again) and the cycle
-        ends ``skipped``, without a candidate."""
+    def skip_cycle(self, cycle_id: int, unusable: dict[str, str], *, release: Collection[str] = (),
+                   reason: str | None = None) -> CycleRecord:
+        """The cycle ends ``skipped``, without a candidate, in ONE transaction: the claims in
+        ``unusable`` become ``unusable`` with the reason given per session (never claimed
+        again), and the sessions in ``release`` go back to the queue as ``release_cycle``
+        gives them back (claim deleted, ``consumed_by`` cleared). Every session of the cycle
+        must be in one of the two. ``reason``: why the whole cycle was skipped, kept in its
+        metadata (``skipped``)."""
 
         def tx(conn: Connection) -> CycleRecord:
-            _check_cycle_state(_lock_cycle(conn, cycle_id), ("claimed",), "skipped")
+            cycle = _lock_cycle(conn, cycle_id)
+            _check_cycle_state(cycle, ("claimed",), "skipped")
             now = time.time()
-            for sid, reason in unusable.items():
+            for sid, why in unusable.items():
                 conn.execute(sa.update(claims).where(claims.c.session_id == sid, claims.c.cycle_id == cycle_id)
-                             .values(state="unusable", reason=reason, updated_at=now))
+                             .values(state="unusable", reason=why, updated_at=now))
+            back = list(release)
+            if back:
+                conn.execute(sa.delete(claims).where(claims.c.session_id.in_(back), claims.c.cycle_id == cycle_id,
+                                                     claims.c.state == "claimed"))
+                conn.execute(sa.update(sessions).where(sessions.c.session_id.in_(back),
+                                                       sessions.c.consumed_by == f"cycle-{cycle_id}")
+                             .values(consumed_by=None, consumed_at=None))
             left = conn.execute(sa.select(sa.func.count()).where(claims.c.cycle_id == cycle_id,
                                                                  claims.c.state == "claimed")).scalar()
             if left:
-                raise StoreError(f"cycle {cycle_id}: {left} claimed sessions have no reason to be unusable; "
-                                 f"skip_cycle needs one for every session of the cycle")
-            conn.execute(sa.update(cycles).where(cycles.c.id == cycle_id).values(state="skipped", updated_at=now))
+                raise StoreError(f"cycle {cycle_id}: {left} claimed sessions have no reason to be unusable and are not "
+                                 f"released; skip_cycle needs every session of the cycle in one of the two")
+            metadata = cycle.metadata if reason is None else {
+                **cycle.metadata, "skipped": {"reason": reason, "unusable": len(unusable), "released": len(back)}}
+            conn.execute(sa.update(cycles).where(cycles.c.id == cycle_id).values(state="skipped", updated_at=now,
+                                                                                 metadata=metadata))
             return _get_cycle(conn, cycle_id)
 
         return self._write(tx)

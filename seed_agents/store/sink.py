@@ -45,9 +45,9 @@ class StoreSink:
                 raise ValueError("this StoreSink is closed")
         if kind == "call" and isinstance(record, LLMCall):
             session = self.session_of(record)
-            self.store.add_call(session, record, task_key=self._task_of(record))
+            turn = self.store.add_call(session, record, task_key=self._task_of(record))
             if record.purpose == "policy":  # the analyzer's prompt is not the agent's conversation
-                record_transcript(self.store, session, transcript_of(record.messages, record.tools))
+                record_transcript(self.store, session, transcript_of(record.messages, record.tools), call=record, turn=turn)
         elif kind == "trajectory" and isinstance(record, Trajectory):
             session = self.session_of(record.calls[0]) if record.calls else record.trajectory_id
             self.store.add_trajectory(record, session_id=session)

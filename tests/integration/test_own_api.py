@@ -14,8 +14,10 @@ the canary tasks, and the `continual --once` and `status` commands. What the tes
 - the model: `seed-agents serve` is replaced by a scripted stand-in for vLLM (the gateway's
   ``FakeVLLM`` answering each turn of the traffic from a script: a tiny random model writes
   no tool call the traffic could show), and the loop gets ``--backend.kind local`` with a
-  tiny random Llama, small budgets, and ``--agent.tool-choice join_waitlist`` so that every
-  replay and canary episode writes to the sandbox (a random model's own choice would not).
+  tiny random Llama, small budgets, ``--agent.tool-choice join_waitlist`` so that every
+  replay and canary episode writes to the sandbox (a random model's own choice would not),
+  and ``--min-signal-groups 0``: the random model earns no reward, so no group has reward
+  variance, and the cycle must train anyway for the page's gate and status to show.
 
 Then it checks what the page promises: the cycle ran and was decided, no mutating request
 of the loop reached production (production's own request log), every episode that wrote
@@ -61,7 +63,8 @@ TRAFFIC = [("Please book 09:00 on 2025-03-03 for Ana.", "book",
            ("Which slots are free on 2025-03-04?", "slots", ("list_slots", {"date": "2025-03-04"}), "11:00 is free.")]
 FORCED_PREFILL = '<tool_call>\n{"name": "'  # what the gateway prefills when tool_choice is "required"
 TINY_RUN = ["--backend.kind", "local", "--agent.max-turns", "2", "--sampling.max-tokens", "64", "--skills.max-tokens", "16", "--group-size", "2",
-            "--canary.seeds", "1", "--agent.tool-choice", "join_waitlist", "--no-trainer.gradient-checkpointing"]
+            "--canary.seeds", "1", "--agent.tool-choice", "join_waitlist", "--no-trainer.gradient-checkpointing",
+            "--min-signal-groups", "0"]
 
 
 def doc_block(name: str) -> str:

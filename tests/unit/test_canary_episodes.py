@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 
-from seed_agents.continual.canary import MAX_TEXT, MAX_TOOL_CALLS, CanaryEpisode, EpisodeTrace, split_sides
+from seed_agents.continual.canary import MAX_TEXT, MAX_TOOL_CALLS, CanaryEpisode, EpisodeTrace, ToolCallTrace, split_sides
 from seed_agents.observe.data import canary_views, read_overview
 from seed_agents.observe.report import build_report
 from seed_agents.observe.testing import XSS, populate
@@ -52,7 +52,18 @@ def test_a_faulted_episode_is_read_from_its_recorded_calls():
     assert [(c.name, c.result) for c in episode.trace.tool_calls] == [("search_books", '[{"id": 1}]'), ("borrow_book", None)]
     assert (episode.fault, episode.trace.error, episode.trace.stop_reason) == (FaultKind.TIMEOUT, "episode exceeded 30s", "timeout")
     assert episode.result().model_dump() == {"task_id": "t", "seed": 1, "reward": 0.0, "success": False,
-                                             "fault": FaultKind.TIMEOUT}
+                                             "fault": FaultKind.TIMEOUT, "fingerprint": episode.trace.fingerprint()}
+
+
+def test_the_fingerprint_tells_episodes_that_did_the_same_apart_from_others():
+    """Same tool calls and answer: the same fingerprint (results aside); another argument or answer: another."""
+    search = ToolCallTrace(name="search_books", args='{"title": "Dune"}', result='[{"id": 1}]')
+    same = EpisodeTrace(tool_calls=[search], answer="Found it.", turns=2)
+    assert same.fingerprint() == EpisodeTrace(tool_calls=[search.model_copy(update={"result": "[]"})], answer="Found it.",
+                                              turns=2).fingerprint()
+    other_args = EpisodeTrace(tool_calls=[search.model_copy(update={"args": '{"title": "Emma"}'})], answer="Found it.")
+    assert len({same.fingerprint(), other_args.fingerprint(), EpisodeTrace(tool_calls=[search], answer="No.").fingerprint(),
+                EpisodeTrace(answer="Found it.").fingerprint()}) == 4
 
 
 def test_traces_are_bounded_and_redacted():

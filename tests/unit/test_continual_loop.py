@@ -9,7 +9,10 @@ the exactly-once bookkeeping. The verdicts themselves are tested in test_gate.py
 
 from __future__ import annotations
 
+import io
 import json
+import random
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -58,6 +61,7 @@ def make_config(tmp_path: Path, tiny_model_dir: str, prod_url: str, **over: Any)
         "sessions_per_cycle": 2, "group_size": 2,
         "canary": {"tasks": str(canary), "seeds": 1, "sandbox_app": "examples.library_service:create_app"},
         "gate": {"min_tasks": 2, "resamples": 200},
+        "min_signal_groups": 0,  # the tiny model scores 0 everywhere: train anyway, the plumbing is the point
         **over,
     }
     return ContinualConfig.model_validate(raw)
@@ -111,6 +115,17 @@ def test_cycles_claim_train_gate_and_account_for_every_session(tmp_path, tiny_mo
     assert prod.log.mutating() == 0  # no replay or canary episode wrote to production
     assert len(lines) == 2 and lines[0].startswith(f"cycle {cycles[0].cycle_id}: 2 sessions -> 4 replays")
     assert "promote" in lines[0] and lines[1].endswith("s)") and "v2 serves" in lines[1]
+    # every canary pair and every update group alike: the decision says the candidate changed nothing
+    gate = decisions[cycles[0].candidate_version].evidence["gate"]
+    assert gate["update"] == {"groups": 2, "flat_groups": 2} and gate["identical_pairs"] is not None
+    assert "2/2 update groups without reward variance" in lines[0]
+    # not a terminal: one line per phase on stderr (issue 66: seven minutes of replays printed nothing)
+    phases = [x.split(": ", 1)[1] for x in capsys.readouterr().err.splitlines() if x.startswith("cycle ")]
+    assert [re.sub(r"\(\d+s\)|in \d+s", "", x).strip() for x in phases] == [
+        "replaying 2 sessions 2 times each with v0", "replays 4/4 done", "update on 2 groups (0 with unequal rewards) done",
+        "canary 4/4 done",  # the second cycle: one session cannot be replayed
+        "replaying 1 session 2 times each with v1", "replays 2/2 done", "update on 1 group (0 with unequal rewards) done",
+        "canary 4/4 done"]
 
     assert loop.step() is None  # nothing waits: no cycle opened
     assert len(store.cycles(cfg.name)) == 2
@@ -239,3 +254,132 @@ def test_the_tools_and_replay_sections_are_checked_when_the_config_loads(tmp_pat
     path.write_text(json.dumps({**base, "agent": {"tools": tools, "reward": "m:f"}, "replay": {"live_reads_per_s": 1.0}}))
     cfg = load_config(ContinualConfig, path, {})
     assert cfg.replay.mode == "shadow" and cfg.agent.tools.base_url == "http://127.0.0.1:8000"
+
+
+def signal_reward(task: Task, state: dict[str, Any]) -> float:
+    """A reward with variance where the task asks for it (``data["signal"]``), else 0: a
+    group with unequal rewards from a model that solves nothing."""
+    return random.random() if task.data.get("signal") else 0.0
+
+
+def recorded_session(store: TraceStore, i: int, *, signal: bool = False, max_tokens: int = 5,
+                     temperature: float = 0.3, tool_choice: str = "auto") -> str:
+    """An ended, rewarded library session whose calls recorded their sampling, as the gateway records them."""
+    from seed_agents.transcript import record_transcript, transcript_of
+    from seed_agents.types import SamplingParams
+
+    spec = LIBRARY_TASKS[i % len(LIBRARY_TASKS)]
+    task = {**spec, "data": {**spec["data"], "signal": signal}}
+    sid = store.create_session(f"rec-{i:03d}", task_key=spec["task_id"], metadata={"task": task})
+    messages = [{"role": "user", "content": spec["data"]["question"]}]
+    call = LLMCall(call_id=f"rec-call-{i:03d}", messages=messages, prompt_ids=[1, 2, 3], completion_ids=[4],
+                   logprobs=[-0.5], sampling=SamplingParams(max_tokens=max_tokens, temperature=temperature),
+                   scope={"source": "gateway", "tool_choice": tool_choice})
+    turn = store.add_call(sid, call)
+    record_transcript(store, sid, transcript_of(messages), call=call, turn=turn)
+    store.add_reward(sid, 1.0, source="user")
+    store.end_session(sid)
+    return sid
+
+
+def test_replays_sample_as_the_deployment_did_unless_the_config_says_otherwise(tmp_path, tiny_model_dir, prod):
+    """Issue 66: the loop's own max_tokens cut forced calls the deployment finished. Left out
+    of the config, max_tokens, temperature and tool_choice are each session's, as recorded;
+    set, they win, and the loop says once, in one line, where they differ from the deployment."""
+    from seed_agents.transcript import DeployedSampling
+
+    raw = make_config(tmp_path, tiny_model_dir, prod.url, min_signal_groups=1).model_dump(mode="json", exclude_unset=True)
+    del raw["sampling"]
+    cfg = ContinualConfig.model_validate(raw)
+    assert (cfg.sampling.max_tokens, cfg.sampling.temperature) == (512, 0.7)  # no record: the gateway's budget
+    store = TraceStore.open(cfg.store)
+    recorded_session(store, 0, tool_choice="search_books")
+    recorded_session(store, 1, max_tokens=7, temperature=0.0)
+    lines: list[str] = []
+    loop = ContinualLoop(cfg, store=store, log=lines.append)
+    (outcome,) = loop.run(once=True)
+    assert outcome.state == "skipped"  # the tiny model solves nothing: no signal, no update (tested below)
+    replays = [json.loads(x) for x in (cfg.out / "cycles" / "1" / "replays.jsonl").read_text().splitlines()]
+    firsts = {(r["metadata"]["session_id"], r["calls"][0]["sampling"]["max_tokens"],
+               r["calls"][0]["sampling"]["temperature"], r["calls"][0]["messages"][-1]["content"]) for r in replays}
+    assert firsts == {("rec-000", 5, 0.3, '<tool_call>\n{"name": "search_books", "arguments":'),
+                      ("rec-001", 7, 0.0, LIBRARY_TASKS[1]["data"]["question"])}
+    assert not any(x.startswith("warning") for x in lines)
+    # the canary, which plays no session, samples as most of the cycle's sessions did
+    play = cfg.play(DeployedSampling(max_tokens=7, temperature=0.0, tool_choice="required"), canary=True)
+    assert (play.sampling.max_tokens, play.sampling.temperature, play.tool_choice) == (7, 0.0, "required")
+    loop.close()
+
+    # set in the config: the config wins, and one line says where it differs from the deployment
+    cfg = make_config(tmp_path, tiny_model_dir, prod.url, min_signal_groups=1, agent={
+        **raw["agent"], "tool_choice": "borrow_book"}, canary={**raw["canary"], "temperature": 0.7})
+    store = TraceStore.open(cfg.store)
+    recorded_session(store, 2, tool_choice="search_books")
+    recorded_session(store, 3, max_tokens=7, temperature=0.0)
+    recorded_session(store, 4, tool_choice="search_books")
+    recorded_session(store, 5)
+    lines = []
+    loop = ContinualLoop(cfg, store=store, log=lines.append)
+    assert [o.state for o in loop.run(cycles=2)] == ["skipped", "skipped"]
+    warnings = [x for x in lines if x.startswith("warning")]
+    assert len(warnings) == 1 and "sampling.max_tokens 6 where the deployment sent 5" in warnings[0], lines
+    assert "agent.tool_choice borrow_book where the deployment sent search_books" in warnings[0]
+    assert "sampling.temperature 1.0 where the deployment sent 0.3" in warnings[0]
+    assert "canary.temperature 0.7 where the deployment sent 0.0" in warnings[0]
+    replays = [json.loads(x) for x in (cfg.out / "cycles" / "2" / "replays.jsonl").read_text().splitlines()]
+    assert {(r["calls"][0]["sampling"]["max_tokens"], r["calls"][0]["messages"][-1]["content"]) for r in replays} == {
+        (6, '<tool_call>\n{"name": "borrow_book", "arguments":')}
+    loop.close()
+
+
+def test_a_cycle_without_enough_reward_signal_does_not_train(tmp_path, tiny_model_dir, prod):
+    """Issue 66: 5 of 6 groups without reward variance still made a candidate. Below
+    min_signal_groups (groups with unequal rewards) the cycle is skipped: no candidate, the
+    sessions without variance spent (unusable, with why), the others back in the queue."""
+    cfg = make_config(tmp_path, tiny_model_dir, prod.url, min_signal_groups=2,
+                      agent={"tools": {"base_url": prod.url, "allow_hosts": ["127.0.0.1"]}, "max_turns": 2,
+                             "reward": "tests.unit.test_continual_loop:signal_reward"})
+    store = TraceStore.open(cfg.store)
+    flat, varied = recorded_session(store, 0), recorded_session(store, 1, signal=True)
+    lines: list[str] = []
+    loop = ContinualLoop(cfg, store=store, log=lines.append, progress=io.StringIO())
+    (outcome,) = loop.run(once=True)
+    assert (outcome.state, outcome.candidate_version, outcome.unusable, outcome.released) == ("skipped", None, 1, 1)
+    assert "1 of 2 groups had unequal rewards, fewer than min_signal_groups 2: skipped without training, 1 session " \
+           "queued again" in lines[-1]
+    claims = store.claim_states()
+    assert claims == {flat: (1, "unusable", "no reward variance: its 2 clean replays all scored 0")}
+    assert [s.session_id for s in store.trainable_sessions()] == [varied]  # back in the queue, nothing lost
+    assert store.get_cycle(1).metadata["skipped"] == {
+        "reason": "1 of 2 groups had unequal rewards, fewer than min_signal_groups 2", "unusable": 1, "released": 1}
+    assert [v.version for v in store.model_versions(cfg.name)] == [0]  # nothing trained
+    loop.close()
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_on_a_terminal_each_phase_shows_a_bar(tmp_path, tiny_model_dir, prod):
+    """Issue 66: a bar per phase where stderr is a terminal (no per-phase lines then);
+    runner.progress false: lines even there."""
+    cfg = make_config(tmp_path, tiny_model_dir, prod.url, min_signal_groups=1, runner={"concurrency": 4})
+    store = TraceStore.open(cfg.store)
+    seed_sessions(store, 2)
+    shown = _Terminal()
+    loop = ContinualLoop(cfg, store=store, log=lambda _: None, progress=shown)
+    assert [o.state for o in loop.run(once=True)] == ["skipped"]
+    loop.close()
+    assert "cycle 1: replays" in shown.getvalue() and "4/4" in shown.getvalue() and "\r" in shown.getvalue()
+    assert "done" not in shown.getvalue()
+
+    cfg = make_config(tmp_path, tiny_model_dir, prod.url, min_signal_groups=1, store=f"sqlite:///{tmp_path / 'other.db'}")
+    assert not cfg.runner.progress
+    store = TraceStore.open(cfg.store)
+    seed_sessions(store, 2)
+    shown = _Terminal()
+    loop = ContinualLoop(cfg, store=store, log=lambda _: None, progress=shown)
+    loop.run(once=True)
+    loop.close()
+    assert "\r" not in shown.getvalue() and "cycle 1: replays 4/4 done" in shown.getvalue()

@@ -273,3 +273,35 @@ def test_a_decision_with_an_anchor_serializes_and_an_old_one_still_reads():
     assert GateDecision.model_validate(stored) == d and stored["anchor"]["n_pairs"] == 16
     del stored["anchor"], stored["config"]["anchor_margin"]  # what a decision stored before the anchor holds
     assert GateDecision.model_validate(stored).anchor is None
+
+
+def test_the_decision_says_when_the_candidate_is_indistinguishable_from_production():
+    """Issue 66: v1 was promoted on "mean diff +0.000" with 11 of 12 canary pairs playing the
+    same episodes and 5 of 6 update groups without reward variance; the decision line and
+    its evidence say so, and a candidate identical on every pair is called indistinguishable."""
+    from seed_agents.continual.gate import UpdateSignal
+
+    def played(fingerprints: list[str]) -> list[CanaryResult]:
+        return [CanaryResult(task_id=f"t{i // 2:02d}", seed=i % 2, reward=0.0, fingerprint=f) for i, f in
+                enumerate(fingerprints)]
+
+    same = [f"did-{i}" for i in range(12)]
+    update = UpdateSignal(groups=6, flat_groups=5)
+    d = decide(played(same), played([*same[:11], "other"]), GateConfig(min_tasks=2), update=update)
+    assert (d.verdict, d.identical_pairs, d.update, d.indistinguishable) == ("promote", 11, update, False)
+    assert d.summary().endswith("(6 tasks, 12 pairs); 11/12 canary pairs identical, 5/6 update groups without reward "
+                                "variance")
+    stored = json.loads(json.dumps(d.model_dump(mode="json")))
+    assert (stored["identical_pairs"], stored["update"]) == (11, {"groups": 6, "flat_groups": 5})
+    assert GateDecision.model_validate(stored) == d
+
+    copy = decide(played(same), played(same), GateConfig(min_tasks=2), update=UpdateSignal(groups=6, flat_groups=6))
+    assert copy.indistinguishable and "; indistinguishable from the promoted version: 12/12 canary pairs identical" \
+        in copy.summary()
+    assert any("indistinguishable" in r for r in copy.reasons) and any("taught nothing" in r for r in copy.reasons)
+    # faulted pairs are not compared; results without fingerprints say nothing about sameness
+    faulted = played(same)
+    faulted[0] = faulted[0].model_copy(update={"fault": FaultKind.BACKEND})
+    assert decide(faulted, played(same), GateConfig(min_tasks=2)).identical_pairs == 11
+    unknown = decide(results(tasks(8, [1.0])), results(tasks(8, [1.0])))
+    assert unknown.identical_pairs is None and not unknown.indistinguishable and "identical" not in unknown.summary()

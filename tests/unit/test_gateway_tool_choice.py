@@ -102,3 +102,29 @@ def test_a_bad_tool_choice_is_a_400_and_stores_nothing(client, store, fake, choi
     r = chat(client, QUESTION, tools=tools, tool_choice=choice)
     assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_tool_choice", r.text
     assert store.sessions() == [] and fake.requests == []
+
+
+def test_the_session_keeps_how_the_deployed_agent_sampled(client, store, fake):
+    """Issue 66: the loop replays a session as the deployment sampled it, so the gateway keeps
+    max_tokens (the largest asked), the temperature and the tool_choice of the session's
+    calls, typed, in its metadata (and each call's tool_choice in its scope)."""
+    from seed_agents.transcript import DeployedSampling, session_sampling
+
+    fake.script = REST_OF_CALL
+    first = chat(client, QUESTION, tools=TWO_TOOLS, tool_choice={"type": "function", "function": {"name": "get_weather"}},
+                 max_tokens=300, temperature=0.4)
+    sid = first.headers["x-session-id"]
+    assert session_sampling(store.get_session(sid).metadata) == DeployedSampling(
+        max_tokens=300, temperature=0.4, tool_choice="get_weather")
+    fake.script = "Sunny."
+    chat(client, QUESTION, headers={"X-Session-Id": sid}, tools=TWO_TOOLS, max_tokens=100, temperature=0.9)
+    kept = session_sampling(store.get_session(sid).metadata)
+    assert kept == DeployedSampling(max_tokens=300, temperature=0.4, tool_choice="get_weather", later_tool_choice="auto")
+    assert kept.tool_choice_turns == "first"
+    assert [c.scope["tool_choice"] for c in store.calls(sid)] == ["get_weather", "auto"]
+
+    fake.script = REST_OF_CALL  # forced on every turn; no max_tokens sent: the gateway's default
+    every = chat(client, QUESTION, tools=TOOLS, tool_choice="required").headers["x-session-id"]
+    chat(client, QUESTION, headers={"X-Session-Id": every}, tools=TOOLS, tool_choice="required")
+    kept = session_sampling(store.get_session(every).metadata)
+    assert (kept.max_tokens, kept.temperature, kept.tool_choice, kept.tool_choice_turns) == (512, 1.0, "required", "every")

@@ -81,6 +81,30 @@ def test_evidence_summary_reads_the_gates_statistics(store, filled):
     assert evidence_summary(bootstrap) == "served_name: smollm2-135m"
 
 
+def test_status_says_how_alike_a_candidate_played(store, filled):
+    """Issue 66: a decision says how much of the canary played identically and how many of the
+    update's groups had no reward variance, and calls a candidate identical on every pair
+    indistinguishable, in its summary line and on the status screen."""
+    from seed_agents.continual import GateConfig, VersionRegistry, decide
+    from seed_agents.continual.canary import split_sides
+    from seed_agents.observe.data import sameness_summary
+    from seed_agents.observe.testing import _canary_episode
+
+    bootstrap, promote, reject = store.decisions(MODEL)
+    assert sameness_summary(bootstrap) is None
+    assert sameness_summary(promote) == "4/8 canary pairs identical, 1/4 update groups without reward variance"
+    assert "4/8 canary pairs identical" in promote.summary
+    # v3, a candidate that plays every canary episode as v1 does
+    copy = [_canary_episode(side, v, i, 1.0) for side, v in (("promoted", 1), ("candidate", 3)) for i in range(8)]
+    VersionRegistry(store).record_decision(MODEL, 3, decide(*split_sides(copy), GateConfig(resamples=200)),
+                                           baseline=1, canary=copy)
+    text = render_status(read_overview(store), store_label="s", width=200)
+    decisions = text.split("DECISIONS")[1].split("SUCCESS OVER TIME")[0]
+    assert "sameness: INDISTINGUISHABLE from the version it was compared with: 8/8 canary pairs identical" in decisions
+    assert "; indistinguishable from the promoted version: 8/8 canary pairs identical" in decisions
+    assert "sameness: 2/8 canary pairs identical, 3/4 update groups without reward variance" in decisions
+
+
 def test_status_screen(store, filled):
     text = render_status(read_overview(store), store_label="sqlite:///x.db", width=200, window_s=3600)
     versions = text.split("VERSIONS")[1].split("DECISIONS")[0]

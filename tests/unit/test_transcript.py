@@ -76,6 +76,24 @@ def test_an_in_process_agent_on_store_sink_keeps_the_same_transcript(store, toke
     assert session_transcript(store.get_session("in-process").metadata) == EXPECTED
 
 
+def test_the_sampling_record_is_idempotent_and_in_process_agents_keep_one_too(store, tokenizer):
+    """A call stored again (the spool replays its writes) changes nothing; an in-process agent
+    records max_tokens and temperature, and no tool_choice (SeedChatModel labels none)."""
+    from seed_agents.transcript import DeployedSampling, record_transcript, session_sampling
+    from seed_agents.types import LLMCall, SamplingParams
+
+    llm = SeedChatModel(backend=FakeBackend(tokenizer, "Yes: 09:00."), tokenizer=tokenizer, max_tokens=300, temperature=0.2)
+    with capture(sink=StoreSink(store, default_session_id="in-process")):
+        llm.invoke(LC_CONVERSATION)
+    assert session_sampling(store.get_session("in-process").metadata) == DeployedSampling(max_tokens=300, temperature=0.2)
+    first = LLMCall(call_id="c-first", messages=CONVERSATION[:2], prompt_ids=[1], completion_ids=[2], logprobs=[0.0],
+                    sampling=SamplingParams(max_tokens=64, temperature=0.5), scope={"tool_choice": "required"})
+    for _ in range(2):  # the write and its replay: add_call numbers the call 0 both times
+        record_transcript(store, "spooled", transcript_of(CONVERSATION[:2]), call=first, turn=store.add_call("spooled", first))
+    kept = session_sampling(store.get_session("spooled").metadata)
+    assert kept == DeployedSampling(max_tokens=64, temperature=0.5, tool_choice="required") and kept.tool_choice_turns is None
+
+
 def test_the_metadata_endpoint_sets_an_explicit_task_for_the_feedback_role(fake, store, tokenizer, monkeypatch):
     monkeypatch.setenv("T_CLIENT_KEY", "client-key-123456")
     monkeypatch.setenv("T_FEEDBACK_KEY", "feedback-key-123456")
