@@ -346,7 +346,8 @@ class SessionRecord(BaseModel):
     ended_at: float | None = Field(description="None while the session may still receive calls.")
     metadata: dict[str, Any] = Field(description=(
         "Free-form; the keys the project writes: 'task' (a dict in Task's JSON form) and 'recording' when set, "
-        "'transcript' for a session the gateway or a StoreSink recorded, 'episode' for one written from a trajectory."))
+        "'transcript' and 'sampling' (how it sampled) for a session the gateway or a StoreSink recorded, 'episode' "
+        "for one written from a trajectory."))
     flagged_reason: str | None = Field(description="Why the session must never be trained on (e.g. a secret seen).")
     consumed_by: str | None = Field(description="The update that trained on it; a session is trained at most once.")
     num_calls: int

@@ -133,7 +133,7 @@ def test_at_the_gateway_the_verifier_gets_the_stored_session_and_all_its_calls(t
     ((session, calls),) = seen()
     assert type(session) is SessionRecord and session.session_id == sid and session.task_key == "book"
     assert session.ended_at is not None
-    assert set(session.metadata) == {"task", "transcript"}
+    assert set(session.metadata) == {"task", "transcript", "sampling"}  # sampling: how the deployed agent sampled
     raw = session.metadata["task"]
     assert type(raw) is dict and raw == {"task_id": "book-ana", "split": "train", "data": TASK.data}
     assert Task.model_validate(raw) == TASK
