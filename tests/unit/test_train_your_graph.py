@@ -93,11 +93,14 @@ def check_run(out: Path, updates: int, printed: str) -> dict:
     return summary
 
 
+TINY = ["--num-tasks", "2", "--tasks-per-iteration", "1", "--runner.group-size", "2", "--no-runner.progress",
+        "--sampling.max-tokens", "8", "--skills.max-tokens", "16", "--skills.answer-format", "described",
+        "--eval.num-tasks", "2"]
+"""A batch the tiny model plays in seconds (with ``--backend.model`` set to it)."""
+
+
 def test_a_users_graph_trains_from_the_readme_and_ends_with_its_summary(tmp_path, tiny_model_dir, monkeypatch, capsys):
-    flags = ["--backend.model", tiny_model_dir, "--iterations", "2", "--num-tasks", "2", "--tasks-per-iteration", "1",
-             "--runner.group-size", "2", "--no-runner.progress", "--sampling.max-tokens", "8",
-             "--skills.max-tokens", "16", "--skills.answer-format", "described", "--eval.num-tasks", "2"]
-    out = train_readme_graph(tmp_path, monkeypatch, flags)
+    out = train_readme_graph(tmp_path, monkeypatch, ["--backend.model", tiny_model_dir, *TINY, "--iterations", "2"])
     check_run(out, updates=2, printed=capsys.readouterr().out)
 
 
@@ -111,11 +114,13 @@ def test_the_readme_reward_pays_for_the_number_in_words_a_user_can_read(tmp_path
         assert my_agent.reward(task, {"messages": [AIMessage(answer)]}) == reward, answer
 
 
-def test_a_held_out_task_whose_calls_are_malformed_stops_the_run_before_it_starts(tmp_path, monkeypatch, capsys):
+def test_a_held_out_task_whose_calls_are_malformed_stops_the_run_before_it_starts(tmp_path, tiny_model_dir, monkeypatch,
+                                                                                  capsys):
     """A typo in ``data["calls"]`` would read as a task that needs no tool: one line naming the task."""
     bad = {**user_tasks("heldout", 1)[0], "task_id": "h-typo"}
     bad["data"]["calls"] = {"name": "add"}
     user_folder(tmp_path, monkeypatch, heldout=[bad])
-    assert main(["train", "--config", "mine.yaml", "--out", "runs/mine", "--tasks-per-iteration", "1"]) == 2
+    assert main(["train", "--config", "mine.yaml", "--out", "runs/mine", "--backend.model", tiny_model_dir, *TINY,
+                 "--iterations", "1"]) == 2
     assert "held-out task 'h-typo': data[\"calls\"] must be a list" in capsys.readouterr().err
     assert not (tmp_path / "runs" / "mine").exists()
