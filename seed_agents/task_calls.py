@@ -60,7 +60,8 @@ def episode_calls(traj: Trajectory) -> tuple[list[Call], str]:
 
 def final_answer(traj: Trajectory) -> str | None:
     """The text the agent ended on, as the model wrote it: the last policy call's content
-    where that call made no call (valid or not), else None (it ran out of turns calling).
+    where that reply holds no tool call (valid or malformed), else None (no answer: the
+    episode ended on a call, out of turns).
     Without tools bound the chat model parses nothing, so the whole text is the answer."""
     calls = traj.policy_calls
     if not calls:
