@@ -318,8 +318,9 @@ def heldout_scores(out: Path, heldout: Path) -> dict[int, dict[str, dict[str, bo
 def quoted_answers(out: Path) -> dict[str, float]:
     """updates -> share of the held-out episodes whose final answer is a tool's response
     copied whole (it opens with ``<tool_response>``, the wrapper the agent's prompt shows
-    tool results in). Such an answer is right by the verifier when the number is in it,
-    and a form no user asked for: the three levels cannot tell it from a written answer."""
+    tool results in). A form no user asked for, which ``answer_reward`` scores 0; it counts any
+    markup anywhere (``seed_agents.tool_calls.carries_markup``, as the summary of ``seed-agents
+    train`` does), this share only answers that open with the tag."""
     from seed_agents.types import Trajectory
 
     quoted: dict[int, list[bool]] = {}

@@ -13,7 +13,8 @@ scale"). This module makes that task family, one rung at a time:
 - level 2: two lookups combined by ``add`` ("What is the population of Varnok plus the
   population of Quessa?").
 
-Every task carries the calls that solve it (``data["calls"]``), so an episode is scored at
+Every task carries the calls that solve it (``data["calls"]``, the contract of
+``seed_agents.task_calls``, which the end-of-run summary reads too), so an episode is scored at
 three levels (``score_levels``): a tool call parses; the needed calls were made with the
 right arguments; the final answer is right. A format gain then shows up as such and cannot
 pass for a competence gain. The reward is binary (``answer_reward``: the right integer).
@@ -48,7 +49,7 @@ from examples.knowledge_base import (
     multiply,
     write_manifest,
 )
-from seed_agents.tool_calls import parse_tool_calls
+from seed_agents.task_calls import episode_calls, matched, task_calls
 from seed_agents.types import Task, Trajectory
 
 __all__ = ["ATLAS_SEED", "ATLAS_SIZE", "BUILDERS", "LEVELS", "SPLITS", "TASKS_PER_LEVEL", "TOOLS", "answer_reward",
@@ -176,17 +177,9 @@ def build_auto_agent(llm: Any, max_turns: int = 4) -> Any:
 
 def _episode_calls(episode: dict[str, Any] | Trajectory) -> tuple[list[dict[str, Any]], str]:
     """(the tool calls that parsed, in order; the final answer's text) of a final graph
-    state or of a captured trajectory."""
+    state or of a captured trajectory (``seed_agents.task_calls.episode_calls``)."""
     if isinstance(episode, Trajectory):
-        made: list[dict[str, Any]] = []
-        content = ""
-        for call in episode.policy_calls:
-            last = call.messages[-1] if call.messages else {}
-            # a forced call's prefill ('<tool_call>\n{"name": "') is in the prompt, not the completion
-            prefix = str(last.get("content") or "") if last.get("role") == "assistant" else ""
-            content, calls, _ = parse_tool_calls(prefix + call.text if prefix.startswith("<tool_call>") else call.text)
-            made += calls
-        return made, content
+        return episode_calls(episode)
     made = [c for m in episode.get("messages") or [] if isinstance(m, AIMessage) for c in m.tool_calls]
     return made, final_answer(episode)
 
@@ -237,10 +230,5 @@ def score_levels(task: Task, episode: dict[str, Any] | Trajectory) -> dict[str, 
 def made_the_calls(task: Task, made: list[dict[str, Any]]) -> bool:
     """Every call the task needs (``data["calls"]``) is among ``made`` (parsed calls,
     ``{"name", "args"}``) with the right arguments, each matched by a call of its own."""
-    unused = list(made)
-    for expected in task.data.get("calls", []):
-        match = next((c for c in unused if same_call(expected, c)), None)
-        if match is None:
-            return False
-        unused.remove(match)
-    return bool(task.data.get("calls"))
+    expected = task_calls(task.data)
+    return expected is not None and matched(expected, made, same_call)

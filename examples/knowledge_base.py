@@ -28,6 +28,7 @@ from typing import Any, Literal
 
 from langchain_core.tools import BaseTool, tool
 
+from seed_agents.tool_calls import carries_markup
 from seed_agents.types import Task
 
 FIELDS = ("population", "area", "founded")
@@ -164,8 +165,16 @@ def final_answer(state: dict[str, Any]) -> str:
 
 def answer_reward(task: Task, state: dict[str, Any]) -> float:
     """1.0 when the last integer in the final answer (thousands separators allowed) is the
-    expected one; a tool's output echoed by the agent counts only if it is that integer."""
-    numbers = re.findall(r"-?\d[\d,]*", final_answer(state))
+    expected one; a tool's output echoed by the agent counts only if it is that integer.
+
+    0.0 for an answer that carries chat-template markup (``carries_markup``), whatever its
+    number: a small model rewarded for copying the tool's response whole, tags included,
+    learns to answer with the ``<tool_response>`` tags around the fact, which no user should see.
+    The answer is read as the model wrote it; nothing is stripped before scoring."""
+    answer = final_answer(state)
+    if carries_markup(answer):
+        return 0.0
+    numbers = re.findall(r"-?\d[\d,]*", answer)
     if not numbers:
         return 0.0
     return float(int(numbers[-1].replace(",", "")) == int(task.data["answer"]))

@@ -66,3 +66,17 @@ def format_tool_call(name: str, args: dict[str, Any]) -> str:
     """The textual form a model is taught to emit (used when the template lacks tools)."""
     begin, end = tool_call_frame(name)
     return begin + json.dumps(args, ensure_ascii=False) + end
+
+
+CHAT_MARKUP = ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<|im_start|>", "<|im_end|>")
+"""The tags a chat template writes around tool calls, tool results and turns (the Hermes
+tool format, ChatML). A model that writes them in an answer is imitating its prompt: SmolLM2
+sees a tool's result as a user turn ``<tool_response>\\n...\\n</tool_response>`` and, trained
+on answers that quote it, learns to answer with the tags."""
+
+
+def carries_markup(text: str) -> bool:
+    """Whether ``text`` holds any of ``CHAT_MARKUP``: an answer that does is not one a user
+    can be shown. Rewards and reports call this on the text exactly as the model wrote it:
+    stripping the tags first would hide the habit from training and from the reader."""
+    return any(tag in text for tag in CHAT_MARKUP)

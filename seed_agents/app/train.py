@@ -6,10 +6,12 @@
 ``run_train`` reads in order: check everything, write the run dir, build the policy
 (``seed_agents.app.policy``), the rollout (an env suite's graph, any graph with its tasks
 and reward, or recorded sessions from a trace store), the trainer and the periodic
-held-out evaluation, then train. The run directory holds metrics.jsonl,
-trajectories.jsonl, skills.jsonl, checkpoints/ and learning_curve.png; ``--resume``
-continues from the last checkpoint and first drops trace records of iterations the
-checkpoint does not contain, so nothing is duplicated.
+held-out evaluation, then train, then print the summary (``seed_agents.observe.run_summary``,
+read back from the run dir). The run directory holds metrics.jsonl, trajectories.jsonl,
+skills.jsonl, checkpoints/, learning_curve.png and summary.json (and with an ``eval``
+section eval.jsonl, eval_trajectories.jsonl, eval_tasks.jsonl); ``--resume`` continues from
+the last checkpoint and first drops trace records of iterations the checkpoint does not
+contain, so nothing is duplicated.
 """
 
 from __future__ import annotations
@@ -39,10 +41,12 @@ from seed_agents.graphs.hindsight import with_hindsight
 from seed_agents.imports import load_object
 from seed_agents.memory import release_free_memory
 from seed_agents.metrics import summarize
+from seed_agents.observe.run_summary import EVAL_TASKS, format_summary, run_summary
 from seed_agents.preflight import check_backend, check_out, load_suite, suite_tasks
 from seed_agents.runner import EpisodeRunner, check_fault_budget, default_reward
 from seed_agents.skills import make_injector
 from seed_agents.store import RewardPolicy, StoreError, TraceStore
+from seed_agents.task_calls import task_calls
 from seed_agents.trainers.rollout import GraphRollout
 from seed_agents.trainers.seed_trainer import SEEDTrainer
 from seed_agents.trainers.store_rollout import StoreRollout, store_tasks
@@ -52,6 +56,7 @@ from seed_agents.trainers.weight_sync import InProcessSync
 def run_train(cfg: TrainConfig, resume: bool = False) -> dict[str, Any]:
     # -- checks: nothing in the run dir is written until the config, the env and its tasks,
     # the model and the server are known to be good --------------------------------------
+    started = time.perf_counter()
     out = Path(cfg.out)
     checkpoint, done_steps = check_run_dir(out, resume)
     check_report_to(cfg.trainer.report_to)
@@ -69,6 +74,8 @@ def run_train(cfg: TrainConfig, resume: bool = False) -> dict[str, Any]:
     check_format(out, compute_format(cfg.backend), resume)
     if src.store is not None and not (out / STORE_TASKS).exists():
         (out / STORE_TASKS).write_text("".join(t.model_dump_json() + "\n" for t in src.tasks), encoding="utf-8")
+    if src.eval_tasks is not None:  # what the summary reads "called the right tool" against
+        (out / EVAL_TASKS).write_text("".join(t.model_dump_json() + "\n" for t in src.eval_tasks), encoding="utf-8")
     torch.manual_seed(cfg.seed)
 
     # -- policy, agent graph (+ hindsight node) or stored sessions, trainer -------------
@@ -88,10 +95,13 @@ def run_train(cfg: TrainConfig, resume: bool = False) -> dict[str, Any]:
     t0 = time.perf_counter()
     trainer.train(resume_from_checkpoint=checkpoint if resume else None)
     png = plot_learning_curve(out)
-    summary = {"iterations": trainer.state.global_step, "policy_version": policy.backend.policy_version,
-               "initial_weights": str(policy.weights),
-               "wall_s": time.perf_counter() - t0, "learning_curve": str(png) if png else None}
+    summary = {**run_summary(out), "iterations": trainer.state.global_step,
+               "policy_version": policy.backend.policy_version, "initial_weights": str(policy.weights),
+               "train_s": time.perf_counter() - t0, "wall_s": time.perf_counter() - started,
+               "learning_curve": str(png) if png else None}
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    if args.process_index == 0:
+        print(format_summary(summary), flush=True)
     return summary
 
 
@@ -326,6 +336,11 @@ def load_task_source(cfg: TrainConfig, out: Path, resume: bool) -> TaskSource:
         held_out = cfg.eval
         src.eval_tasks = (read_tasks(held_out.tasks)[: held_out.num_tasks] if held_out.tasks is not None
                           else suite_tasks(src.suite, cfg.env, held_out.split, held_out.num_tasks))
+        for task in src.eval_tasks:
+            try:
+                task_calls(task.data)
+            except ValueError as err:
+                raise ConfigError(f"held-out task {task.task_id!r}: {err}") from None
     check_backend(cfg.backend, weights=initial_weights(cfg.backend))
     if cfg.skills.source in ("external", "frozen") and cfg.skills.analyzer is not None:
         check_backend(cfg.skills.analyzer, flag="skills.analyzer.model")

@@ -71,6 +71,9 @@ def test_lookup_tolerates_case_and_reports_mistakes_as_text() -> None:
 @pytest.mark.parametrize(("reply", "reward"), [
     ("68157096", 1.0), ("The answer is 68,157,096.", 1.0), ("68157096.", 1.0),
     ("68157097", 0.0), ("68157096 ... no wait, 12", 0.0), ("I do not know.", 0.0), ("", 0.0),
+    # the right number inside chat-template markup is not an answer a user can be shown
+    ("<tool_response>\n68157096\n</tool_response>", 0.0), ("<tool_response>\nThe product is 68157096", 0.0),
+    ("68157096</tool_response>", 0.0), ('68157096 <tool_call>\n{"name": "add"}', 0.0),
 ])
 def test_reward_checks_the_last_integer(reply: str, reward: float) -> None:
     task = Task(task_id="t", data={"question": "q", "answer": 68157096})

@@ -1,4 +1,6 @@
-from seed_agents.tool_calls import format_tool_call, parse_tool_calls
+import pytest
+
+from seed_agents.tool_calls import carries_markup, format_tool_call, parse_tool_calls
 
 
 def test_parses_hermes_calls_and_strips_them_from_content():
@@ -29,3 +31,11 @@ def test_roundtrip_with_formatter():
 
 def test_text_without_calls_is_untouched():
     assert parse_tool_calls("  go north ") == ("go north", [], [])
+
+
+@pytest.mark.parametrize(("text", "markup"), [
+    ("The area is 5.", False), ("<tool_response>\n5", True), ("5\n</tool_response>", True),
+    ('<tool_call>\n{"name": "add"', True), ("5</tool_call>", True), ("5<|im_end|>", True), ("a < b > c", False),
+])
+def test_carries_markup(text, markup):
+    assert carries_markup(text) is markup
