@@ -1,130 +1,46 @@
-"""Atlas tool tasks with a difficulty knob: a task family a 135M model can learn from.
+"""The benchmarks' atlas agents and scoring, on the family that ships with the package.
 
-The mixed atlas benchmark (``examples/knowledge_base.py``) sits below the band where RL
-moves a small model: SmolLM2-135M solved 4-8% of its training episodes at T 0.7, so most
-GRPO groups had no reward variance, and 16 held-out tasks move in 6-point steps. Public
-small-model gains came from a verifiable task with base success of roughly 20-60%,
-hundreds of distinct prompts and 8-16 samples each (docs/DESIGN.md, "Learning at small
-scale"). This module makes that task family, one rung at a time:
+The family itself (places, tools, tasks at three levels, the reward) is
+``seed_agents.tools.atlas``, which the main job trains on. What is here serves the
+learning-curve benchmarks (``bench/learning_curve.py`` and the others): the agents whose
+first turns are forced (``build_agent``, ``build_two_call_agent``,
+``build_lookup_add_agent``), the modes that name them (``BUILDERS``), and the three-level
+score of an episode (``score_levels``): a tool call parses; the needed calls were made with
+the right arguments; the final answer is right. A format gain then shows up as such and
+cannot pass for a competence gain.
 
-- level 0: one lookup whose result is the answer ("What is the population of Varnok?");
-- level 1: one lookup, then one ``add`` with a number from the question
-  ("What is the area of Varnok plus 317?");
-- level 2: two lookups combined by ``add`` ("What is the population of Varnok plus the
-  population of Quessa?").
-
-Every task carries the calls that solve it (``data["calls"]``, the contract of
-``seed_agents.task_calls``, which the end-of-run summary reads too), so an episode is scored at
-three levels (``score_levels``): a tool call parses; the needed calls were made with the
-right arguments; the final answer is right. A format gain then shows up as such and cannot
-pass for a competence gain. The reward is binary (``answer_reward``: the right integer).
-
-The atlas is the knowledge base's generator under another seed and a larger size, so the
-two benchmarks share no place. Training and held-out tasks ask about disjoint places (a
-held-out gain is a gain in using the tools, not a memorised fact). Manifests are a pure
-function of the seed (``make_tasks``) and are committed under ``bench/atlas/``;
-``tests/unit/test_atlas_tasks.py`` checks one against the other.
+The benchmarks' manifests are a pure function of the seed (``make_tasks``) and are committed
+under ``bench/atlas/``; ``tests/unit/test_atlas_tasks.py`` checks one against the other.
 """
 
 from __future__ import annotations
 
-import random
 import re
-from collections.abc import Sequence
 from typing import Any
 
 from langchain_core.messages import AIMessage
-from langchain_core.tools import BaseTool, tool
 
-from examples.knowledge_base import (
-    FIELDS,
-    QUESTIONS,
-    SYSTEM_PROMPT,
-    Field,
-    add,
-    answer_reward,
-    atlas,
-    final_answer,
-    lookup_fact,
-    multiply,
-    write_manifest,
-)
+from examples.knowledge_base import write_manifest
 from seed_agents.task_calls import episode_calls, matched, task_calls
+from seed_agents.tools.atlas import (
+    ATLAS_SEED,
+    ATLAS_SIZE,
+    LEVELS,
+    SPLITS,
+    SYSTEM_PROMPT,
+    TASKS_PER_LEVEL,
+    TOOLS,
+    answer_reward,
+    build_free_agent,
+    final_answer,
+    make_tasks,
+    places,
+)
 from seed_agents.types import Task, Trajectory
 
 __all__ = ["ATLAS_SEED", "ATLAS_SIZE", "BUILDERS", "LEVELS", "SPLITS", "TASKS_PER_LEVEL", "TOOLS", "answer_reward",
            "build_agent", "build_auto_agent", "build_lookup_add_agent", "build_two_call_agent", "make_tasks", "places",
            "score_levels", "write_manifest"]
-
-ATLAS_SEED = 22
-"""Not the knowledge base's seed: this atlas shares no place with ``bench/tool_agent``."""
-ATLAS_SIZE = 400
-SPLITS = {"train": (0, 300), "heldout": (300, 400)}
-"""Which places (by index in the atlas) each split asks about: disjoint by construction."""
-LEVELS = (0, 1, 2)
-TASKS_PER_LEVEL = {"train": 200, "heldout": 80}
-"""The committed manifests: 600 training and 240 held-out tasks, levels interleaved."""
-
-NOUNS = {"population": "population", "area": "area", "founded": "founding year"}
-"""How a field reads inside a longer question."""
-SUM_FIELDS = ("population", "area")
-"""Level 2 adds two places' facts: a sum of founding years means nothing."""
-
-
-def places(seed: int = ATLAS_SEED) -> dict[str, dict[str, int]]:
-    """The atlas the tools read: ``ATLAS_SIZE`` invented places, a pure function of ``seed``."""
-    return atlas(seed, ATLAS_SIZE)
-
-
-@tool
-def lookup(place: str, field: Field) -> str:
-    """Look up a fact about a place in the atlas: its population, area or founding year."""
-    return lookup_fact(place, field, places())
-
-
-TOOLS: list[BaseTool] = [lookup, add, multiply]
-
-
-def _call(name: str, **args: Any) -> dict[str, Any]:
-    return {"name": name, "args": args}
-
-
-def make_task(level: int, names: Sequence[str], rng: random.Random, facts: dict[str, dict[str, int]]) -> dict[str, Any]:
-    """One task's data at ``level``: question, answer and the calls that solve it."""
-    if level == 0:
-        place, field = rng.choice(names), rng.choice(FIELDS)
-        value = facts[place][field]
-        return {"question": QUESTIONS[field].format(place=place), "answer": value,
-                "calls": [_call("lookup", place=place, field=field)]}
-    if level == 1:
-        place, field, k = rng.choice(names), rng.choice(FIELDS), rng.randint(10, 999)
-        value = facts[place][field]
-        return {"question": f"What is the {NOUNS[field]} of {place} plus {k}?", "answer": value + k,
-                "calls": [_call("lookup", place=place, field=field), _call("add", a=value, b=k)]}
-    if level == 2:
-        (first, second), field = rng.sample(list(names), 2), rng.choice(SUM_FIELDS)
-        a, b = facts[first][field], facts[second][field]
-        return {"question": f"What is the {NOUNS[field]} of {first} plus the {NOUNS[field]} of {second}?",
-                "answer": a + b, "calls": [_call("lookup", place=first, field=field),
-                                           _call("lookup", place=second, field=field), _call("add", a=a, b=b)]}
-    raise ValueError(f"unknown level {level!r}; levels: {', '.join(map(str, LEVELS))}")
-
-
-def make_tasks(split: str, per_level: int | None = None, levels: Sequence[int] = LEVELS,
-               seed: int = ATLAS_SEED) -> list[Task]:
-    """``per_level`` tasks of each level in ``levels`` about ``split``'s places (default:
-    the committed manifest's count), interleaved by level; each level has its own random
-    stream, so asking for fewer tasks or fewer levels gives a prefix of the same tasks."""
-    if split not in SPLITS:
-        raise ValueError(f"unknown split {split!r}; splits: {', '.join(SPLITS)}")
-    per_level = TASKS_PER_LEVEL[split] if per_level is None else per_level
-    facts = places(seed)
-    names = list(facts)[slice(*SPLITS[split])]
-    streams = {level: random.Random(f"atlas-tasks-{seed}-{split}-{level}") for level in levels}
-    return [Task(task_id=f"atlas-{split}-L{level}-{i:03d}", split=split,
-                 data={**make_task(level, names, streams[level], facts), "level": level})
-            for i in range(per_level) for level in levels]
-
 
 # -- the agent ------------------------------------------------------------------------
 
@@ -166,11 +82,8 @@ BUILDERS = {"forced": "build_agent", "auto": "build_auto_agent", "forced-two": "
             "lookup-add": "build_lookup_add_agent"}
 
 
-def build_auto_agent(llm: Any, max_turns: int = 4) -> Any:
-    """The same agent left to choose between answering and calling on every turn."""
-    from seed_agents.graphs.tool_agent import build_tool_agent
-
-    return build_tool_agent(llm, TOOLS, system_prompt=SYSTEM_PROMPT, max_turns=max_turns)
+build_auto_agent = build_free_agent
+"""The same agent left to choose between answering and calling on every turn (the main job's)."""
 
 
 # -- three-level scoring --------------------------------------------------------------

@@ -20,73 +20,39 @@ from __future__ import annotations
 
 import json
 import random
-import re
 from collections.abc import Sequence
-from functools import cache
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from langchain_core.tools import BaseTool, tool
 
-from seed_agents.tool_calls import carries_markup
+from seed_agents.tools.atlas import (  # noqa: F401 - re-exported: the benchmarks and tests read them from here
+    FIELDS,
+    QUESTIONS,
+    SYSTEM_PROMPT,
+    Field,
+    add,
+    answer_reward,
+    final_answer,
+    generate_places,
+    multiply,
+)
+from seed_agents.tools.atlas import lookup_fact as _lookup_fact
 from seed_agents.types import Task
-
-FIELDS = ("population", "area", "founded")
-"""Each place's facts: population (people), area (square km), founded (year)."""
-
-_ONSETS = ("b", "br", "d", "dr", "f", "g", "gr", "k", "kr", "l", "m", "n", "p", "qu", "r", "s", "t", "tr", "v", "z")
-_VOWELS = ("a", "e", "i", "o", "u", "ai", "ou")
-_CODAS = ("", "n", "r", "s", "th", "x", "k", "l", "m")
 
 KB_SEED = 20260
 
-SYSTEM_PROMPT = (
-    "You answer questions about places in a private atlas. You do not know these facts: "
-    "look them up with the lookup tool (place, field), where field is one of population, "
-    "area, founded. Use add and multiply for arithmetic. When you know the answer, reply "
-    "with the number only."
-)
 
-
-def _name(rng: random.Random) -> str:
-    syllables = rng.choice((2, 2, 3))
-    word = "".join(rng.choice(_ONSETS) + rng.choice(_VOWELS) + rng.choice(_CODAS) for _ in range(syllables))
-    return word.capitalize()
-
-
-@cache
 def atlas(seed: int = KB_SEED, size: int = 96) -> dict[str, dict[str, int]]:
-    """``size`` invented places with their facts, a pure function of ``seed``."""
-    rng = random.Random(f"atlas-{seed}")
-    places: dict[str, dict[str, int]] = {}
-    while len(places) < size:
-        name = _name(rng)
-        if name in places or len(name) < 5:
-            continue
-        places[name] = {"population": rng.randint(10_000, 999_999), "area": rng.randint(100, 9_999),
-                        "founded": rng.randint(1100, 1990)}
-    return places
-
-
-def _normalise(text: str) -> str:
-    return re.sub(r"[^a-z]", "", text.lower())
+    """``size`` invented places with their facts, a pure function of ``seed``
+    (``seed_agents.tools.atlas.generate_places``; this benchmark's seed and size by default)."""
+    return generate_places(seed, size)
 
 
 def lookup_fact(place: str, field: str, places: dict[str, dict[str, int]] | None = None) -> str:
-    """The tool's answer as text; a wrong name or field is an answer too (the agent reads
-    it and can try again), never an exception."""
-    places = atlas() if places is None else places
-    by_key = {_normalise(name): name for name in places}
-    name = by_key.get(_normalise(place))
-    if name is None:
-        return f"No place named {place!r} in the atlas."
-    key = _normalise(field)
-    if key not in FIELDS:
-        return f"Unknown field {field!r}; fields are: {', '.join(FIELDS)}."
-    return f"The {key} of {name} is {places[name][key]}."
-
-
-Field = Literal["population", "area", "founded"]
+    """The tool's answer as text (``seed_agents.tools.atlas.lookup_fact``), over this
+    benchmark's atlas unless ``places`` is given."""
+    return _lookup_fact(place, field, atlas() if places is None else places)
 
 
 @tool
@@ -95,23 +61,7 @@ def lookup(place: str, field: Field) -> str:
     return lookup_fact(place, field)
 
 
-@tool
-def add(a: int, b: int) -> int:
-    """Add two integers exactly."""
-    return int(a) + int(b)
-
-
-@tool
-def multiply(a: int, b: int) -> int:
-    """Multiply two integers exactly."""
-    return int(a) * int(b)
-
-
 TOOLS: list[BaseTool] = [lookup, add, multiply]
-
-QUESTIONS = {"population": "What is the population of {place}?",
-             "area": "What is the area of {place} in square km?",
-             "founded": "In which year was {place} founded?"}
 
 SPLITS = {"train": (0, 48), "heldout": (48, 96)}
 """Which places (by index in the atlas) each split asks about: disjoint by construction."""
@@ -154,31 +104,6 @@ def write_manifest(tasks: Sequence[Task], path: Path) -> None:
 
 
 # -- the agent and its reward ---------------------------------------------------------
-
-def final_answer(state: dict[str, Any]) -> str:
-    """The agent's answer: the tool agent's ``answer``, else the last message's text."""
-    if state.get("answer"):
-        return str(state["answer"])
-    messages = state.get("messages") or []
-    return str(messages[-1].content) if messages else ""
-
-
-def answer_reward(task: Task, state: dict[str, Any]) -> float:
-    """1.0 when the last integer in the final answer (thousands separators allowed) is the
-    expected one; a tool's output echoed by the agent counts only if it is that integer.
-
-    0.0 for an answer that carries chat-template markup (``carries_markup``), whatever its
-    number: a small model rewarded for copying the tool's response whole, tags included,
-    learns to answer with the ``<tool_response>`` tags around the fact, which no user should see.
-    The answer is read as the model wrote it; nothing is stripped before scoring."""
-    answer = final_answer(state)
-    if carries_markup(answer):
-        return 0.0
-    numbers = re.findall(r"-?\d[\d,]*", answer)
-    if not numbers:
-        return 0.0
-    return float(int(numbers[-1].replace(",", "")) == int(task.data["answer"]))
-
 
 def build_agent(llm: Any) -> Any:
     """The hand-written LangGraph tool agent (``graphs.tool_agent``) over the atlas tools.

@@ -27,7 +27,6 @@ from seed_agents.envs import EnvSuite
 from seed_agents.errors import ConfigError
 from seed_agents.types import SamplingParams, Task
 
-
 _TASKS_FUNCTION = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
 
 

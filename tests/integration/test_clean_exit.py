@@ -26,7 +26,7 @@ ABORTS = ("terminate called", "Fatal Python error", "Aborted")
 
 def cli(*argv: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "true"}
-    return subprocess.run([sys.executable, "-m", "seed_agents", *argv], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "seed_agents", *argv], check=False, capture_output=True, text=True,
                           timeout=600, cwd=cwd, env=env)
 
 
