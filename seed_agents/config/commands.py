@@ -114,7 +114,7 @@ class TrainerConfig(BaseModel):
     share_prefix: bool = Field(True, description="Compute the prompt tokens a chunk's rows share (system prompt, tool schemas) once, in the teacher, reference and training passes (trainers/shared_prefix.py; exact up to float rounding). false: every row's prompt whole (the path before).")
     sampled_head: bool = Field(True, description="Run the LM head, its log-softmax and entropy at the trained (sampled) completion positions only, in the loss and the teacher (fused or not) and reference passes (trainers/head.py): a merged multi-turn row's completion also holds the environment's answers between calls, which no loss term reads (3,831 of 4,431 completion positions in the demo's first TextWorld batch). Exact up to float rounding. false: every completion position (the path before); chunk_tokens 0 keeps TRL's path either way.")
     fuse_teacher: bool = Field(False, description="Score SEED's teacher on top of the prompt keys and values the training forward computes, instead of in a pass of its own: the teacher then computes the skill and the completion, not the prompt it shares with its row (most of it with skills.injector last_turn). Exact up to float rounding; needs share_prefix (bench/seed_overhead.py --injectors last_turn+fused).")
-    guide_share: float = Field(0.0, ge=0, le=1, description="Share of each group's training episodes whose first free tool choice is steered into a call, the prefill then trained as if chosen (docs/training.md, 'Guided openings'): teaches an agent that never calls a tool to open with one. 0: off (the paper has no such term).")
+    guide_share: Annotated[float, Field(ge=0, le=1)] | Literal["auto"] = Field(0.0, description="Share of each group's training episodes whose first free tool choice is steered into a call, the prefill then trained as if chosen (docs/training.md, 'Guided openings'): teaches an agent that never calls a tool to open with one. auto: 0.5 of the episodes whose first turn is free with tools bound, none elsewhere. 0: off (the paper has no such term).")
     report_to: list[ReportTo] = Field([], description="Where TRL also sends the training metrics (loss/ppo, loss/opd, opd/gate, success_rate, ...): tensorboard writes <out>/checkpoints/runs/; wandb, mlflow, trackio ... read their usual environment variables. metrics.jsonl is always written.")
 
     @model_validator(mode="before")
@@ -234,8 +234,10 @@ class TrainConfig(BaseModel):
             raise ValueError("runner.group_size must be >= 2: group-relative advantages need a group")
         if self.sync == "lora" and self.trainer.lora_r is None:
             raise ValueError("sync: lora needs trainer.lora_r")
-        if self.store is not None and self.trainer.guide_share:
+        if self.store is not None and self.trainer.guide_share != "auto" and self.trainer.guide_share:
             raise ValueError("trainer.guide_share needs episodes played here; stored sessions were played already")
+        if self.store is not None and self.trainer.guide_share == "auto":  # nothing is played here: auto guides none
+            self.trainer = self.trainer.model_copy(update={"guide_share": 0.0})
         if self.store is not None and self.skills.source not in ("self", "external", "frozen", "none"):
             raise ValueError(f"skills.source {self.skills.source!r} cannot run on stored sessions; use self, external, frozen or none")
         if self.skills.source == "rule_based" and self.graph is not None:  # the env's offline analyzer: checked when it loads
