@@ -21,13 +21,22 @@ from seed_agents.config.commands import (
     agent_fields_given,
     with_suite_defaults,
 )
-from seed_agents.config.core import PAPER, PAPER_LEARNING_RATE, AgentConfig, BackendConfig, RunnerConfig, SEEDCoefficients
+from seed_agents.config.core import (
+    AUTO_GUIDE_SHARE,
+    PAPER,
+    PAPER_LEARNING_RATE,
+    AgentConfig,
+    BackendConfig,
+    RunnerConfig,
+    SEEDCoefficients,
+)
 from seed_agents.config.loading import RenamedConfigKey, first_error, load_config, validation_message
 from seed_agents.config.presets import PAPER_PRESET, PRESETS
 from seed_agents.errors import ConfigError, UserError
 
 __all__ = [
-    "PAPER", "PAPER_LEARNING_RATE", "PAPER_PRESET", "PRESETS", "AgentConfig", "BackendConfig", "ConfigError", "EvalConfig", "GraphConfig",
+    "AUTO_GUIDE_SHARE", "PAPER", "PAPER_LEARNING_RATE", "PAPER_PRESET", "PRESETS", "AgentConfig", "BackendConfig",
+    "ConfigError", "EvalConfig", "GraphConfig",
     "PeriodicEvalConfig", "RenamedConfigKey", "ReportTo", "RunnerConfig", "SEEDCoefficients", "SkillConfig",
     "Stage1Config", "StoreSourceConfig", "TrainConfig", "TrainerConfig", "UserError", "agent_fields_given",
     "first_error", "load_config", "validation_message", "with_suite_defaults",
