@@ -190,8 +190,9 @@ def loop_config(args: argparse.Namespace, work: Path, prod_url: str, canary: Pat
         "backend": {"kind": "local", "model": args.model, "max_batch_size": args.concurrency,
                     "precision": "float32"},
         "sampling": {"max_tokens": args.max_tokens, "temperature": args.temperature},
+        # the paper's OPD weight, as its stored result was (the default moved)
         "skills": {"source": "self", "max_tokens": args.skill_tokens},
-        "trainer": {"learning_rate": 1e-4, "lora_r": 8, "lora_alpha": 16, "kl_coef": 0.0},
+        "trainer": {"learning_rate": 1e-4, "lora_r": 8, "lora_alpha": 16, "kl_coef": 0.0, "opd_coef": 0.01},
         "runner": {"concurrency": args.concurrency, "episode_timeout_s": 600, "progress": False},
         "agent": {"tools": {"base_url": prod_url, "allow_hosts": ["127.0.0.1"],
                             "allow_operations": ["lookup", "add", "multiply"]},

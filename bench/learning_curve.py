@@ -185,8 +185,11 @@ def train_config(args: argparse.Namespace, method: str, seed: int, tasks: Path, 
 #: settings whose default moved after runs were stored, at the default they had then. A run's
 #: config names them only when not that default (its digest, and so the stored runs, stay);
 #: the file `train` reads pins them, so a run computes what it computed when it was stored
-#: (backend.precision and backend.attention became `auto`: bf16 on a CPU with bf16 instructions).
-OLD_DEFAULTS: dict[str, dict[str, Any]] = {"backend": {"precision": "float32", "attention": "same"}}
+#: (backend.precision and backend.attention became `auto`: bf16 on a CPU with bf16 instructions;
+#: the schedule, guided openings and the failures' skills moved to what these curves found).
+OLD_DEFAULTS: dict[str, dict[str, Any]] = {"backend": {"precision": "float32", "attention": "same"},
+                                           "trainer": {"lr_schedule": "linear", "guide_share": 0.0},
+                                           "skills": {"failures": "write"}}
 
 
 def pinned(config: dict[str, Any]) -> dict[str, Any]:

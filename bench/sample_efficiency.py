@@ -99,7 +99,7 @@ def train_config(method: str, seed: int, args: argparse.Namespace, stage1_model:
     if method in ("grpo_stage1", "seed_rule"):
         model = stage1_model
     if method not in ("grpo", "grpo_stage1"):
-        skills = {"source": "self", "max_tokens": args.skill_max_tokens, "injector": "system"}
+        skills = {"source": "self", "max_tokens": args.skill_max_tokens, "injector": "system", "failures": "write"}
         if method == "seed_frozen":  # skills from a frozen copy of the initial (stage-1) policy
             model = stage1_model
             skills["source"] = "frozen"
@@ -122,8 +122,9 @@ def train_config(method: str, seed: int, args: argparse.Namespace, stage1_model:
         # SEED finds the stage-1 model built by stage() in this cache; other methods skip stage 1
         "stage1": {"run": "auto" if method == "seed" else "off", "cache_dir": str(args.out / "stage1"),
                    "num_tasks": args.stage1_tasks, "group_size": args.stage1_group, "epochs": args.stage1_epochs},
+        # full weights, TRL's schedule and skills on every episode, as its stored results were (the defaults moved)
         "trainer": {"learning_rate": b["lr"], "opd_coef": 0.0 if method.startswith("grpo") else args.opd_coef,
-                    "kl_coef": args.kl_coef},
+                    "kl_coef": args.kl_coef, "lora_r": None, "lr_schedule": "linear", "guide_share": 0.0},
         "eval": {"split": "eval_seen", "num_tasks": b["eval_tasks"], "every": b["eval_every"]},
     }
 

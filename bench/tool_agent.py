@@ -58,7 +58,7 @@ PAPER = {"model": "Qwen2.5-3B-Instruct", "kl_coef": 0.01, "opd_coef": 0.01, "lr"
 def run_config(method: str, seed: int, args: argparse.Namespace) -> dict[str, Any]:
     skills: dict[str, Any] = {"source": "none"}
     if method == "seed":
-        skills = {"source": "self", "max_tokens": args.skill_max_tokens, "injector": "system"}
+        skills = {"source": "self", "max_tokens": args.skill_max_tokens, "injector": "system", "failures": "write"}
     return {
         "graph": {"build": "examples.knowledge_base:build_agent", "tasks": str(MANIFESTS / "train.jsonl"),
                   "reward": "examples.knowledge_base:answer_reward"},
@@ -70,8 +70,9 @@ def run_config(method: str, seed: int, args: argparse.Namespace) -> dict[str, An
         "runner": {"group_size": args.group, "concurrency": 16, "progress": False},
         "skills": skills,
         "stage1": {"run": "off"},
+        # full weights, TRL's schedule and skills on every episode, as its stored results were (the defaults moved)
         "trainer": {"learning_rate": args.lr, "opd_coef": args.opd_coef if method == "seed" else 0.0,
-                    "kl_coef": args.kl_coef},
+                    "kl_coef": args.kl_coef, "lora_r": None, "lr_schedule": "linear", "guide_share": 0.0},
         "eval": {"tasks": str(MANIFESTS / "heldout.jsonl"), "num_tasks": args.eval_tasks, "every": args.eval_every},
     }
 

@@ -70,9 +70,11 @@ def config(out: Path, checkpointing: bool, args: argparse.Namespace) -> dict:
         "sampling": {"max_tokens": 12, "temperature": 0.7},
         "runner": {"group_size": 4, "concurrency": 16, "progress": False},
         "agent": {"max_turns": 3, "history": "chat"},
-        "skills": {"source": "self", "max_tokens": 128, "injector": "system"},
+        "skills": {"source": "self", "max_tokens": 128, "injector": "system", "failures": "write"},
         "stage1": {"run": "off"},
-        "trainer": {"learning_rate": 2e-5, "opd_coef": 0.01, "kl_coef": 0.0, **trainer},
+        # full weights and TRL's schedule, as its stored results were (the defaults moved)
+        "trainer": {"learning_rate": 2e-5, "opd_coef": 0.01, "kl_coef": 0.0, "lora_r": None, "lr_schedule": "linear",
+                    **trainer},
     }
 
 

@@ -15,7 +15,10 @@ runs with, which a backend may use to batch in a schedule that does not depend o
 
 A scope may carry a ``guide`` (set by the runner for a share of training episodes): the
 first policy call in it that leaves the model free to call a tool or not is steered into a
-call (see ``SeedChatModel`` and ``docs/training.md``, "Guided openings").
+call (see ``SeedChatModel`` and ``docs/training.md``, "Guided openings"). A ``"first_call"``
+guide (``trainer.guide_share: auto``) steers only the episode's first policy call, and only
+where that call is free: an agent whose first turn is forced, or offers no tools, is left
+alone, and a forced opening is never followed by a steered second call.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel
 
@@ -179,6 +182,11 @@ class Cohort:
         self.waves += 1
 
 
+Guide = bool | Literal["first_call"]
+"""A scope's guide: none (False), the first free tool choice (True), or the first policy call
+when it is free (``"first_call"``)."""
+
+
 class CaptureScope:
     """Collects the calls made while it is active; see ``capture``."""
 
@@ -190,10 +198,10 @@ class CaptureScope:
         purpose: Purpose | None,
         seed: int | None = None,
         cohort: Cohort | None = None,
-        guide: bool = False,
+        guide: Guide = False,
     ) -> None:
         self.parent = parent
-        self.guide = guide  # cleared by the call that takes it
+        self.guide: Guide = guide  # cleared by the call that takes it (a first_call guide: by the first policy call)
         self.labels = {**(parent.labels if parent else {}), **labels}
         self.sink = sink
         self.purpose: Purpose | None = purpose if purpose is not None else (parent.purpose if parent else None)
@@ -217,15 +225,19 @@ class CaptureScope:
             owner._requests += 1
         return derive_seed(owner.seed, n, *identity)
 
-    def take_guide(self) -> bool:
-        """True once per guided episode: for the first free tool choice made in this scope
-        or one it is nested in (the nearest scope that still holds a guide gives it up)."""
+    def take_guide(self, free: bool = True) -> bool:
+        """Whether a policy call made in this scope (or one it is nested in) is steered: True
+        once per guided episode, for its first free tool choice (``free``: tools bound, the
+        choice left to the model). The nearest scope that still holds a guide gives it up; a
+        ``first_call`` guide is given up by the first policy call, free or not."""
         scope: CaptureScope | None = self
         while scope is not None:
             with scope._lock:
                 if scope.guide:
+                    if not free and scope.guide is True:  # a forced or tool-less call leaves it for a free one
+                        return False
                     scope.guide = False
-                    return True
+                    return free
             scope = scope.parent
         return False
 
@@ -247,7 +259,7 @@ _ACTIVE: ContextVar[CaptureScope | None] = ContextVar("seed_agents_capture", def
 
 @contextmanager
 def capture(sink: Sink | None = None, purpose: Purpose | None = None, *, seed: int | None = None,
-            cohort: Cohort | None = None, guide: bool = False, **labels: Any) -> Iterator[CaptureScope]:
+            cohort: Cohort | None = None, guide: Guide = False, **labels: Any) -> Iterator[CaptureScope]:
     """Record every ``SeedChatModel`` call made inside the block.
 
     ``labels`` (e.g. ``task_id``, ``group_id``) are stamped onto each call's ``scope``;
@@ -255,7 +267,8 @@ def capture(sink: Sink | None = None, purpose: Purpose | None = None, *, seed: i
     hindsight node uses ``purpose="analyzer"``). ``seed``: calls in the block without a
     seed of their own sample with one derived from it (``CaptureScope.request_seed``);
     ``cohort``: the episodes this one runs with (see ``Cohort``); ``guide``: steer the
-    block's first free tool choice into a call (``CaptureScope.take_guide``).
+    block's first free tool choice into a call, or with ``"first_call"`` its first policy
+    call where that is free (``CaptureScope.take_guide``).
     """
     scope = CaptureScope(labels, _ACTIVE.get(), sink, purpose, seed, cohort, guide)
     token = _ACTIVE.set(scope)

@@ -209,7 +209,8 @@ class SeedChatModel(BaseChatModel):
 
     Guided openings: inside a ``capture(guide=True)`` scope (the runner's guided training
     episodes), the first policy call left free to choose ("auto" with tools bound) is
-    forced as "any" would be. Its record says so (``LLMCall.guided``) and counts the
+    forced as "any" would be (with ``guide="first_call"``, only when it is the episode's
+    first policy call). Its record says so (``LLMCall.guided``) and counts the
     prefill ids that the free prompt did not have (``prefill_len``), so that rows can
     train the prefill as the opening the model should learn to choose on its own.
 
@@ -307,8 +308,8 @@ class SeedChatModel(BaseChatModel):
         scope = current_scope()
         free_ids: list[int] | None = None
         # an agent continuing its own assistant turn has made its choice: never steered
-        if (choice is None and tools and not _continues_assistant(messages) and self._purpose(scope) == "policy"
-                and scope is not None and scope.take_guide()):
+        free = choice is None and bool(tools) and not _continues_assistant(messages)
+        if scope is not None and self._purpose(scope) == "policy" and scope.take_guide(free):
             free_ids, _ = self.render(messages, tools)  # what the model was offered, to measure the prefill
             choice = "any"
         prefix = forced_tool_prefix(choice, tools)

@@ -17,7 +17,10 @@ episodes form a ``Cohort`` that an in-process backend batches in lockstep (see
 
 With a ``guide_share``, that share of each group's episodes (spread evenly over the
 sample indices, the same ones in every group) is guided: its first free tool choice is
-steered into a call (``capture(guide=True)``; docs/training.md, "Guided openings").
+steered into a call (``capture(guide=True)``; docs/training.md, "Guided openings"). With
+``"auto"``, ``AUTO_GUIDE_SHARE`` of them are, and only at the episode's first policy call
+where that call is free (``capture(guide="first_call")``): whether tools are bound and the
+first turn is free is known only when the graph makes that call.
 """
 
 from __future__ import annotations
@@ -27,14 +30,14 @@ import time
 import traceback
 from collections.abc import Callable, Collection
 from fractions import Fraction
-from typing import Any
+from typing import Any, Literal
 
 from langgraph.errors import GraphRecursionError
 
 from seed_agents.aio import DaemonThreadExecutor
 from seed_agents.backends.base import BackendError, BackendUnavailable
 from seed_agents.capture import Cohort, Sink, capture, derive_seed
-from seed_agents.config.core import RunnerConfig
+from seed_agents.config.core import AUTO_GUIDE_SHARE, RunnerConfig
 from seed_agents.envs import TextEnv
 from seed_agents.errors import FaultBudgetExceeded
 from seed_agents.faults import EpisodeFault, crash_point
@@ -86,7 +89,8 @@ class EpisodeRunner:
     prebuilt ReAct agent wants ``{"messages": [...]}``); ``reward_fn(task, final_state)``
     scores the episode (default: the state's ``reward``). ``seed``: make the run
     reproducible (module docstring); None samples as the backend pleases.
-    ``guide_share``: the share of each group's episodes that are guided (module docstring).
+    ``guide_share``: the share of each group's episodes that are guided, or ``"auto"``
+    (module docstring).
     """
 
     def __init__(
@@ -101,11 +105,12 @@ class EpisodeRunner:
         labels: dict[str, Any] | None = None,
         make_input: Callable[[Task], dict[str, Any]] = lambda task: {"task": task},
         seed: int | None = None,
-        guide_share: float = 0.0,
+        guide_share: float | Literal["auto"] = 0.0,
     ) -> None:
-        guided_episode(0, guide_share)  # an out-of-range share fails here, not mid-run
+        self.guide_share = AUTO_GUIDE_SHARE if guide_share == "auto" else guide_share
+        guided_episode(0, self.guide_share)  # an out-of-range share fails here, not mid-run
+        self.guide: Literal["first_call"] | bool = "first_call" if guide_share == "auto" else True
         self.seed = seed
-        self.guide_share = guide_share
         self.graph = graph
         self.config = config
         self.make_env = make_env
@@ -167,7 +172,7 @@ class EpisodeRunner:
         seed = derive_seed(self.seed, group_id, task.task_id, sample_index) if self.seed is not None else None
         with capture(**self.labels, task_id=task.task_id, group_id=group_id, sample_index=sample_index,
                      trajectory_id=traj.trajectory_id, seed=seed, cohort=cohort,
-                     guide=guided_episode(sample_index, self.guide_share)) as cap:
+                     guide=guided_episode(sample_index, self.guide_share) and self.guide) as cap:
             state: dict[str, Any] | None = None
             try:
                 async with asyncio.timeout(self.config.episode_timeout_s):

@@ -205,7 +205,8 @@ def faulty_reward(task: Any, state: dict[str, Any]) -> float:
 
 def faulty_train_config(tasks_path: str, model_dir: str, **overrides: Any) -> dict[str, Any]:
     """A tiny ``TrainConfig`` (as a dict) that trains ``build_faulty_agent`` on the tasks in
-    ``tasks_path`` with the local backend: seconds per iteration, no skills, no stage 1."""
+    ``tasks_path`` with the local backend: seconds per iteration, no skills, no stage 1, the
+    full weights (checkpoints hold the model, which tests compare bit for bit)."""
     return {
         "num_tasks": 3, "tasks_per_iteration": 1, "iterations": 1,
         "graph": {"build": "seed_agents.testing:build_faulty_agent", "tasks": str(tasks_path),
@@ -214,7 +215,7 @@ def faulty_train_config(tasks_path: str, model_dir: str, **overrides: Any) -> di
         "sampling": {"max_tokens": 6, "temperature": 1.0},
         "runner": {"group_size": 2, "progress": False},
         "skills": {"source": "none"}, "stage1": {"run": "off"},
-        "trainer": {"learning_rate": 1e-3, "kl_coef": 0.0},
+        "trainer": {"learning_rate": 1e-3, "kl_coef": 0.0, "lora_r": None},
         **overrides,
     }
 

@@ -28,7 +28,7 @@ from typing import Any
 
 from seed_agents.aio import run_sync
 from seed_agents.app.flags import PRECEDENCE, add_config_flags, error_line
-from seed_agents.config import EvalConfig, RenamedConfigKey, TrainConfig, load_config
+from seed_agents.config import PRESETS, EvalConfig, RenamedConfigKey, TrainConfig, load_config
 from seed_agents.errors import UserError
 from seed_agents.shadowing import ShadowedDependency, check_shadowing
 
@@ -36,6 +36,12 @@ from seed_agents.shadowing import ShadowedDependency, check_shadowing
 def build_eval_config(args: argparse.Namespace) -> EvalConfig:
     """Defaults < ``--config`` YAML < flags."""
     return load_config(EvalConfig, args.config, args.config_flags(args))
+
+
+def build_train_config(args: argparse.Namespace) -> TrainConfig:
+    """Defaults < ``--preset`` < ``--config`` YAML < flags."""
+    return load_config(TrainConfig, args.config, args.config_flags(args),
+                       preset=PRESETS[args.preset] if args.preset else None)
 
 
 EVAL_FILES = ("config.json", "trajectories.jsonl", "calls.jsonl", "summary.json")
@@ -95,7 +101,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from seed_agents.app.train import run_train
     from seed_agents.preflight import remove_if_unused
 
-    cfg = load_config(TrainConfig, args.config, args.config_flags(args))  # defaults < --config YAML < flags
+    cfg = build_train_config(args)
     with remove_if_unused(Path(cfg.out)):  # a run that failed before its first record leaves no folder behind
         summary = run_train(cfg, resume=args.resume)
     print(f"done: {summary['iterations']} iterations, policy v{summary['policy_version']}; run dir {cfg.out}")
@@ -129,6 +135,10 @@ def _parser() -> argparse.ArgumentParser:
                            description=f"{TrainConfig.__doc__}\n\n{PRECEDENCE}", conflict_handler="resolve",
                            formatter_class=argparse.RawDescriptionHelpFormatter)
     train.add_argument("--config", metavar="YAML", help="YAML file with TrainConfig fields (see configs/).")
+    train.add_argument("--preset", choices=sorted(PRESETS),
+                       help="Start from a named set of settings, under --config and the flags: paper is the SEED paper's "
+                            "method (its coefficients, lr 1e-6 with linear decay, full fine-tuning, skills on every "
+                            "episode, T 1.0; configs/paper.yaml) in place of the defaults a learning run here chose.")
     train.add_argument("--resume", action="store_true", help="Continue from the last checkpoint in --out.")
     train.set_defaults(func=cmd_train, config_flags=add_config_flags(train, TrainConfig))
 

@@ -147,6 +147,8 @@ class ContinualConfig(BaseModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> ContinualConfig:
+        if self.trainer.guide_share == "auto":  # served traffic is never steered: auto guides none here
+            self.trainer = self.trainer.model_copy(update={"guide_share": 0.0})
         if self.trainer.guide_share:
             raise ValueError("trainer.guide_share is for `seed-agents train`: the loop trains on served traffic, "
                              "which must not be steered")

@@ -16,6 +16,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from seed_agents.config.evidence import default_at, reasons
 from seed_agents.errors import ConfigError
 from seed_agents.redact import redact
 
@@ -50,7 +51,8 @@ def add_config_flags(parser: argparse.ArgumentParser, model: type[BaseModel], *,
                      switches: dict[str, str] | None = None) -> Callable[[argparse.Namespace], dict[str, Any]]:
     """Add a flag for every field of ``model`` (nested fields dotted: ``--runner.group-size``) to
     ``parser`` (made with ``conflict_handler="resolve"``, for the section switches),
-    with the field's description and default as its help, and return the function that reads
+    with the field's description and default as its help (and, for a default a learning run chose,
+    why and the result: ``seed_agents.config.evidence``), and return the function that reads
     the given flags back from the parsed namespace as a nested dict (flags not given are absent).
 
     ``shortcuts`` adds a command's own short flags (generated name -> alias, beside
@@ -69,10 +71,14 @@ def add_config_flags(parser: argparse.ArgumentParser, model: type[BaseModel], *,
     source = CliSettingsSource(model, root_parser=parser, cli_kebab_case=True,
                                cli_hide_none_type=True, cli_implicit_flags=True, cli_use_class_docs_for_groups=True,
                                cli_shortcuts=shortcuts)
+    why = {reason.path: reason for reason in reasons(model)}
     for action in list(parser._actions):
         if action.help and "(default factory:" in action.help:  # the generator names the factory, not its value
             action.help = action.help[: action.help.index("(default factory:")] + \
-                f"(default: {_shown(_default(model, action.dest))})".replace("%", "%%")
+                f"(default: {_shown(default_at(model, action.dest))})".replace("%", "%%")
+        if action.help and action.dest in why:
+            reason = why[action.dest]
+            action.help += f" Why this default: {reason.why} (docs/{reason.evidence})".replace("%", "%%")
         if action.help and "(ifdef: required)" in action.help:  # a field of an optional section
             action.help = action.help.replace("(ifdef: required)", f"(required when {action.dest.rpartition('.')[0]} is set)")
         if isinstance(action, argparse._AppendAction):  # a list: several values after one flag, as before
@@ -121,20 +127,6 @@ def _field(model: type[BaseModel], path: str) -> Any:
             return None
         model = sections[0]
     return model.model_fields.get(leaf)
-
-
-def _default(model: type[BaseModel] | None, path: str) -> Any:
-    """The default of the field at dotted ``path``: the value its section's default holds, else
-    the field's own default (factories called)."""
-    value: Any = None
-    for name in path.split("."):
-        field = model.model_fields.get(name) if model is not None else None
-        if field is None:
-            return None
-        value = getattr(value, name) if isinstance(value, BaseModel) else field.get_default(call_default_factory=True)
-        model = next((a for a in (field.annotation, *typing.get_args(field.annotation))
-                      if isinstance(a, type) and issubclass(a, BaseModel)), None)
-    return value
 
 
 def _shown(value: Any) -> str:

@@ -3,8 +3,9 @@ the CLI help) and every YAML file under ``configs/`` validated by the same model
 
 - ``core``: backend, runner, agent and the paper's coefficients (``PAPER``): what the core
   needs, importing nothing above it;
-- ``loading``: defaults < YAML < flags, and one clear ``ConfigError``;
-- ``commands``: the configs of ``eval`` and ``train``.
+- ``loading``: defaults < preset < YAML < flags, and one clear ``ConfigError``;
+- ``commands``: the configs of ``eval`` and ``train``;
+- ``presets``: named starting points (``--preset paper``: the paper's settings).
 """
 
 from seed_agents.config.commands import (
@@ -20,12 +21,22 @@ from seed_agents.config.commands import (
     agent_fields_given,
     with_suite_defaults,
 )
-from seed_agents.config.core import PAPER, PAPER_LEARNING_RATE, AgentConfig, BackendConfig, RunnerConfig, SEEDCoefficients
+from seed_agents.config.core import (
+    AUTO_GUIDE_SHARE,
+    PAPER,
+    PAPER_LEARNING_RATE,
+    AgentConfig,
+    BackendConfig,
+    RunnerConfig,
+    SEEDCoefficients,
+)
 from seed_agents.config.loading import RenamedConfigKey, first_error, load_config, validation_message
+from seed_agents.config.presets import PAPER_PRESET, PRESETS
 from seed_agents.errors import ConfigError, UserError
 
 __all__ = [
-    "PAPER", "PAPER_LEARNING_RATE", "AgentConfig", "BackendConfig", "ConfigError", "EvalConfig", "GraphConfig",
+    "AUTO_GUIDE_SHARE", "PAPER", "PAPER_LEARNING_RATE", "PAPER_PRESET", "PRESETS", "AgentConfig", "BackendConfig",
+    "ConfigError", "EvalConfig", "GraphConfig",
     "PeriodicEvalConfig", "RenamedConfigKey", "ReportTo", "RunnerConfig", "SEEDCoefficients", "SkillConfig",
     "Stage1Config", "StoreSourceConfig", "TrainConfig", "TrainerConfig", "UserError", "agent_fields_given",
     "first_error", "load_config", "validation_message", "with_suite_defaults",

@@ -11,9 +11,20 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from seed_agents.config.core import PAPER, PAPER_LEARNING_RATE, AgentConfig, BackendConfig, RunnerConfig
+from seed_agents.config.core import PAPER, AgentConfig, BackendConfig, RunnerConfig
+from seed_agents.config.evidence import because
 from seed_agents.config.loading import RenamedConfigKey
 from seed_agents.types import AnswerFormat, SamplingParams, SkillFailures, SkillOpening
+
+
+# The learning results the defaults come from (docs/results.md; tests/unit/test_defaults_table.py
+# checks every anchor).
+CONSTANT_RATE = "results.md#a-constant-learning-rate-3e-4-without-decay-three-seeds-0138-the-goal-met-seed-the-same"
+LORA_RANK = "results.md#the-lora-rank-probes-at-r32-and-r2-one-seed-each-rank-8-kept"
+OWN_SUCCESS_SKILLS = ("results.md#seed-with-its-own-skills-on-successes-only-at-opd-weight-01-far-above-grpo-five-seeds-"
+                      "0203-paired")
+GUIDED_OPENINGS = "results.md#guided-openings-at-a-constant-1e-3-the-free-agent-learns-to-call-three-seeds-the-goal-met"
+TEMPERATURE_BAND = "results.md#the-other-knob-the-training-temperature"
 
 
 class EvalConfig(BaseModel):
@@ -65,10 +76,13 @@ class SkillConfig(BaseModel):
         "text; call, 'Call <tool> with ...', the tool one of those the episode was offered (a skill naming the call "
         "a task needed is one a 135M model can copy). `skills collect --opening call` gives a policy analyzer the "
         "same grammar; automatic stage 1's rule-based analyzers write words (its text envs offer no tools)."))
-    failures: SkillFailures = Field("write", description=(
-        "write: a failed episode gets a skill too (the paper's avoidance rules); skip: no analyzer call for it, its "
-        "rows get no teacher. A 135M writer's failure skill names the failed call and raises it in the teacher; on "
-        "the atlas, skip took SEED from GRPO's level to +0.225 above it (docs/results.md, three seeds)."))
+    failures: SkillFailures | Literal["auto"] = Field("auto", description=(
+        "write: a failed episode gets a skill too (the paper's avoidance rules); skip: no analyzer call for it, and "
+        "its rows get no teacher. auto: skip for a graph or stored sessions, write for an env suite."),
+        json_schema_extra=because(
+        "On a graph the policy's own skills on successes only beat GRPO on five of five seeds, where skills on every "
+        "episode left SEED at GRPO's level; an env suite's stage 1 learns from the base policy's mostly failed "
+        "episodes, and no run here tried skip there.", OWN_SUCCESS_SKILLS))
     analyzer: BackendConfig | None = Field(None, description="Backend of the external/frozen analyzer (default: a local copy of the initial policy).")
     chat_model: str | None = Field(None, description="external: import path 'pkg.module:ChatModelOrFactory' of a LangChain chat model that writes the skills instead of a served model (a hosted API model; a scripted one for an ablation, e.g. bench.atlas_skills:OracleSkills), paced and retried like stage 1's langchain analyzers.")
     chat_model_kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments for chat_model.")
@@ -91,15 +105,30 @@ against transformers' own table); each needs its package installed (checked befo
 
 
 class TrainerConfig(BaseModel):
-    """Optimization; names follow TRL's GRPOConfig where they exist."""
+    """Optimization; names follow TRL's GRPOConfig where they exist. Where a learning run here
+    chose a default, the field says why (docs/training.md, "Defaults and why"); ``--preset
+    paper`` gives the paper's settings."""
 
     model_config = ConfigDict(extra="forbid")
 
-    learning_rate: float = Field(PAPER_LEARNING_RATE, gt=0, le=1.0, description="Paper: 1e-6 (use larger for tiny CPU demos).")
-    lr_schedule: Literal["linear", "constant"] = Field("linear", description="linear: the learning rate decays to 0 over the run's iterations (TRL's default; a short run then takes its last steps at a fraction of learning_rate); constant: every step at learning_rate.")
-    opd_coef: float = Field(PAPER.lam, ge=0, description="lambda, the weight of the gated OPD term; 0 turns SEED into GRPO.")
+    learning_rate: float = Field(3e-4, gt=0, le=1.0, description="The optimizer's learning rate (the paper's: 1e-6, "
+                                 "with full weights).", json_schema_extra=because(
+        "LoRA r8 at a constant 3e-4 met the held-out goal on the atlas curves (the free agent with guided openings "
+        "learned at 1e-3); no run here trained full weights at the paper's 1e-6 or set the two side by side.",
+        CONSTANT_RATE))
+    lr_schedule: Literal["linear", "constant"] = Field("constant", description="linear: the rate decays to 0 over the "
+                                                       "run's iterations (TRL's default, the paper's); constant: every "
+                                                       "step at learning_rate.", json_schema_extra=because(
+        "On the atlas curve a constant rate doubled the held-out gain of the same runs decaying to 0, every seed at "
+        "least as good.", CONSTANT_RATE))
+    opd_coef: float = Field(0.1, ge=0, description="lambda, the weight of the gated OPD term; 0 turns SEED into GRPO "
+                            "(the paper's: 0.01).", json_schema_extra=because(
+        "Every run where SEED beat GRPO weighed the term 0.1; at the paper's 0.01 SEED stayed at GRPO's level, with "
+        "its own skills (three seeds) and with oracle ones (one seed).", OWN_SUCCESS_SKILLS))
     gate_sharpness: float = Field(PAPER.gate_sharpness, ge=0, description="Sharpness of the OPD gate sigmoid(s * (teacher - student logprob)); the paper's beta (formerly opd_beta). 0: no gate (0.5 on every token), so the term imitates the sampled tokens of skill-bearing episodes whatever the teacher says; no teacher pass runs (a control, not SEED).")
-    kl_coef: float = Field(PAPER.kl, ge=0, description="KL(pi || pi_ref) coefficient (TRL's beta).")
+    kl_coef: float = Field(PAPER.kl, ge=0, description="KL(pi || pi_ref) coefficient (TRL's beta).",
+                           json_schema_extra=because(
+        "Kept at the paper's: the atlas curves ran 0.001, and no run compared the two weights.", CONSTANT_RATE))
     entropy_coef: float = Field(PAPER.entropy, ge=0, description="Entropy bonus.")
     clip_eps: float = Field(PAPER.clip_eps, gt=0, lt=1, description="PPO clip range.")
     max_grad_norm: float = Field(1.0, gt=0, description="Gradient clipping.")
@@ -108,13 +137,25 @@ class TrainerConfig(BaseModel):
     gradient_checkpointing: bool = Field(True, description="Recompute activations in backward (for an update whose activations do not fit under keep_activations_gb, 0 by default: every update): less memory for a little more compute (a SmolLM2 iteration on 2 cores, bench/update_memory.py: peak RSS 11.2 -> 7.3 GB at about the same update time in fp32, 6.7 -> 3.8 GB on the bf16 demo; docs/results/update_memory*.json). false: never recompute.")
     keep_activations_gb: Annotated[float, Field(ge=0)] | Literal["auto"] = Field(0.0, description="With gradient_checkpointing: an update whose activations are estimated under this many GB keeps them and recomputes nothing (trainers/activations.py; the estimate: the batch's tokens times bytes per token measured on the model at the first update). auto: a third of the memory available when the update starts. 0 (default): always recompute. Off by default: at the demo's shape a warm update's forward and backward took 0.78-0.86x (bench/activation_trim.py), but a process's first update was not faster and a whole run has not yet separated the saving from its noise, while the demo's peak RSS grew from 3.8 to 6.7 GB (docs/training.md).")
     release_memory: bool = Field(True, description="Give the heap's freed memory back to the OS after each step's rollouts, its scoring, its update and a held-out evaluation (glibc malloc_trim; seed_agents/memory.py): a learning run otherwise keeps what it freed resident (13.6 GB between updates of a SmolLM2 LoRA run, 2.1 GB after one trim) and its peak grows over the run. No computed value changes. false: glibc's default behaviour (the path before).")
-    lora_r: int | None = Field(None, ge=1, le=512, description="Train a LoRA adapter of this rank instead of full weights.")
-    lora_alpha: int = Field(32, ge=1, description="LoRA alpha.")
+    lora_r: int | None = Field(8, ge=1, le=512, description=(
+        "Train a LoRA adapter of this rank instead of full weights; null (in the --config file, or --preset paper): "
+        "full fine-tuning, the paper's."), json_schema_extra=because(
+        "Rank 8 learned on every atlas curve, where rank 2 learned slower and rank 32 fell (one seed each); no run "
+        "here set LoRA beside full fine-tuning.", LORA_RANK))
+    lora_alpha: int = Field(16, ge=1, description="LoRA alpha: the adapter's update is scaled by alpha / r.",
+                            json_schema_extra=because(
+        "Twice the rank, as on every atlas curve: the adapter's scale stays 2.", LORA_RANK))
     chunk_tokens: int = Field(8192, ge=0, le=1 << 20, description="Token budget (rows x trimmed width) of one forward in the loss and in scoring: rows are grouped by length and each group's padding trimmed; bounds the update's memory. 0: TRL's layout, every row padded to the batch's widest prompt and completion (the path before; bench/update_throughput.py).")
     share_prefix: bool = Field(True, description="Compute the prompt tokens a chunk's rows share (system prompt, tool schemas) once, in the teacher, reference and training passes (trainers/shared_prefix.py; exact up to float rounding). false: every row's prompt whole (the path before).")
     sampled_head: bool = Field(True, description="Run the LM head, its log-softmax and entropy at the trained (sampled) completion positions only, in the loss and the teacher (fused or not) and reference passes (trainers/head.py): a merged multi-turn row's completion also holds the environment's answers between calls, which no loss term reads (3,831 of 4,431 completion positions in the demo's first TextWorld batch). Exact up to float rounding. false: every completion position (the path before); chunk_tokens 0 keeps TRL's path either way.")
     fuse_teacher: bool = Field(False, description="Score SEED's teacher on top of the prompt keys and values the training forward computes, instead of in a pass of its own: the teacher then computes the skill and the completion, not the prompt it shares with its row (most of it with skills.injector last_turn). Exact up to float rounding; needs share_prefix (bench/seed_overhead.py --injectors last_turn+fused).")
-    guide_share: float = Field(0.0, ge=0, le=1, description="Share of each group's training episodes whose first free tool choice is steered into a call, the prefill then trained as if chosen (docs/training.md, 'Guided openings'): teaches an agent that never calls a tool to open with one. 0: off (the paper has no such term).")
+    guide_share: Annotated[float, Field(ge=0, le=1)] | Literal["auto"] = Field("auto", description=(
+        "Share of each group's training episodes whose first free tool choice is steered into a call, trained as if "
+        "chosen. auto: 0.5 where the first turn is free with tools bound, else 0; 0: off (paper)."),
+        json_schema_extra=because(
+        "Guided openings taught a free agent that never called a tool to call the right one on three seeds; auto "
+        "applies them only where the first turn is free with tools bound, the case they were tried on.",
+        GUIDED_OPENINGS))
     report_to: list[ReportTo] = Field([], description="Where TRL also sends the training metrics (loss/ppo, loss/opd, opd/gate, success_rate, ...): tensorboard writes <out>/checkpoints/runs/; wandb, mlflow, trackio ... read their usual environment variables. metrics.jsonl is always written.")
 
     @model_validator(mode="before")
@@ -212,13 +253,17 @@ class TrainConfig(BaseModel):
     seed: int = Field(0, description="Seed of everything.")
     out: Path = Field(Path("runs/train"), description="Run directory.")
     # Defaults are the embedded CPU demo (configs/textworld_smollm2_cpu.yaml); the paper's
-    # settings are in configs/paper_textworld_qwen2.5-3b.yaml. Instances, so `--help` shows them.
+    # settings are `--preset paper` (configs/paper.yaml). Instances, so `--help` shows them.
     backend: BackendConfig = BackendConfig()
-    sampling: SamplingParams = SamplingParams(max_tokens=16, temperature=0.7)
+    # the training temperature is this command's default, not SamplingParams' (1.0, what serving samples at)
+    sampling: SamplingParams = Field(SamplingParams(max_tokens=16, temperature=0.5), json_schema_extra={"defaults": {
+        "temperature": because("At 0.5 the atlas tasks sat in the learnable band, with more training successes and "
+                               "fewer groups without reward variance than at 0.7, and every curve that met its goal "
+                               "sampled there.", TEMPERATURE_BAND)}})
     runner: RunnerConfig = RunnerConfig(group_size=4)
     agent: AgentConfig = AgentConfig(max_turns=3, history="chat")
     skills: SkillConfig = SkillConfig(max_tokens=128)
-    trainer: TrainerConfig = TrainerConfig(learning_rate=1e-5)
+    trainer: TrainerConfig = TrainerConfig()
     sync: Literal["auto", "full", "lora"] = Field("auto", description="vLLM weight sync; auto: lora when trainer.lora_r is set, else full.")
     env_options: dict[str, Any] = Field({}, description="Extra keyword arguments for the env suite.")
     graph: GraphConfig | None = Field(None, description="Train this graph on these tasks instead of the env suite.")
@@ -234,8 +279,13 @@ class TrainConfig(BaseModel):
             raise ValueError("runner.group_size must be >= 2: group-relative advantages need a group")
         if self.sync == "lora" and self.trainer.lora_r is None:
             raise ValueError("sync: lora needs trainer.lora_r")
-        if self.store is not None and self.trainer.guide_share:
+        if self.store is not None and self.trainer.guide_share != "auto" and self.trainer.guide_share:
             raise ValueError("trainer.guide_share needs episodes played here; stored sessions were played already")
+        if self.store is not None and self.trainer.guide_share == "auto":  # nothing is played here: auto guides none
+            self.trainer = self.trainer.model_copy(update={"guide_share": 0.0})
+        if self.skills.failures == "auto":  # what a run records is what it did
+            failures = "skip" if self.graph is not None or self.store is not None else "write"
+            self.skills = self.skills.model_copy(update={"failures": failures})
         if self.store is not None and self.skills.source not in ("self", "external", "frozen", "none"):
             raise ValueError(f"skills.source {self.skills.source!r} cannot run on stored sessions; use self, external, frozen or none")
         if self.skills.source == "rule_based" and self.graph is not None:  # the env's offline analyzer: checked when it loads

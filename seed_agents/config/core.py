@@ -27,7 +27,7 @@ def check_env_name(name: str) -> str:
     return name
 
 
-__all__ = ["PAPER", "PAPER_LEARNING_RATE", "AgentConfig", "BackendConfig", "RunnerConfig", "SEEDCoefficients", "SamplingParams",
+__all__ = ["AUTO_GUIDE_SHARE", "PAPER", "PAPER_LEARNING_RATE", "PAPER_SFT_LEARNING_RATE", "AgentConfig", "BackendConfig", "RunnerConfig", "SEEDCoefficients", "SamplingParams",
            "check_env_name"]
 
 
@@ -48,7 +48,13 @@ class SEEDCoefficients:
 
 PAPER = SEEDCoefficients()
 PAPER_LEARNING_RATE = 1e-6
-"""The paper's RL learning rate (its SFT stage uses 5e-6)."""
+"""The paper's RL learning rate."""
+PAPER_SFT_LEARNING_RATE = 5e-6
+"""The paper's stage-1 SFT learning rate."""
+
+AUTO_GUIDE_SHARE = 0.5
+"""The share of each group that ``trainer.guide_share: auto`` guides, in episodes whose first
+policy call is free to call a bound tool (the share the guided-openings curve learned with)."""
 
 
 class BackendConfig(BaseModel):

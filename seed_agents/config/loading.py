@@ -1,4 +1,4 @@
-"""Loading a config: defaults < YAML file < flags, and one line for whatever is wrong.
+"""Loading a config: defaults < preset < YAML file < flags, and one line for whatever is wrong.
 
 Every command's config goes through ``load_config``; a problem becomes one ``ConfigError``
 naming the field, the value and the fix (with a "did you mean" for a misspelt key), never
@@ -70,12 +70,15 @@ def _close_keys(model: type[BaseModel] | None, loc: tuple[str, ...]) -> list[str
     return difflib.get_close_matches(loc[-1], list(model.model_fields), n=2, cutoff=0.6)
 
 
-def load_config(model: type[BaseModel], path: str | Path | None, overrides: dict[str, Any]) -> Any:
-    """Defaults < YAML file (optional) < ``overrides`` -> validated config, or one ConfigError.
+def load_config(model: type[BaseModel], path: str | Path | None, overrides: dict[str, Any],
+                preset: dict[str, Any] | None = None) -> Any:
+    """Defaults < ``preset`` < YAML file (optional) < ``overrides`` -> validated config, or one
+    ConfigError.
 
-    ``overrides`` are the command-line flags: dotted keys (``{"runner.group_size": 2}``) or
-    nested mappings (``{"runner": {"group_size": 2}}``, what the generated CLI gives), merged
-    into the file key by key; None means "not given"."""
+    ``preset``: a mapping of config keys the file is laid over, section by section
+    (``seed_agents.config.presets``). ``overrides`` are the command-line flags: dotted keys
+    (``{"runner.group_size": 2}``) or nested mappings (``{"runner": {"group_size": 2}}``, what
+    the generated CLI gives), merged into the file key by key; None means "not given"."""
     import yaml
 
     raw: dict[str, Any] = {}
@@ -92,12 +95,22 @@ def load_config(model: type[BaseModel], path: str | Path | None, overrides: dict
         if not isinstance(raw, dict):
             raise ConfigError(f"{path}: expected a mapping of config keys at the top level, got {type(raw).__name__}; "
                               f"write `key: value` lines")
+    raw = _laid_over(preset or {}, raw)
     _merge(raw, overrides, path)
     _keep_command_defaults(model, raw)
     try:
         return model.model_validate(raw)
     except ValidationError as err:
         raise ConfigError(validation_message(err, str(path) if path else "arguments", model)) from None
+
+
+def _laid_over(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """``over`` laid over ``base``: a section both hold merges key by key, anything else is ``over``'s."""
+    merged = dict(base)
+    for key, value in over.items():
+        below = merged.get(key)
+        merged[key] = _laid_over(below, value) if isinstance(below, dict) and isinstance(value, dict) else value
+    return merged
 
 
 def _merge(into: dict[str, Any], overrides: dict[str, Any], path: str | Path | None) -> None:

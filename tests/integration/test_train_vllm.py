@@ -138,7 +138,7 @@ def test_run_train_full_weight_sync_reaches_the_server(vllm_server, tiny_model_d
         runner=RunnerConfig(group_size=2, progress=False),
         agent=AgentConfig(max_turns=2),
         skills=SkillConfig(source="self", max_tokens=16),
-        trainer=TrainerConfig(learning_rate=1e-2),
+        trainer=TrainerConfig(learning_rate=1e-2, lora_r=None),  # the full weights: what a full sync pushes
         sync="full",
         env_options={"cache_dir": str(tw_cache)},
     )

@@ -129,7 +129,7 @@ CASES = [
     Case("train-tasks-per-iteration", ["train", "--config", "{cfg}", "--out", "{out}"], "exceeds num_tasks",
          yaml="num_tasks: 2\ntasks_per_iteration: 3\n"),
     Case("train-lora-sync-without-rank", ["train", "--config", "{cfg}", "--out", "{out}"], "sync: lora needs",
-         yaml="sync: lora\n"),
+         yaml="sync: lora\ntrainer:\n  lora_r: null\n"),
     Case("train-eval-split-not-held-out", ["train", "--config", "{cfg}", "--out", "{out}"], "held-out",
          yaml="eval:\n  split: train\n"),
     Case("train-unknown-split", ["train", "--model", "{model}", "--config", "{cfg}", "--out", "{out}"],

@@ -56,6 +56,16 @@ def test_a_guided_scope_gives_its_guide_once_also_to_nested_scopes():
         assert not plain.take_guide()
 
 
+def test_a_first_call_guide_is_given_up_by_the_first_policy_call_free_or_not():
+    with capture(guide="first_call") as episode:
+        assert not episode.take_guide(free=False) and not episode.guide  # a forced first turn: no guide after it
+        assert not episode.take_guide()
+    with capture(guide="first_call") as episode:
+        assert episode.take_guide() and not episode.take_guide()
+    with capture(guide=True) as episode:  # an explicit share waits for the first free choice
+        assert not episode.take_guide(free=False) and episode.take_guide()
+
+
 # -- the chat model ----------------------------------------------------------------------
 
 def test_the_first_free_policy_call_is_steered_and_records_its_prefill(tokenizer):
@@ -184,6 +194,44 @@ def test_the_runner_guides_its_share_of_each_group(tokenizer):
         EpisodeRunner(g.compile(), RunnerConfig(), guide_share=1.5)
 
 
+def _one_agent_graph(llm, first_choice=None, tools=(lookup, add)):
+    """An agent of two policy calls: the first with ``first_choice`` (None: free), the second free."""
+    from langgraph.graph import END, START, MessagesState, StateGraph
+
+    first = llm.bind_tools(list(tools), tool_choice=first_choice) if tools else llm
+    free = llm.bind_tools([lookup, add])
+
+    def agent(state):
+        return {"messages": [first.invoke(state["messages"]), free.invoke(state["messages"])]}
+
+    g = StateGraph(MessagesState)
+    g.add_node("agent", agent)
+    g.add_edge(START, "agent")
+    g.add_edge("agent", END)
+    return g.compile()
+
+
+@pytest.mark.parametrize(("first_choice", "tools", "guided"), [
+    (None, (lookup, add), [[False, False], [True, False]] * 2),  # free first turn with tools: half guided
+    ("any", (lookup, add), [[False, False]] * 4),  # forced first turn: its free second turn is not steered
+    (None, (), [[False, False]] * 4),  # no tools on the first turn: nothing to steer
+])
+def test_auto_guides_half_of_each_group_only_where_the_first_turn_is_free_with_tools(tokenizer, first_choice, tools,
+                                                                                     guided):
+    from seed_agents.types import Task
+
+    llm, _ = _llm(tokenizer)
+    runner = EpisodeRunner(_one_agent_graph(llm, first_choice, tools), RunnerConfig(group_size=4, progress=False),
+                           guide_share="auto", make_input=lambda t: {"messages": [HumanMessage("Look up x.")]})
+    trajs = asyncio.run(runner.run([Task(task_id="a")]))
+    assert [[c.guided for c in t.calls] for t in trajs] == guided
+    # an explicit share steers the first free choice wherever it comes: the forced agent's second turn
+    explicit = EpisodeRunner(_one_agent_graph(llm, "any"), RunnerConfig(group_size=2, progress=False), guide_share=0.5,
+                             make_input=lambda t: {"messages": [HumanMessage("Look up x.")]})
+    trajs = asyncio.run(explicit.run([Task(task_id="a")]))
+    assert [[c.guided for c in t.calls] for t in trajs] == [[False, False], [False, True]]
+
+
 # -- the trainer -------------------------------------------------------------------------
 
 def test_the_trainer_scores_guide_tokens_with_the_pre_update_policy(tiny_model_dir, tokenizer, tmp_path):
@@ -290,6 +338,10 @@ def test_configs_refuse_a_guide_share_where_no_episode_is_played_here(tmp_path):
     with pytest.raises(ValidationError):
         TrainerConfig(guide_share=1.5)
     assert TrainConfig(trainer={"guide_share": 0.5}).trainer.guide_share == 0.5
+    assert TrainerConfig(guide_share="auto").guide_share == "auto" and TrainerConfig(guide_share="0.5").guide_share == 0.5
+    # auto where nothing is played here guides none, and says so in the config the run records
+    stored = TrainConfig(store={"url": "sqlite:///x.db"}, skills={"source": "none"}, trainer={"guide_share": "auto"})
+    assert stored.trainer.guide_share == 0.0
     (tmp_path / "canary.jsonl").write_text("")
     continual = {
         "store": f"sqlite:///{tmp_path}/t.db", "backend": {"kind": "vllm", "model": "m", "base_url": "http://127.0.0.1:9"},
@@ -299,6 +351,8 @@ def test_configs_refuse_a_guide_share_where_no_episode_is_played_here(tmp_path):
     assert ContinualConfig.model_validate({**continual, "trainer": {"lora_r": 4}}).trainer.guide_share == 0.0
     with pytest.raises(ValidationError, match="guide_share"):
         ContinualConfig.model_validate({**continual, "trainer": {"lora_r": 4, "guide_share": 0.5}})
+    auto = ContinualConfig.model_validate({**continual, "trainer": {"lora_r": 4, "guide_share": "auto"}})
+    assert auto.trainer.guide_share == 0.0
 
 
 def test_an_agent_continuing_its_own_assistant_turn_is_not_steered(tokenizer):

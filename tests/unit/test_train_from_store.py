@@ -40,11 +40,14 @@ def store_url(tmp_path, tiny_model_dir) -> str:
 
 
 def config(tmp_path, tiny_model_dir, **over) -> str:
+    """Full weights, TRL's schedule and a skill for every session: what these tests were written
+    under, before the defaults moved to what the learning runs chose."""
     cfg = {"tasks_per_iteration": 1, "num_tasks": 1, "iterations": 1,
            "backend": {"kind": "local", "model": tiny_model_dir},
            "runner": {"group_size": 2, "progress": False},
-           "skills": {"source": "self", "max_tokens": 16},
-           "trainer": {"learning_rate": 1e-3, "kl_coef": 0.0}, **over}
+           "skills": {"source": "self", "max_tokens": 16, "failures": "write"},
+           "trainer": {"learning_rate": 1e-3, "kl_coef": 0.0, "lora_r": None, "lr_schedule": "linear", "opd_coef": 0.01},
+           **over}
     path = tmp_path / "train.yaml"
     path.write_text(json.dumps(cfg))
     return str(path)
@@ -57,7 +60,7 @@ def test_train_from_store_claims_each_session_once(tmp_path, tiny_model_dir, sto
     monkeypatch.setattr(hindsight, "build_analyzer_messages",
                         lambda *a, **kw: asked.append(kw.get("answer_format")) or build(*a, **kw))
     cfg = config(tmp_path, tiny_model_dir, iterations=2,
-                 skills={"source": "self", "max_tokens": 16, "answer_format": "described"})
+                 skills={"source": "self", "max_tokens": 16, "answer_format": "described", "failures": "write"})
     assert main(["train", "--config", cfg, "--from-store", store_url, "--out", str(tmp_path / "a")]) == 0
     store = TraceStore.open(store_url)
     consumed = [s for s in store.sessions() if s.consumed_by is not None]
