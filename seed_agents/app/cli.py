@@ -29,6 +29,8 @@ from typing import Any
 from seed_agents.aio import run_sync
 from seed_agents.app.flags import PRECEDENCE, add_config_flags, error_line
 from seed_agents.config import PRESETS, EvalConfig, RenamedConfigKey, TrainConfig, load_config
+from seed_agents.config.loading import laid_over, named_keys
+from seed_agents.config.presets import MAIN_JOB, TASK_SOURCES
 from seed_agents.errors import UserError
 from seed_agents.shadowing import ShadowedDependency, check_shadowing
 
@@ -39,9 +41,11 @@ def build_eval_config(args: argparse.Namespace) -> EvalConfig:
 
 
 def build_train_config(args: argparse.Namespace) -> TrainConfig:
-    """Defaults < ``--preset`` < ``--config`` YAML < flags."""
-    return load_config(TrainConfig, args.config, args.config_flags(args),
-                       preset=PRESETS[args.preset] if args.preset else None)
+    """Defaults < the main job (where nothing names a task source) < ``--preset`` <
+    ``--config`` YAML < flags."""
+    flags = args.config_flags(args)
+    base = {} if named_keys(args.config, flags) & set(TASK_SOURCES) else MAIN_JOB
+    return load_config(TrainConfig, args.config, flags, preset=laid_over(base, PRESETS[args.preset] if args.preset else {}))
 
 
 EVAL_FILES = ("config.json", "trajectories.jsonl", "calls.jsonl", "summary.json")

@@ -104,6 +104,27 @@ def load_config(model: type[BaseModel], path: str | Path | None, overrides: dict
         raise ConfigError(validation_message(err, str(path) if path else "arguments", model)) from None
 
 
+def named_keys(path: str | Path | None, overrides: dict[str, Any]) -> set[str]:
+    """The top-level config keys a YAML file and the flags give a value; a file that cannot be
+    read names none here (``load_config`` reports it)."""
+    import yaml
+
+    keys = {key.partition(".")[0] for key, value in overrides.items() if value is not None}
+    if path:
+        try:
+            raw = yaml.safe_load(Path(path).read_text())
+        except (OSError, yaml.YAMLError):
+            raw = None
+        if isinstance(raw, dict):
+            keys |= {str(key) for key, value in raw.items() if value is not None}
+    return keys
+
+
+def laid_over(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """``over`` laid over ``base``: a section both hold merges key by key, anything else is ``over``'s."""
+    return _laid_over(base, over)
+
+
 def _laid_over(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     """``over`` laid over ``base``: a section both hold merges key by key, anything else is ``over``'s."""
     merged = dict(base)

@@ -62,6 +62,7 @@ def test_the_preset_sits_under_the_config_and_the_flags(tmp_path):
     assert cfg.trainer.learning_rate == 1e-3 and cfg.trainer.kl_coef == 0.02  # the file, then the flag, win
     assert (cfg.trainer.opd_coef, cfg.trainer.lora_r, cfg.trainer.lr_schedule) == (0.01, None, "linear")  # the preset
     assert (cfg.sampling.max_tokens, cfg.sampling.temperature) == (32, 1.0)  # a section merges key by key
-    assert build_train_config(_parser().parse_args(["train"])) == TrainConfig()
+    bare = build_train_config(_parser().parse_args(["train", "--env", "textworld"]))
+    assert bare == TrainConfig()  # no preset: the defaults (naming a task source leaves the main job out)
     with pytest.raises(SystemExit):
         _parser().parse_args(["train", "--preset", "nope"])

@@ -115,12 +115,25 @@ def test_bad_train_configs_get_one_clear_error(tmp_path, capsys, tiny_model_dir)
     assert "has no attribute 'nope'" in capsys.readouterr().err
 
 
-def test_embedded_default_equals_the_demo_config():
-    """`seed-agents train` with no config runs exactly configs/textworld_smollm2_cpu.yaml."""
+def test_the_main_job_equals_its_config_file_and_the_textworld_demo_is_one_config_away():
+    """`seed-agents train` with no config runs exactly configs/atlas_agent.yaml (the shipped tool
+    agent, free to choose its tools, with a held-out evaluation); naming a task source (a
+    config with env, graph or store, or the flag) leaves the main job out, so the TextWorld
+    demo file gives TrainConfig's own defaults."""
+    from seed_agents.app.cli import _parser, build_train_config
     from seed_agents.config import load_config
 
-    demo = load_config(TrainConfig, Path(__file__).resolve().parents[2] / "configs" / "textworld_smollm2_cpu.yaml", {})
-    assert TrainConfig().model_dump() == demo.model_dump()
+    configs = Path(__file__).resolve().parents[2] / "configs"
+    main_job = build_train_config(_parser().parse_args(["train"]))
+    assert main_job.model_dump() == load_config(TrainConfig, configs / "atlas_agent.yaml", {}).model_dump()
+    assert main_job.graph is not None and main_job.graph.build == "seed_agents.tools.atlas:build_free_agent"
+    assert main_job.eval is not None and main_job.eval.num_tasks >= 100 and main_job.eval.at_start
+    assert main_job.skills.source == "self" and main_job.trainer.guide_share == "auto"  # SEED, guided where free
+    demo = build_train_config(_parser().parse_args(["train", "--config", str(configs / "textworld_smollm2_cpu.yaml")]))
+    assert demo.model_dump() == TrainConfig().model_dump() and demo.graph is None and demo.eval is None
+    assert build_train_config(_parser().parse_args(["train", "--env", "textworld"])).graph is None
+    tweaked = build_train_config(_parser().parse_args(["train", "--iterations", "2", "--preset", "paper"]))
+    assert tweaked.graph == main_job.graph and tweaked.iterations == 2 and tweaked.trainer.learning_rate == 1e-6
 
 
 def test_periodic_held_out_eval_rows_and_resume(tmp_path, tiny_model_dir):
