@@ -19,9 +19,9 @@ means for the PPO ratio.
 - ``skill_tag``: the analyzer's reply, ``{"episode_summary": ..., "episode_skill": ...}``
   with the rules ``seed_agents.skills.parse_skill`` checks built in (word counts, no
   control tokens), and bounded lengths so a reply that loops still closes.
-- ``tool_call_tag``: free text, in which ``<tool_call>`` can only open a call to a bound
-  tool whose arguments follow that tool's JSON schema; the model still chooses between
-  answering and calling. A forced call (an assistant prefill) continues from the prefill.
+- ``tool_call_tag``: free text without the tool format's tags, in which ``<tool_call>`` can
+  only open a call to a bound tool whose arguments follow that tool's JSON schema; the
+  model still chooses between answering and calling. A forced call (an assistant prefill) continues from the prefill.
 """
 
 from __future__ import annotations
@@ -140,11 +140,20 @@ def _arguments_schema(tool: dict[str, Any], max_string_chars: int) -> dict[str, 
     return _bounded_strings(schema, max_string_chars)
 
 
+ANSWER_EXCLUDES = ("<tool_response>", "</tool_response>", "</tool_call>")
+"""What the free text of a reply that may call tools can never hold: the tool format's tags
+outside a call. A small model answering after a tool's result copies that result's user
+turn whole, ``<tool_response>`` tag included; a user must never be shown that, so the
+answer is decoded without it (the reward still pays nothing for markup, where a reply is
+not decoded under this grammar)."""
+
+
 def tool_call_tag(tools: Sequence[dict[str, Any]], prefix: str = "", *,
                   max_string_chars: int = MAX_STRING_CHARS) -> str | None:
     """The structural tag of a reply that may call ``tools`` (OpenAI-style schemas).
 
-    Free text, where ``<tool_call>`` opens a call ``tool_calls.format_tool_call`` writes:
+    Free text that never holds ``ANSWER_EXCLUDES``, where ``<tool_call>`` opens a call
+    ``tool_calls.format_tool_call`` writes:
     one of the bound names, then arguments that follow that tool's schema. ``prefix`` is a
     forced call's prefill (``chat_model.forced_tool_prefix``): the grammar then starts
     inside that call, and the reply is that one call. Prose after a forced call was a
@@ -166,7 +175,8 @@ def tool_call_tag(tools: Sequence[dict[str, Any]], prefix: str = "", *,
         return None
     if not prefix:
         return _tag({"type": "triggered_tags", "triggers": ["<tool_call>"],
-                     "tags": [{"type": "tag", "begin": b, "content": a, "end": e} for b, a, e in calls]})
+                     "tags": [{"type": "tag", "begin": b, "content": a, "end": e} for b, a, e in calls],
+                     "excludes": list(ANSWER_EXCLUDES)})
     rest = []
     for begin, args, end in calls:
         if begin.startswith(prefix):

@@ -77,6 +77,17 @@ def test_tool_call_grammar_admits_prose_and_calls_to_bound_tools_only(tokenizer)
     assert not _accepts(tokenizer, tag, '<tool_call>\n{"name": 5 * 6}\n</tool_call>')  # what SmolLM2 wrote
 
 
+def test_an_answer_beside_the_tools_never_holds_the_tool_formats_tags(tokenizer):
+    """What SmolLM2 wrote after a tool's result: the result's user turn copied whole, tag
+    included. The free text of a reply that may call tools cannot hold those tags."""
+    tag = tool_call_tag(TOOLS)
+    assert _accepts(tokenizer, tag, "The population of Broukroul is 301535.")
+    assert _accepts(tokenizer, tag, "a < b and b > c")  # a bracket alone is prose
+    for copied in ("<tool_response>\nThe population of Broukroul is 301535.", "301535\n</tool_response>",
+                   "done </tool_call>"):
+        assert not _matcher(tokenizer, tag).accept_string(copied)
+
+
 @pytest.mark.parametrize("choice", ["any", "add"])
 def test_forced_call_grammar_continues_the_prefill(tokenizer, choice):
     prefix = forced_tool_prefix(choice, TOOLS)
