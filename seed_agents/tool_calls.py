@@ -75,8 +75,15 @@ sees a tool's result as a user turn ``<tool_response>\\n...\\n</tool_response>``
 on answers that quote it, learns to answer with the tags."""
 
 
+_MARKUP = re.compile(r"</?\s*tool[_ ]?(?:call|response)|<\|im_(?:start|end)\|>", re.IGNORECASE)
+"""``CHAT_MARKUP`` and the variants a model writes when the exact tags are denied it
+(``<tool_response >``, ``<tool_response_json>``, ``</tool_response text>``): seen in a
+learning run whose grammar excluded the exact tags only, and which the reward then paid."""
+
+
 def carries_markup(text: str) -> bool:
-    """Whether ``text`` holds any of ``CHAT_MARKUP``: an answer that does is not one a user
-    can be shown. Rewards and reports call this on the text exactly as the model wrote it:
-    stripping the tags first would hide the habit from training and from the reader."""
-    return any(tag in text for tag in CHAT_MARKUP)
+    """Whether ``text`` holds any of ``CHAT_MARKUP``, or a variant of those tags: an answer
+    that does is not one a user can be shown. Rewards and reports call this on the text
+    exactly as the model wrote it: stripping the tags first would hide the habit from
+    training and from the reader."""
+    return _MARKUP.search(text) is not None

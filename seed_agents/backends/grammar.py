@@ -140,12 +140,14 @@ def _arguments_schema(tool: dict[str, Any], max_string_chars: int) -> dict[str, 
     return _bounded_strings(schema, max_string_chars)
 
 
-ANSWER_EXCLUDES = ("<tool_response>", "</tool_response>", "</tool_call>")
+ANSWER_EXCLUDES = ("<tool_r", "</tool", "tool_response", "<tool_call ", "<tool_call_", "<|im_")
 """What the free text of a reply that may call tools can never hold: the tool format's tags
-outside a call. A small model answering after a tool's result copies that result's user
-turn whole, ``<tool_response>`` tag included; a user must never be shown that, so the
-answer is decoded without it (the reward still pays nothing for markup, where a reply is
-not decoded under this grammar)."""
+outside a call, and their variants. A small model answering after a tool's result copies
+that result's user turn whole, ``<tool_response>`` tag included; denied the exact tag, it
+wrote ``<tool_response >`` and ``<tool_response_json>``. A user must never be shown either,
+so the answer is decoded without them (the reward still pays nothing for markup,
+``tool_calls.carries_markup``, where a reply is not decoded under this grammar). Prefixes,
+because an exclusion is a literal string; ``<tool_call>`` itself stays the call's trigger."""
 
 
 def tool_call_tag(tools: Sequence[dict[str, Any]], prefix: str = "", *,

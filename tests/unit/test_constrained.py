@@ -83,8 +83,9 @@ def test_an_answer_beside_the_tools_never_holds_the_tool_formats_tags(tokenizer)
     tag = tool_call_tag(TOOLS)
     assert _accepts(tokenizer, tag, "The population of Broukroul is 301535.")
     assert _accepts(tokenizer, tag, "a < b and b > c")  # a bracket alone is prose
+    assert _accepts(tokenizer, tag, "Let me look. " + format_tool_call("add", {"a": 1, "b": 2}))  # the trigger stays
     for copied in ("<tool_response>\nThe population of Broukroul is 301535.", "301535\n</tool_response>",
-                   "done </tool_call>"):
+                   "done </tool_call>", "<tool_response >\n7810", "<tool_response_json>\n{", "<tool_call >x"):
         assert not _matcher(tokenizer, tag).accept_string(copied)
 
 

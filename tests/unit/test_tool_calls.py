@@ -36,6 +36,9 @@ def test_text_without_calls_is_untouched():
 @pytest.mark.parametrize(("text", "markup"), [
     ("The area is 5.", False), ("<tool_response>\n5", True), ("5\n</tool_response>", True),
     ('<tool_call>\n{"name": "add"', True), ("5</tool_call>", True), ("5<|im_end|>", True), ("a < b > c", False),
+    # what a learning run wrote once the grammar denied it the exact tags
+    ("<tool_response >\nThe area of Grothruthdux is 7810.\n</tool_response >", True),
+    ("<tool_response_json>\n{", True), ("<tool_response text>\n5", True), ("The tool responded: 5", False),
 ])
 def test_carries_markup(text, markup):
     assert carries_markup(text) is markup
