@@ -7,6 +7,8 @@ pydantic's multi-line report.
 
 from __future__ import annotations
 
+import copy
+
 from pathlib import Path
 from typing import Any
 
@@ -126,11 +128,13 @@ def laid_over(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
 
 
 def _laid_over(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
-    """``over`` laid over ``base``: a section both hold merges key by key, anything else is ``over``'s."""
-    merged = dict(base)
+    """``over`` laid over ``base``: a section both hold merges key by key, anything else is ``over``'s.
+    A new mapping all the way down: the flags are merged into the result in place, and a
+    section shared with a module-level preset would carry one call's flags into the next."""
+    merged = copy.deepcopy(base)
     for key, value in over.items():
         below = merged.get(key)
-        merged[key] = _laid_over(below, value) if isinstance(below, dict) and isinstance(value, dict) else value
+        merged[key] = _laid_over(below, value) if isinstance(below, dict) and isinstance(value, dict) else copy.deepcopy(value)
     return merged
 
 

@@ -66,3 +66,14 @@ def test_the_preset_sits_under_the_config_and_the_flags(tmp_path):
     assert bare == TrainConfig()  # no preset: the defaults (naming a task source leaves the main job out)
     with pytest.raises(SystemExit):
         _parser().parse_args(["train", "--preset", "nope"])
+
+
+def test_a_command_lines_flags_never_reach_the_next_command(tmp_path):
+    """The main job and the presets are module-level mappings laid under each command's
+    config: one call's flags merged into a shared section leaked into the next call."""
+    first = build_train_config(_parser().parse_args(["train", "--trainer.report-to", "tensorboard",
+                                                     "--base-url", "http://127.0.0.1:9", "--preset", "paper"]))
+    assert first.trainer.report_to == ["tensorboard"] and first.backend.base_url
+    for argv in (["train"], ["train", "--preset", "paper"]):
+        again = build_train_config(_parser().parse_args(argv))
+        assert again.trainer.report_to == [] and again.backend.base_url == TrainConfig().backend.base_url
