@@ -11,7 +11,7 @@ group 8, T 0.5, LoRA r8, a constant 3e-4, fp32), a few updates, no held-out eval
 
 Each side is one ``seed-agents train`` run in its own process, the same seed and tasks, the
 only difference ``trainer.release_memory``; sides alternate (on, off, off, on, ...) so drift
-on a shared machine hits both. Per side: the process's peak RSS (``ru_maxrss``), the median
+on a shared machine hits both. Per side: the process's peak RSS (``seed_agents.memory``), the median
 update's seconds (``step_time``) and its rollout and scoring shares from metrics.jsonl. Both
 sides sample the same tokens (the trim changes no value; tests/unit/test_train_cli.py), so
 their batches are the same and the time is what the trim costs.
