@@ -43,7 +43,7 @@ from seed_agents.trainers.activations import ActivationCost, budget_bytes, recom
 from seed_agents.trainers.activations import measure as measure_activations
 from seed_agents.trainers.head import completion_logps, plain_head
 from seed_agents.trainers.shared_prefix import PromptKV, logps_on_prompt_kv, shared_prefix_logps
-from seed_agents.trainers.shared_prefix import checkpointed_layers
+from seed_agents.trainers.shared_prefix import checkpointed_layers, recomputes
 from seed_agents.trainers.shared_prefix import supported as prefix_supported
 from seed_agents.types import Row, Task, Trajectory
 
@@ -348,7 +348,7 @@ class SEEDTrainer(GRPOTrainer):
                                         [completion_lens[i] for i in rows], keep=keep)
             elif keep is not None and plain_head(model) is not None:
                 logps, entropies = completion_logps(model, ids, mask, c, keep, compute_entropy=compute_entropy,
-                                                    autocast=self.accelerator.autocast)
+                                                    autocast=self.accelerator.autocast, recompute=recomputes(model))
             else:
                 logps, entropies, _ = super()._get_per_token_logps_and_entropies(
                     model, ids, mask, c, compute_entropy=compute_entropy)
