@@ -73,3 +73,29 @@ def test_this_process_peak_per_phase():
     small = peaks.phase_gb()
     assert big - small > 0.2, (big, small)
     assert peaks.process_gb() >= big
+
+
+@needs_proc
+def test_a_batch_keeps_one_decode_steps_logits_at_a_time(tiny_model_dir):
+    """The log-probs of a batch's sampled tokens are taken step by step: its (rows, steps, vocab)
+    logits are never held at once, nor stacked, nor log-softmaxed whole (here 16 x 48 x 49k fp32,
+    150 MB each)."""
+    from seed_agents.backends.local import LocalBackend
+    from seed_agents.types import SamplingParams
+
+    backend = LocalBackend(tiny_model_dir, max_batch_size=16, turn_cache_bytes=0)
+    prompts = [[1, 2, 3, 4 + i] for i in range(16)]
+    params = SamplingParams(max_tokens=48, temperature=1.0)
+    backend._generate_batch(prompts, params, seeds=list(range(16)))  # warm: the first forward's allocations
+    memory.release_free_memory()
+    peaks = memory.PeakRSS()
+    for drop_finished in (True, False):
+        backend.drop_finished = drop_finished
+        memory.release_free_memory()
+        assert peaks.reset()
+        before = peaks.phase_gb()
+        comps = backend._generate_batch(prompts, params, seeds=list(range(16)))
+        grown = peaks.phase_gb() - before
+        assert sum(len(c.token_ids) for c in comps) > 16 * 40, "the batch decoded its steps"
+        limit = (0.5 if drop_finished else 1.5) * 16 * 48 * backend.model.config.vocab_size * 4 / 2**30
+        assert grown < limit, (drop_finished, grown, limit)
