@@ -38,6 +38,7 @@ rows), so its rollout phase has no figure. Writes ``docs/results/run_memory_phas
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import sys
@@ -255,8 +256,9 @@ def trl_side(rows_path: Path, out: Path, model_name: str, seed: int, bf16: bool)
 
 def run_phases(args: argparse.Namespace) -> int:
     started = bench_results.now()
-    with tempfile.TemporaryDirectory(prefix="run_memory-phases-") as d:
+    with (contextlib.nullcontext(str(args.work)) if args.work else tempfile.TemporaryDirectory(prefix="run_memory-phases-")) as d:
         work = Path(d)
+        work.mkdir(parents=True, exist_ok=True)
         ours, config = run_ours(args, work)
         out = Path(config["out"])
         fmt = json.loads((out / "format.json").read_text()) if (out / "format.json").exists() else {}
@@ -298,6 +300,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="Peak RSS per phase of the main job's config, beside TRL's GRPOTrainer on the same batch.")
     ap.add_argument("--config", type=Path, default=None, help="With --phases: a train config YAML instead of the main job's.")
     ap.add_argument("--heldout", type=int, default=32, help="With --phases: held-out tasks evaluated after the last update.")
+    ap.add_argument("--work", type=Path, default=None,
+                    help="With --phases: keep the runs here (configs, logs, run folders) instead of a temporary folder.")
     ap.add_argument("--result-name", default=None, help="The result file's name (default run_memory, run_memory_phases).")
     ap.add_argument("--trl-rows", type=Path, help=argparse.SUPPRESS)  # the TRL side's own process
     ap.add_argument("--trl-out", type=Path, help=argparse.SUPPRESS)
