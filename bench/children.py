@@ -18,14 +18,14 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def run_logged(cmd: list[str], log: Path) -> tuple[int, float]:
-    """Run ``cmd`` from the checkout (on its ``PYTHONPATH``), its output appended to ``log``
-    after the command line; (exit status, wall seconds)."""
+    """Run ``cmd`` from the checkout (first on its ``PYTHONPATH``, the caller's after it), its output
+    appended to ``log`` after the command line; (exit status, wall seconds)."""
     t0 = time.perf_counter()
     with log.open("a", encoding="utf-8") as f:
         f.write(f"\n$ {' '.join(cmd)}\n")
         f.flush()
-        proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT,
-                              env={**os.environ, "PYTHONPATH": str(ROOT)})
+        path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+        proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT, env={**os.environ, "PYTHONPATH": path})
     return proc.returncode, time.perf_counter() - t0
 
 

@@ -60,7 +60,10 @@ def run_side(name: str, flags: list[str], work: Path) -> dict[str, Any]:
     wall = time.perf_counter() - t0
     summary_path = folder / "runs" / "train" / "summary.json"
     summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
-    side = {"exit": proc.returncode, "wall_s": wall, "peak_rss_gb": usage.ru_maxrss / 1024**2, "summary": summary,
+    # the child resets its high-water mark per phase (which resets ru_maxrss too) and carries the
+    # process's peak itself: the larger of the two is the process's peak
+    peak = max(usage.ru_maxrss / 1024**2, summary.get("peak_rss_gb") or 0.0)
+    side = {"exit": proc.returncode, "wall_s": wall, "peak_rss_gb": peak, "summary": summary,
             "log_tail": log.read_text(encoding="utf-8", errors="replace").splitlines()[-40:]}
     print(f"{name}: exit {proc.returncode}, {wall:.0f} s, peak RSS {side['peak_rss_gb']:.2f} GB", flush=True)
     return side

@@ -4,7 +4,7 @@ Each side is one ``seed-agents train`` iteration (rollout + update) in its own p
 with the settings of ``bench/sample_efficiency.py`` (SmolLM2, TextWorld, 2 tasks x 4
 episodes, 3 turns, full fine-tuning, fp32) and the same seed; the only difference is
 ``trainer.gradient_checkpointing``. Sides alternate (off, on, off, on, ...) so drift on a
-shared machine hits both. Reported per side: the process's peak RSS (``ru_maxrss``), the
+shared machine hits both. Reported per side: the process's peak RSS (``seed_agents.memory``), the
 update time (``step_time - time/rollout_s`` from metrics.jsonl) and the batch's rows.
 Rollouts are sampled, so the two sides' batches are alike but not identical; the
 update time is what checkpointing costs, the peak RSS is what it saves.
@@ -43,11 +43,15 @@ from bench import results as bench_results  # noqa: E402
 # the paper's iteration: 16 tasks x 8 episodes of up to 30 turns with a 3B model (on GPUs)
 PAPER = {"model": "Qwen2.5-3B-Instruct", "tasks_per_iteration": 16, "group_size": 8, "max_turns": 30}
 LABELS = {"model": "model", "tasks_per_iteration": "tasks/update", "group_size": "group size", "max_turns": "max turns"}
+# the process's peak across the trainer's per-phase resets (ru_maxrss reads the peak since the last one)
 CHILD = (
-    "import json, resource, sys\n"
+    "import resource, sys\n"
     "from seed_agents.app.cli import main\n"
+    "from seed_agents.memory import PEAK_RSS\n"
     "rc = main(['train', '--config', sys.argv[1]])\n"
-    "print('PEAK_RSS_KB=' + str(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss))\n"
+    "peak = PEAK_RSS.process_gb()\n"
+    "kb = round(peak * 2**20) if peak is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+    "print('PEAK_RSS_KB=' + str(kb))\n"
     "sys.exit(rc)\n"
 )
 

@@ -45,3 +45,68 @@ def release_free_memory() -> bool:
         return False
     trim(0)
     return True
+
+
+# -- peak resident memory per phase ----------------------------------------------------------
+
+class PeakRSS:
+    """The peak resident memory of each phase of a process, exactly and for free: Linux keeps
+    a process's high-water mark (``VmHWM`` in ``/proc/self/status``) and writing ``5`` to
+    ``/proc/self/clear_refs`` resets it to the current RSS. Sampling RSS from a thread would
+    miss a peak between samples; ``tracemalloc`` sees no torch tensor.
+
+    A reset also resets what ``getrusage`` reports (``ru_maxrss``, and so ``/usr/bin/time`` and
+    a parent's ``RUSAGE_CHILDREN``): those read the peak since the last reset. ``process_gb``
+    is the whole process's peak, carried across resets. Where ``/proc`` has no such files, or
+    the reset is refused, every reading is None."""
+
+    def __init__(self, status: str = "/proc/self/status", clear_refs: str = "/proc/self/clear_refs") -> None:
+        self.status, self.clear_refs = status, clear_refs
+        # the largest high-water mark read so far: the kernel's counters are approximate by a few
+        # pages, so a later reading may fall just short of an earlier one
+        self._seen_kb = 0
+        self._reset = False  # whether a reset has worked: only then is a reading a phase's
+
+    def _hwm_kb(self) -> int | None:
+        try:
+            with open(self.status, encoding="ascii") as file:
+                for line in file:
+                    if line.startswith("VmHWM:"):
+                        return int(line.split()[1])
+        except (OSError, ValueError, IndexError):
+            return None
+        return None
+
+    def reset(self) -> bool:
+        """Start a phase: the high-water mark from now on. Whether it could."""
+        hwm = self._hwm_kb()
+        if hwm is None:
+            return False
+        try:
+            with open(self.clear_refs, "w", encoding="ascii") as file:
+                file.write("5")
+        except OSError:
+            self._reset = False
+            return False
+        self._seen_kb = max(self._seen_kb, hwm)
+        self._reset = True
+        return True
+
+    def phase_gb(self) -> float | None:
+        """The peak RSS since the last ``reset``, in GB of 2**30 bytes (the project's peaks are
+        ``ru_maxrss`` KiB / 2**20, so the figures compare); None without a reset."""
+        hwm = self._hwm_kb() if self._reset else None
+        if hwm is None:
+            return None
+        self._seen_kb = max(self._seen_kb, hwm)
+        return hwm / 2**20
+
+    def process_gb(self) -> float | None:
+        """The process's peak RSS (GB of 2**30 bytes) since it started, across resets; None
+        without ``/proc``."""
+        hwm = self._hwm_kb()
+        return None if hwm is None else max(hwm, self._seen_kb) / 2**20
+
+
+PEAK_RSS = PeakRSS()
+"""This process's: the trainer resets it at each phase, whose peaks go to metrics.jsonl."""

@@ -21,6 +21,7 @@ import contextlib
 from typing import Any
 
 import torch
+from torch.utils.checkpoint import checkpoint
 from trl.trainer.utils import entropy_from_logits, selective_log_softmax
 
 from seed_agents.models import SCALED_LOGITS
@@ -44,19 +45,30 @@ def plain_head(model: Any) -> tuple[torch.nn.Module, torch.nn.Module] | None:
 
 
 def head_logps(hidden: torch.Tensor, targets: torch.Tensor, keep: torch.Tensor, head: torch.nn.Module, *,
-               compute_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+               compute_entropy: bool = False, recompute: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Per-token log-probs (and entropies) of ``targets`` at the ``keep`` positions, 0 elsewhere.
 
     ``hidden``: (B, T, H), position t the state that predicts ``targets[:, t]``; ``keep``: (B, T)
     bool. The head runs on the kept rows only (in the caller's autocast, as the model's forward
-    would run it), the softmax in fp32 as TRL's scorer does."""
+    would run it), the softmax in fp32 as TRL's scorer does.
+
+    ``recompute`` (under gradients, where the model's layers are checkpointed): the head keeps its
+    kept hidden states only and runs again in backward. Kept instead, its fp32 logits, their
+    log-softmax and the entropy's probabilities (three (kept, vocab) tensors: 0.6 MB a position over
+    SmolLM2's 49k vocab) would stay alive per loss chunk until backward. The replay computes the same
+    numbers with the same operations (autocast included), so the gradients are the same bits."""
     keep = keep.bool()
-    logits = head(hidden[keep]).float()
-    if not logits.size(0):  # nothing trained here: a zero still attached to the graph
-        logps = entropies = logits.sum(-1)
-    else:  # one (1, K, V) block: TRL's log-softmax loops over the first dimension
-        logps = selective_log_softmax(logits[None], targets[keep][None])[0]
-        entropies = entropy_from_logits(logits) if compute_entropy else None
+    kept, kept_targets = hidden[keep], targets[keep]
+
+    def run(h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        logits = head(h).float()
+        if not logits.size(0):  # nothing trained here: a zero still attached to the graph
+            return logits.sum(-1), (logits.sum(-1) if compute_entropy else None)
+        # one (1, K, V) block: TRL's log-softmax loops over the first dimension
+        logps = selective_log_softmax(logits[None], kept_targets[None])[0]
+        return logps, (entropy_from_logits(logits) if compute_entropy else None)
+
+    logps, entropies = checkpoint(run, kept, use_reentrant=False) if recompute and kept.size(0) else run(kept)
     out = logps.new_zeros(keep.shape).masked_scatter(keep, logps)
     if not compute_entropy:
         return out, None
@@ -64,11 +76,11 @@ def head_logps(hidden: torch.Tensor, targets: torch.Tensor, keep: torch.Tensor, 
 
 
 def completion_logps(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: int,
-                     keep: torch.Tensor, *, compute_entropy: bool = False,
-                     autocast: Any = contextlib.nullcontext) -> tuple[torch.Tensor, torch.Tensor | None]:
+                     keep: torch.Tensor, *, compute_entropy: bool = False, autocast: Any = contextlib.nullcontext,
+                     recompute: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """TRL's scorer for rows laid out as TRL lays them out (left-padded prompt, right-padded
     completion of ``logits_to_keep`` columns), with the head at the ``keep`` positions of the
-    completion only. ``model`` must have a ``plain_head``."""
+    completion only. ``model`` must have a ``plain_head``; ``recompute``: ``head_logps``'."""
     parts = plain_head(model)
     if parts is None:
         raise ValueError("completion_logps needs a model whose logits are its head over its decoder (plain_head)")
@@ -76,4 +88,4 @@ def completion_logps(model: Any, input_ids: torch.Tensor, attention_mask: torch.
     with autocast():
         hidden = decoder(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
         return head_logps(hidden[:, -(logits_to_keep + 1):-1], input_ids[:, -logits_to_keep:], keep, head,
-                          compute_entropy=compute_entropy)
+                          compute_entropy=compute_entropy, recompute=recompute)

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 import torch
+from transformers import TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 from trl.trainer.utils import RepeatSampler
 
@@ -37,12 +38,12 @@ from seed_agents.backends.prefix import common_prefix_len, worth_sharing
 from seed_agents.config.core import PAPER, PAPER_LEARNING_RATE
 from seed_agents.distill import SEEDCoefficients, group_advantages, seed_objective
 from seed_agents.errors import NoTrainableRows
-from seed_agents.memory import release_free_memory
+from seed_agents.memory import PEAK_RSS, release_free_memory
 from seed_agents.trainers.activations import ActivationCost, budget_bytes, recompute
 from seed_agents.trainers.activations import measure as measure_activations
 from seed_agents.trainers.head import completion_logps, plain_head
 from seed_agents.trainers.shared_prefix import PromptKV, logps_on_prompt_kv, shared_prefix_logps
-from seed_agents.trainers.shared_prefix import checkpointed_layers
+from seed_agents.trainers.shared_prefix import checkpointed_layers, recomputes
 from seed_agents.trainers.shared_prefix import supported as prefix_supported
 from seed_agents.types import Row, Task, Trajectory
 
@@ -249,6 +250,26 @@ class _TeacherRequest:
     done: torch.Tensor
 
 
+def _log_peak(metrics: dict[str, list[float]], name: str) -> None:
+    """The phase's peak RSS (``seed_agents.memory.PEAK_RSS``) as the step's metric ``name``;
+    nothing where it cannot be measured."""
+    peak = PEAK_RSS.phase_gb()
+    if peak is not None:
+        metrics[name].append(peak)
+
+
+class _UpdatePeak(TrainerCallback):
+    """The update's peak RSS (loss forward, backward, optimizer step), read when the step ends,
+    before a weight sync or held-out evaluation starts (this callback is registered before
+    those of ``seed_agents.app.train``) and before the step's metrics are logged."""
+
+    def __init__(self, trainer: GRPOTrainer) -> None:
+        self.trainer = trainer
+
+    def on_step_end(self, args, state, control, **kw):  # noqa: ANN001
+        _log_peak(self.trainer._metrics["train"], "mem/update_peak_gb")
+
+
 class SEEDTrainer(GRPOTrainer):
     """Thin subclass: our rollouts and our loss; TRL's everything else."""
 
@@ -261,6 +282,7 @@ class SEEDTrainer(GRPOTrainer):
         self._teacher_request: _TeacherRequest | None = None
         self._activation_cost: ActivationCost | None = None
         self._keeping: bool | None = None  # the last update's choice, to print only the changes
+        self.add_callback(_UpdatePeak(self))
 
     def _get_train_sampler(self, dataset: Any = None) -> EpochSeededSampler:
         dataset = self.train_dataset if dataset is None else dataset
@@ -326,7 +348,7 @@ class SEEDTrainer(GRPOTrainer):
                                         [completion_lens[i] for i in rows], keep=keep)
             elif keep is not None and plain_head(model) is not None:
                 logps, entropies = completion_logps(model, ids, mask, c, keep, compute_entropy=compute_entropy,
-                                                    autocast=self.accelerator.autocast)
+                                                    autocast=self.accelerator.autocast, recompute=recomputes(model))
             else:
                 logps, entropies, _ = super()._get_per_token_logps_and_entropies(
                     model, ids, mask, c, compute_entropy=compute_entropy)
@@ -390,20 +412,25 @@ class SEEDTrainer(GRPOTrainer):
 
     def _generate_and_score_completions(self, generation_batch: list[dict[str, Any]]) -> dict[str, Any]:
         tasks = list({t.task_id: t for t in (Task.model_validate_json(x["prompt"]) for x in generation_batch)}.values())
+        metrics = self._metrics["train"]
+        PEAK_RSS.reset()
         t0 = time.perf_counter()
         # The iteration is the optimizer step about to happen: stable across --resume.
         batch = self.rollout.collect(tasks, self.num_generations, self.state.global_step)
+        _log_peak(metrics, "mem/rollout_peak_gb")
         if self.args.release_memory:  # the episodes' key/value caches, freed, before scoring grows the heap
             release_free_memory()
         t_rollout = time.perf_counter() - t0
         self.last_batch = batch
+        PEAK_RSS.reset()
         t1 = time.perf_counter()
         out = self.score_batch(batch)
+        _log_peak(metrics, "mem/score_peak_gb")
         if self.args.release_memory:  # the scoring passes' logits, before the loss forward
             release_free_memory()
         t_score = time.perf_counter() - t1
+        PEAK_RSS.reset()  # the update's: read at the step's end (_UpdatePeak)
 
-        metrics = self._metrics["train"]
         for name, value in batch.metrics.items():
             metrics[name].append(value)
         measured = [t.reward for t in batch.trajectories if t.fault is None]  # faults carry no reward

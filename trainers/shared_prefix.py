@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch.utils.checkpoint import checkpoint
 from transformers.cache_utils import DynamicCache
 from trl.trainer.utils import entropy_from_logits, selective_log_softmax
 
@@ -98,9 +99,9 @@ def supported(model: Any) -> bool:
 
 @contextlib.contextmanager
 def _checkpointing(model: Any, *, prefix: bool) -> Iterator[None]:
-    """The prefix forward runs without checkpointing (it fills a cache, which a replay would
-    fill twice; it is one row, so its activations are small); the rows' forward keeps
-    checkpointing and is told its cache is read-only."""
+    """The prefix forward's layers run unchecked (it fills a cache, which a replayed layer would
+    fill twice; ``_prefix_kv`` checkpoints the prefix forward as a whole instead); the rows'
+    forward keeps checkpointing and is told its cache is read-only."""
     layers = checkpointed_layers(model)
     saved = [(m.gradient_checkpointing, m.__dict__.get("_can_checkpoint_with_cache")) for m in layers]
     for m in layers:
@@ -117,6 +118,28 @@ def _checkpointing(model: Any, *, prefix: bool) -> Iterator[None]:
                 m.__dict__.pop("_can_checkpoint_with_cache", None)
             else:
                 m._can_checkpoint_with_cache = can
+
+
+def recomputes(model: Any) -> bool:
+    """Whether a forward now should keep only what its checkpointed layers keep: under gradients,
+    with the model's layers checkpointed (``gradient_checkpointing`` on, and not switched off for
+    an update whose activations fit: ``trainers.activations``)."""
+    return torch.is_grad_enabled() and bool(checkpointed_layers(model))
+
+
+def _prefix_kv(model: Any, prefix: torch.Tensor, autocast: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The prefix's keys and values (``prefix_kv``), its layers run unchecked (a replayed layer would
+    fill the cache twice). Where the model's layers recompute (``recomputes``), the prefix forward
+    is one checkpoint as a whole: it keeps its input ids and keys and values, and runs again in
+    backward. Kept instead, every layer's activations of a few hundred prefix tokens would stay
+    alive per loss chunk until backward, more than the chunk's checkpointed rows keep. The replay
+    computes the same numbers with the same operations, so the gradients are the same bits."""
+    def run(ids: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        with _checkpointing(model, prefix=True), autocast():
+            return tuple(t for layer in prefix_kv(model, ids) for t in layer)
+
+    flat = checkpoint(run, prefix, use_reentrant=False) if recomputes(model) else run(prefix)
+    return list(zip(flat[0::2], flat[1::2], strict=True))
 
 
 def shared_prefix_logps(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: int,
@@ -140,8 +163,7 @@ def shared_prefix_logps(model: Any, input_ids: torch.Tensor, attention_mask: tor
     first = prompt_width - int(prompt_lens[0])
     prefix = input_ids[:1, first:first + prefix_len]
     cache_kw = cache_kwarg(model)
-    with _checkpointing(model, prefix=True), autocast():
-        kv = prefix_kv(model, prefix)
+    kv = _prefix_kv(model, prefix, autocast)
 
     # each row's own tokens: drop its prefix columns, keep TRL's layout for the rest
     rest_width = int((prompt_lens - prefix_len).max())
@@ -167,7 +189,7 @@ def shared_prefix_logps(model: Any, input_ids: torch.Tensor, attention_mask: tor
             hidden = decoder(input_ids=rest_ids, attention_mask=mask, position_ids=positions, use_cache=False,
                              **{cache_kwarg(decoder): cache}).last_hidden_state
             logps, entropies = head_logps(hidden[:, -(logits_to_keep + 1):-1], input_ids[:, prompt_width:], keep,
-                                          head, compute_entropy=compute_entropy)
+                                          head, compute_entropy=compute_entropy, recompute=recomputes(model))
     else:
         with _checkpointing(model, prefix=False), autocast():
             logits = model(input_ids=rest_ids, attention_mask=mask, position_ids=positions, use_cache=False,

@@ -39,7 +39,7 @@ from seed_agents.errors import ConfigError
 from seed_agents.faults import crash_point
 from seed_agents.graphs.hindsight import with_hindsight
 from seed_agents.imports import load_object
-from seed_agents.memory import release_free_memory
+from seed_agents.memory import PEAK_RSS, release_free_memory
 from seed_agents.metrics import summarize
 from seed_agents.observe.run_summary import EVAL_TASKS, format_summary, run_summary
 from seed_agents.preflight import check_backend, check_out, load_suite, suite_tasks
@@ -98,6 +98,7 @@ def run_train(cfg: TrainConfig, resume: bool = False) -> dict[str, Any]:
     summary = {**run_summary(out), "iterations": trainer.state.global_step,
                "policy_version": policy.backend.policy_version, "initial_weights": str(policy.weights),
                "train_s": time.perf_counter() - t0, "wall_s": time.perf_counter() - started,
+               "peak_rss_gb": _peak_rss_gib(),
                "learning_curve": str(png) if png else None}
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     if args.process_index == 0:
@@ -404,10 +405,12 @@ def run_periodic_eval(runner: Any, tasks: list[Any], updates: int, episodes: int
     ``iteration`` is ``updates - 1`` (the iteration whose update was just applied; -1
     for the initial policy) so ``--resume`` truncates these rows like the other traces.
     """
+    PEAK_RSS.reset()
     t0 = time.perf_counter()
     with capture(eval_after_updates=updates):
         trajs = run_sync(runner.run(tasks, group_prefix=f"eval{updates}"))
     summary = summarize(trajs, time.perf_counter() - t0)
+    peak = PEAK_RSS.phase_gb()
     with JsonlSink(out / "eval_trajectories.jsonl") as sink:
         for traj in trajs:
             traj.metadata["iteration"] = updates - 1
@@ -415,7 +418,8 @@ def run_periodic_eval(runner: Any, tasks: list[Any], updates: int, episodes: int
     check_fault_budget(trajs, runner.config.max_fault_fraction, what=f"held-out episodes after {updates} updates")
     row = {"iteration": updates - 1, "updates": updates, "episodes_consumed": episodes,
            **{k: summary[k] for k in ("episodes", "episodes_measured", "faults", "success_rate", "mean_reward",
-                                      "mean_steps", "invalid_action_rate", "errors", "success_by_type", "wall_s")}}
+                                      "mean_steps", "invalid_action_rate", "errors", "success_by_type", "wall_s")},
+           **({"mem/eval_peak_gb": peak} if peak is not None else {})}
     with (out / "eval.jsonl").open("a", encoding="utf-8") as file:
         file.write(json.dumps(row) + "\n")
     print(f"eval after {updates:>3} updates ({episodes} training episodes): success {summary['success_rate']:.2f}  "
@@ -494,7 +498,7 @@ class _SyncAndLog(TrainerCallback):
         if not logs or "success_rate" not in logs or not state.is_world_process_zero:
             return
         row = {"iteration": state.global_step - 1, **logs, "policy_version_after": self.backend.policy_version,
-               "time/sync_s": self.sync_s, "time/step_s": self.step_s}
+               "time/sync_s": self.sync_s, "time/step_s": self.step_s, "mem/process_peak_gb": _peak_rss_gib()}
         with (self.out / "metrics.jsonl").open("a", encoding="utf-8") as file:
             file.write(json.dumps(row) + "\n")
         print(f"iter {row['iteration']:>3}  success {logs['success_rate']:.2f}  reward {logs.get('reward', 0):.2f}  "
@@ -504,11 +508,12 @@ class _SyncAndLog(TrainerCallback):
 
 
 def _peak_rss_gib() -> float:
-    """This process's peak resident memory so far (Linux reports KiB). Printed, not written to
-    metrics.jsonl: a resumed run's peak differs from an unbroken one's, and the exact-resume tests
-    compare those rows. A learning run's update has peaked at 15-20 GB on a 23 GB machine (an OOM
-    kill once); the line shows which update raised it."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    """This process's peak resident memory so far, across the trainer's per-phase resets
+    (``seed_agents.memory.PEAK_RSS``; where /proc lacks them, ``ru_maxrss``, which Linux reports in
+    KiB). A resumed run's peak differs from an unbroken one's: the exact-resume tests leave the
+    ``mem/`` keys out. The printed line shows which update raised it."""
+    peak = PEAK_RSS.process_gb()
+    return peak if peak is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
 
 
 def _barrier() -> None:

@@ -47,8 +47,10 @@ def sample_until_done(model: Any, input_ids: torch.Tensor, attention: torch.Tens
                       position_ids: torch.Tensor | None, processors: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
                       stop_ids: Sequence[int], max_new: int, pad_id: int, should_stop: Callable[[], bool] = lambda: False,
                       streamer: Any = None,
-                      after_prefill: Callable[[Any], None] | None = None) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    """Decode up to ``max_new`` tokens a row; (new ids [B, steps], each step's raw fp32 logits [B, V]).
+                      after_prefill: Callable[[Any], None] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Decode up to ``max_new`` tokens a row; (new ids [B, steps], their raw log-probs [B, steps]:
+    ``chosen_logprobs`` of each step's fp32 logits, taken as the step ends so no step's
+    (rows, vocab) logits outlive it).
 
     ``input_ids``/``attention`` span every column, those ``cache`` already holds first (as
     ``generate`` takes them). A row's ids after its stop token are ``pad_id``; ``should_stop()`` ends the whole batch after
@@ -70,7 +72,7 @@ def sample_until_done(model: Any, input_ids: torch.Tensor, attention: torch.Tens
     last_pos = position_ids[:, -1]  # of each row in the forward, the position of its last token
     active = torch.arange(batch)
     unfinished = torch.ones(batch, dtype=torch.bool)
-    raw_steps: list[torch.Tensor] = []
+    logp_steps: list[torch.Tensor] = []
     if streamer is not None:
         streamer.put(input_ids.cpu())
     for step in range(max_new):
@@ -81,9 +83,9 @@ def sample_until_done(model: Any, input_ids: torch.Tensor, attention: torch.Tens
         logits = out.logits[:, -1].to(copy=True, dtype=torch.float32)
         if len(active) < batch:  # finished rows: zeros, never read
             logits = logits.new_zeros((batch, logits.shape[-1])).index_copy_(0, active, logits)
-        raw_steps.append(logits)
         chosen = processors(ids, logits).argmax(-1)
         chosen = torch.where(unfinished, chosen, torch.full_like(chosen, pad_id))
+        logp_steps.append(chosen_logprobs([logits], chosen[:, None])[:, 0])
         ids = torch.cat([ids, chosen[:, None]], dim=1)
         mask = torch.cat([mask, mask.new_ones((batch, 1))], dim=1)
         if streamer is not None:
@@ -100,4 +102,14 @@ def sample_until_done(model: Any, input_ids: torch.Tensor, attention: torch.Tens
         step_pos = last_pos[:, None]
     if streamer is not None:
         streamer.end()
-    return ids[:, input_ids.shape[1]:], raw_steps
+    return ids[:, input_ids.shape[1]:], torch.stack(logp_steps, dim=1)
+
+
+def chosen_logprobs(steps: Sequence[torch.Tensor], ids: torch.Tensor) -> torch.Tensor:
+    """The raw log-probs [B, T] of ``ids`` [B, T] under each step's logits [B, V]: each step's
+    log-softmax in fp32, one step at a time: stacked first, a batch's (rows, steps, vocab) logits
+    and their log-softmax would be two more copies of every step's logits at once (32 rows of 64
+    tokens over a 49k vocab: 0.4 GB each). The same bits: the log-softmax runs row by row over the
+    vocabulary either way."""
+    return torch.stack([step.float().log_softmax(-1).gather(-1, ids[:, t:t + 1]).squeeze(-1)
+                        for t, step in enumerate(steps)], dim=1)

@@ -61,7 +61,7 @@ from transformers.cache_utils import DynamicCache, StaticCache
 
 from seed_agents.aio import stop_at_exit
 from seed_agents.backends.base import BackendError, CompletionPiece
-from seed_agents.backends.decode import sample_until_done
+from seed_agents.backends.decode import chosen_logprobs, sample_until_done
 from seed_agents.backends.grammar import grammar_mask
 from seed_agents.backends.growing_cache import GrowingCache
 from seed_agents.backends.prefix import cache_kwarg, prefix_groups, prefix_kv, worth_sharing
@@ -483,7 +483,7 @@ class LocalBackend:
                 processors.append(_RowSampler([int(torch.randint(0, 2**62, ())) if s is None else s for s in seeds]))
             if self.drop_finished:
                 key = cache_kwarg(self.model)
-                new, raw = sample_until_done(
+                new, tok_logps = sample_until_done(
                     self.model, input_ids, attention, cache=extra.get(key), cache_kwarg=key,
                     position_ids=extra.get("position_ids"), processors=processors, stop_ids=sorted(stop),
                     max_new=params.max_tokens, pad_id=self.pad_id, streamer=streamer,
@@ -502,9 +502,9 @@ class LocalBackend:
                                           stopping_criteria=_stopping_criteria(should_stop), streamer=streamer,
                                           logits_processor=processors, **extra)
                 self._store_turns(out.past_key_values, attention, prompts, owners)
-                new, raw = out.sequences[:, input_ids.shape[1]:], out.logits
-        logps = torch.stack(raw, dim=1).float().log_softmax(-1)  # [B, T, V]
-        tok_logps = logps.gather(-1, new.unsqueeze(-1)).squeeze(-1)
+                new = out.sequences[:, input_ids.shape[1]:]
+                tok_logps = chosen_logprobs(out.logits, new)
+                del out  # every step's logits
         if mask is not None:  # the logprob under the mask the token was sampled from, as vLLM reports it
             tok_logps = tok_logps - mask.log_mass_B_T(tok_logps.shape[1])
         comps = []

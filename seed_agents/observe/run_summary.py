@@ -164,6 +164,8 @@ def format_summary(summary: dict[str, Any]) -> str:
     if "wall_s" in summary:
         minutes, seconds = divmod(round(summary["wall_s"]), 60)
         lines.append(f"  wall time: {minutes} min {seconds} s")
+    if summary.get("peak_rss_gb") is not None:
+        lines.append(f"  peak memory (RSS): {summary['peak_rss_gb']:.1f} GiB")
     if "learning_curve" in summary:
         lines.append(f"  learning curve: {summary['learning_curve'] or 'not written (no metrics rows)'}")
     return "\n".join(lines)

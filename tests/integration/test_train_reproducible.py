@@ -68,9 +68,9 @@ def train(config: Path, out: Path) -> None:
 
 
 def metrics(out: Path) -> list[dict[str, Any]]:
-    """metrics.jsonl without wall-clock timings (they differ in every run)."""
+    """metrics.jsonl without wall-clock timings and memory peaks (they differ in every run)."""
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    return [{k: v for k, v in r.items() if not (k.startswith("time/") or k == "step_time")} for r in rows]
+    return [{k: v for k, v in r.items() if not (k.startswith(("time/", "mem/")) or k == "step_time")} for r in rows]
 
 
 def calls(out: Path) -> list[tuple]:

@@ -28,3 +28,74 @@ def test_freed_heap_blocks_leave_the_resident_set_only_when_released():
 def test_without_malloc_trim_it_does_nothing(monkeypatch):
     monkeypatch.setattr(memory, "_malloc_trim", lambda: None)
     assert memory.release_free_memory() is False
+
+
+def _status(path, hwm_kb: int) -> None:
+    path.write_text(f"Name:\tpython\nVmPeak:\t 9999999 kB\nVmHWM:\t {hwm_kb} kB\nVmRSS:\t 1000 kB\n")
+
+
+def test_a_phase_peak_is_the_high_water_mark_since_its_reset_and_the_process_peak_survives_resets(tmp_path):
+    status, clear = tmp_path / "status", tmp_path / "clear_refs"
+    peaks = memory.PeakRSS(str(status), str(clear))
+    _status(status, 3 * 2**20)
+    assert peaks.phase_gb() is None, "no phase before a reset"
+    assert peaks.process_gb() == 3.0
+    assert peaks.reset() is True and clear.read_text() == "5"
+    _status(status, 2**20)  # the kernel's mark, reset to the RSS then, has grown to 1 GiB since
+    assert peaks.phase_gb() == 1.0 and peaks.process_gb() == 3.0
+    assert peaks.reset() is True
+    _status(status, 4 * 2**20)
+    assert peaks.phase_gb() == 4.0 and peaks.process_gb() == 4.0
+
+
+def test_without_proc_or_a_refused_reset_a_phase_reads_none(tmp_path):
+    missing = memory.PeakRSS(str(tmp_path / "no-status"), str(tmp_path / "clear_refs"))
+    assert missing.reset() is False and missing.phase_gb() is None and missing.process_gb() is None
+    status = tmp_path / "status"
+    _status(status, 2**20)
+    refused = memory.PeakRSS(str(status), str(tmp_path / "no-such-dir" / "clear_refs"))
+    assert refused.reset() is False and refused.phase_gb() is None
+    assert refused.process_gb() == 1.0, "the process's peak needs no reset"
+
+
+needs_proc = pytest.mark.skipif(not memory.PeakRSS().reset(), reason="needs Linux's /proc/self/clear_refs")
+
+
+@needs_proc
+def test_this_process_peak_per_phase():
+    peaks = memory.PeakRSS()
+    assert peaks.reset()
+    block = bytearray(256 << 20)  # zero-filled: every page touched
+    big = peaks.phase_gb()
+    del block
+    memory.release_free_memory()
+    assert peaks.reset()
+    small = peaks.phase_gb()
+    assert big - small > 0.2, (big, small)
+    assert peaks.process_gb() >= big
+
+
+@needs_proc
+def test_a_batch_keeps_one_decode_steps_logits_at_a_time(tiny_model_dir):
+    """The log-probs of a batch's sampled tokens are taken step by step: its (rows, steps, vocab)
+    logits are never held at once, nor stacked, nor log-softmaxed whole (here 16 x 48 x 49k fp32,
+    150 MB each)."""
+    from seed_agents.backends.local import LocalBackend
+    from seed_agents.types import SamplingParams
+
+    backend = LocalBackend(tiny_model_dir, max_batch_size=16, turn_cache_bytes=0)
+    prompts = [[1, 2, 3, 4 + i] for i in range(16)]
+    params = SamplingParams(max_tokens=48, temperature=1.0)
+    backend._generate_batch(prompts, params, seeds=list(range(16)))  # warm: the first forward's allocations
+    memory.release_free_memory()
+    peaks = memory.PeakRSS()
+    for drop_finished in (True, False):
+        backend.drop_finished = drop_finished
+        memory.release_free_memory()
+        assert peaks.reset()
+        before = peaks.phase_gb()
+        comps = backend._generate_batch(prompts, params, seeds=list(range(16)))
+        grown = peaks.phase_gb() - before
+        assert sum(len(c.token_ids) for c in comps) > 16 * 40, "the batch decoded its steps"
+        limit = (0.5 if drop_finished else 1.5) * 16 * 48 * backend.model.config.vocab_size * 4 / 2**30
+        assert grown < limit, (drop_finished, grown, limit)

@@ -171,3 +171,59 @@ def test_prefix_groups_pick_the_best_runs_by_worth_sharings_own_rule():
                     choice = (best[i][0] + (j - i - 1) * shared, [*best[i][1], (sorted(order[i:j]), shared)])
             best.append(choice)
         assert prefix_groups(seqs) == best[n][1], seqs
+
+
+def _saved_for_backward(fn):
+    """(fn's result, the bytes and shapes of the tensors autograd keeps for backward while it runs)."""
+    seen, shapes = {}, []
+
+    def pack(t):
+        storage = t.untyped_storage()
+        seen[storage.data_ptr()] = storage.nbytes()
+        shapes.append(tuple(t.shape))
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = fn()
+    return out, sum(seen.values()), shapes
+
+
+def _shared_forward(model, shared, monkeypatch=None):
+    rows = _rows(shared, [(6, 8), (3, 5), (9, 4)])
+    t, ids, mask = row_inputs(rows)
+    keep = t["loss_mask"].bool()
+    return shared_prefix_logps(model, ids, mask, t["completion_ids"].size(1), shared, compute_entropy=True, keep=keep)
+
+
+def test_under_checkpointing_the_prefix_and_head_keep_no_activations_for_backward(tiny_model_dir):
+    """A loss chunk's prefix forward and its LM head run again in backward where the layers are
+    checkpointed: what they keep does not grow with the prefix beyond its keys and values, and no
+    (positions, vocab) tensor is kept. Kept, they held most of an update's memory."""
+    model = train_mode_model(tiny_model_dir, checkpointing=True)
+    cfg = model.config
+    _, short, _ = _saved_for_backward(lambda: _shared_forward(model, 40))
+    _, long, shapes = _saved_for_backward(lambda: _shared_forward(model, 240))
+    kv_per_token = cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * (cfg.hidden_size // cfg.num_attention_heads) * 4
+    assert (long - short) / 200 <= 2 * kv_per_token, ((long - short) / 200, kv_per_token)
+    assert not any(s and s[-1] == cfg.vocab_size for s in shapes), "the head's logits are kept"
+
+
+def test_recomputing_the_prefix_and_head_changes_no_bit(tiny_model_dir, monkeypatch):
+    """The replay runs the same operations on the same inputs: log-probs, entropies and every
+    gradient equal those of the forward that kept its activations, bit for bit."""
+    from seed_agents.trainers import shared_prefix
+
+    model = train_mode_model(tiny_model_dir, checkpointing=True)
+
+    def run():
+        model.zero_grad()
+        logps, ents = _shared_forward(model, 60)
+        (logps.sum() + 0.1 * ents.sum()).backward()
+        return logps.detach(), ents.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    lp, ent, grads = run()
+    monkeypatch.setattr(shared_prefix, "recomputes", lambda model: False)
+    kept_lp, kept_ent, kept_grads = run()
+    assert torch.equal(lp, kept_lp) and torch.equal(ent, kept_ent)
+    assert grads.keys() == kept_grads.keys() and grads
+    assert all(torch.equal(grads[n], kept_grads[n]) for n in grads)

@@ -10,6 +10,7 @@ pytest.importorskip("trl")
 from seed_agents.app.cli import main  # noqa: E402
 from seed_agents.app.train import run_train  # noqa: E402
 from seed_agents.config import ConfigError, TrainConfig  # noqa: E402
+from seed_agents.memory import PEAK_RSS  # noqa: E402
 
 CALC_TASKS = Path(__file__).resolve().parents[2] / "configs" / "data" / "calculator_train.jsonl"
 
@@ -56,6 +57,10 @@ def test_train_any_graph_writes_every_trace_and_resumes_without_duplicates(tmp_p
         assert key in metrics[0], key
     # the step's time covers its rollouts and scoring (and the loss, backward, optimizer step)
     assert metrics[0]["time/step_s"] > metrics[0]["time/rollout_s"] + metrics[0]["time/score_s"]
+    if PEAK_RSS.reset():  # each phase's peak RSS (Linux), none above the process's
+        phases = [metrics[0][f"mem/{phase}_peak_gb"] for phase in ("rollout", "score", "update")]
+        assert all(0.1 < p <= metrics[0]["mem/process_peak_gb"] for p in phases), metrics[0]
+        assert summary["peak_rss_gb"] >= metrics[0]["mem/process_peak_gb"]
     assert len(lines(out / "trajectories.jsonl")) == 2 and len(lines(out / "skills.jsonl")) == 2
     # the hindsight node asked with the configured reply example
     asked = [m["content"] for t in lines(out / "trajectories.jsonl") for c in t["calls"] if c["purpose"] == "analyzer"
@@ -144,6 +149,8 @@ def test_periodic_held_out_eval_rows_and_resume(tmp_path, tiny_model_dir):
     rows = lines(out / "eval.jsonl")
     # before training, every 2 updates, and after the last update
     assert [r["updates"] for r in rows] == [0, 2, 3]
+    if PEAK_RSS.reset():
+        assert all(r["mem/eval_peak_gb"] > 0.1 for r in rows)
     assert [r["episodes_consumed"] for r in rows] == [0, 4, 6]  # 1 task x group 2 per update
     evals = lines(out / "eval_trajectories.jsonl")
     # each row's rates are its own episodes' (from the trace); an 8-token random model
