@@ -79,7 +79,8 @@ def test_this_process_peak_per_phase():
 def test_a_batch_keeps_one_decode_steps_logits_at_a_time(tiny_model_dir):
     """The log-probs of a batch's sampled tokens are taken step by step: its (rows, steps, vocab)
     logits are never held at once, nor stacked, nor log-softmaxed whole (here 16 x 48 x 49k fp32,
-    150 MB each)."""
+    150 MB each: holding, stacking and log-softmaxing them grows the heap by three copies; the
+    bound, two copies, leaves room for the allocator's noise)."""
     from seed_agents.backends.local import LocalBackend
     from seed_agents.types import SamplingParams
 
@@ -97,5 +98,5 @@ def test_a_batch_keeps_one_decode_steps_logits_at_a_time(tiny_model_dir):
         comps = backend._generate_batch(prompts, params, seeds=list(range(16)))
         grown = peaks.phase_gb() - before
         assert sum(len(c.token_ids) for c in comps) > 16 * 40, "the batch decoded its steps"
-        limit = (0.5 if drop_finished else 1.5) * 16 * 48 * backend.model.config.vocab_size * 4 / 2**30
+        limit = 2.0 * 16 * 48 * backend.model.config.vocab_size * 4 / 2**30
         assert grown < limit, (drop_finished, grown, limit)
