@@ -125,10 +125,12 @@ def remove_if_unused(out: Path, keep: Iterable[str] = ("config.json",)) -> Itera
 # -- models and servers ----------------------------------------------------------------------
 
 
-def check_backend(b: BackendConfig, *, weights: str | None = None, flag: str = "--model") -> None:
+def check_backend(b: BackendConfig, *, weights: str | None = None, flag: str = "--model",
+                  may_start: bool = False) -> None:
     """The backend's model, tokenizer (and, for training, ``weights``) exist here, and a
-    vLLM server answers at ``base_url``. Nothing is loaded: folders are looked at, the
-    alias converted once into the cache if needed."""
+    vLLM server answers at ``base_url``; with no ``base_url``, a command that starts its own
+    server (``may_start``: train, eval) finds vLLM installed, any other says it needs a URL.
+    Nothing is loaded: folders are looked at, the alias converted once into the cache if needed."""
     from seed_agents.models import ModelNotAvailable, check_model_folder, resolve_model
 
     if b.tokenizer:
@@ -143,7 +145,14 @@ def check_backend(b: BackendConfig, *, weights: str | None = None, flag: str = "
                               f"the tokenizer cannot be loaded from it; pass --tokenizer with the model's folder") from None
     if weights is not None and not (b.kind == "local" and weights == b.model):  # the trainer's local copy
         check_model_folder(resolve_model(weights))
-    if b.kind == "vllm":
+    if b.kind == "vllm" and b.base_url is None:
+        if not may_start:
+            raise ConfigError(f"{flag.rsplit('model', 1)[0]}base_url is unset: this command samples from a vLLM server "
+                              f"already running; give its URL (start one with `seed-agents serve --model {b.model}`)")
+        from seed_agents.app.own_server import check_vllm_installed
+
+        check_vllm_installed()
+    elif b.kind == "vllm":
         check_server(b.base_url, b.model)
 
 

@@ -28,7 +28,7 @@ from typing import Any
 
 from seed_agents.aio import run_sync
 from seed_agents.app.flags import PRECEDENCE, add_config_flags, error_line
-from seed_agents.config import PRESETS, EvalConfig, RenamedConfigKey, TrainConfig, load_config
+from seed_agents.config import PRESETS, BackendConfig, EvalConfig, RenamedConfigKey, TrainConfig, load_config
 from seed_agents.config.loading import laid_over, named_keys
 from seed_agents.config.presets import MAIN_JOB, TASK_SOURCES
 from seed_agents.errors import UserError
@@ -55,11 +55,10 @@ EVAL_FILES = ("config.json", "trajectories.jsonl", "calls.jsonl", "summary.json"
 def cmd_eval(args: argparse.Namespace) -> int:
     import torch
 
-    from seed_agents.app.builders import agent_config, open_chat_model, rollout_seed
-    from seed_agents.capture import JsonlSink, capture
-    from seed_agents.metrics import format_table, summarize
-    from seed_agents.preflight import check_backend, check_out, load_suite, replace_run, suite_tasks
-    from seed_agents.runner import EpisodeRunner, check_fault_budget
+    from seed_agents.app.own_server import served
+    from seed_agents.models import resolve_model
+    from seed_agents.preflight import check_backend, check_out, load_suite, suite_tasks
+    from seed_agents.runner import check_fault_budget
 
     # -- checks: nothing in --out is written or moved until all of them pass --------------
     cfg = build_eval_config(args)
@@ -70,12 +69,27 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if cfg.split is None:  # each benchmark names its held-out split its own way
         cfg = cfg.model_copy(update={"split": suite.eval_split})
     tasks = suite_tasks(suite, cfg.env, cfg.split, cfg.num_tasks)
-    check_backend(cfg.backend)
+    check_backend(cfg.backend, may_start=True)
     torch.manual_seed(cfg.seed)
     print(f"preparing {len(tasks)} {cfg.env} tasks ({cfg.split}) ...", flush=True)
     suite.prepare(tasks)
-    print(f"loading {cfg.backend.kind} backend for {cfg.backend.model} ...", flush=True)
-    llm = open_chat_model(cfg.backend, cfg.sampling)
+    with served(cfg.backend, resolve_model(cfg.backend.tokenizer or cfg.backend.model)) as backend:
+        print(f"loading {backend.kind} backend for {backend.model} ...", flush=True)
+        trajs = _play(cfg, backend, suite, tasks, out)
+    # The run is kept either way (every episode is recorded); too many faults fail the command.
+    check_fault_budget(trajs, cfg.runner.max_fault_fraction, what="eval episodes")
+    return 0
+
+
+def _play(cfg: EvalConfig, backend: BackendConfig, suite: Any, tasks: list[Any], out: Path) -> list[Any]:
+    """``eval``'s episodes with the model at ``backend``: trajectories, calls and summary written."""
+    from seed_agents.app.builders import agent_config, open_chat_model, rollout_seed
+    from seed_agents.capture import JsonlSink, capture
+    from seed_agents.metrics import format_table, summarize
+    from seed_agents.preflight import replace_run
+    from seed_agents.runner import EpisodeRunner
+
+    llm = open_chat_model(backend, cfg.sampling)
     try:
         graph = suite.build_graph(llm, **agent_config(cfg, suite).model_dump())
 
@@ -96,9 +110,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         llm.backend.close()
     print(format_table(summary))
     print(f"wrote {out / 'trajectories.jsonl'}, {out / 'calls.jsonl'}, {out / 'summary.json'}")
-    # The run is kept either way (every episode is recorded); too many faults fail the command.
-    check_fault_budget(trajs, cfg.runner.max_fault_fraction, what="eval episodes")
-    return 0
+    return trajs
 
 
 def cmd_train(args: argparse.Namespace) -> int:

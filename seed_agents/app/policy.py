@@ -9,6 +9,7 @@ commands that train, so ``seed-agents --help`` and ``eval`` load no TRL.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,9 @@ from peft import LoraConfig, get_peft_model
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.integrations import get_available_reporting_integrations
 
+from seed_agents.app import own_server
 from seed_agents.app.builders import open_backend, open_chat_model
+from seed_agents.app.own_server import owns_server
 from seed_agents.backends import local_kwargs
 from seed_agents.backends.local import LocalBackend
 from seed_agents.chat_model import SeedChatModel
@@ -50,12 +53,17 @@ class Policy:
     llm: Any  # SeedChatModel over ``backend``
 
 
-def build_policy(cfg: TrainConfig, out: Path) -> Policy:
+def build_policy(cfg: TrainConfig, out: Path, owned: contextlib.ExitStack | None = None) -> Policy:
     """Stage 1 (skill SFT) first where it applies, then the model, its backend (in-process,
-    or a vLLM server checked to answer) and the weight sync that fits them."""
+    a vLLM server checked to answer, or one started here for the run's weights and stopped
+    when ``owned`` closes) and the weight sync that fits them."""
     served = cfg.backend
     stage1_dir = stage1_model(cfg)
     weights = str(stage1_dir) if stage1_dir is not None else resolve_model(initial_weights(served))
+    if owns_server(served):
+        if owned is None:
+            raise ConfigError("backend.base_url is unset: give the URL of the vLLM server to train")
+        served = owned.enter_context(own_server.served(served, weights, lora_r=cfg.trainer.lora_r))
     tokenizer = AutoTokenizer.from_pretrained(resolve_model(served.tokenizer) if served.tokenizer else weights)
     model = AutoModelForCausalLM.from_pretrained(weights, dtype=torch.float32)
     if cfg.trainer.lora_r:

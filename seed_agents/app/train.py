@@ -16,6 +16,7 @@ contain, so nothing is duplicated.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import resource
@@ -79,31 +80,32 @@ def run_train(cfg: TrainConfig, resume: bool = False) -> dict[str, Any]:
     torch.manual_seed(cfg.seed)
 
     # -- policy, agent graph (+ hindsight node) or stored sessions, trainer -------------
-    policy = build_policy(cfg, out)
-    rollout = build_rollout(cfg, src, policy, out)
-    args = seed_config(cfg, out)
-    if args.world_size > 1 and args.process_index > 0:  # each rank plays its own episodes
-        rollout.out_dir = out / f"rank{args.process_index}"
-    dataset = datasets.Dataset.from_list([{"prompt": task.model_dump_json()} for task in src.tasks])
-    trainer = SEEDTrainer(model=policy.model, args=args, train_dataset=dataset, rollout=rollout,
-                          processing_class=policy.tokenizer)
-    evaluate = build_periodic_eval(cfg, src, policy, out, world_size=args.world_size)
-    trainer.add_callback(_SyncAndLog(policy.sync, policy.backend, out, evaluate=evaluate,
-                                     every=cfg.eval.every if cfg.eval else 0,
-                                     at_start=bool(cfg.eval and cfg.eval.at_start) and not initial_eval_kept,
-                                     last=cfg.iterations, resync=resume))
-    t0 = time.perf_counter()
-    trainer.train(resume_from_checkpoint=checkpoint if resume else None)
-    png = plot_learning_curve(out)
-    summary = {**run_summary(out), "iterations": trainer.state.global_step,
-               "policy_version": policy.backend.policy_version, "initial_weights": str(policy.weights),
-               "train_s": time.perf_counter() - t0, "wall_s": time.perf_counter() - started,
-               "peak_rss_gb": _peak_rss_gib(),
-               "learning_curve": str(png) if png else None}
-    (out / "summary.json").write_text(json.dumps(summary, indent=2))
-    if args.process_index == 0:
-        print(format_summary(summary), flush=True)
-    return summary
+    with contextlib.ExitStack() as owned:  # a vLLM server the run starts for itself stops with it
+        policy = build_policy(cfg, out, owned)
+        rollout = build_rollout(cfg, src, policy, out)
+        args = seed_config(cfg, out)
+        if args.world_size > 1 and args.process_index > 0:  # each rank plays its own episodes
+            rollout.out_dir = out / f"rank{args.process_index}"
+        dataset = datasets.Dataset.from_list([{"prompt": task.model_dump_json()} for task in src.tasks])
+        trainer = SEEDTrainer(model=policy.model, args=args, train_dataset=dataset, rollout=rollout,
+                              processing_class=policy.tokenizer)
+        evaluate = build_periodic_eval(cfg, src, policy, out, world_size=args.world_size)
+        trainer.add_callback(_SyncAndLog(policy.sync, policy.backend, out, evaluate=evaluate,
+                                         every=cfg.eval.every if cfg.eval else 0,
+                                         at_start=bool(cfg.eval and cfg.eval.at_start) and not initial_eval_kept,
+                                         last=cfg.iterations, resync=resume))
+        t0 = time.perf_counter()
+        trainer.train(resume_from_checkpoint=checkpoint if resume else None)
+        png = plot_learning_curve(out)
+        summary = {**run_summary(out), "iterations": trainer.state.global_step,
+                   "policy_version": policy.backend.policy_version, "initial_weights": str(policy.weights),
+                   "train_s": time.perf_counter() - t0, "wall_s": time.perf_counter() - started,
+                   "peak_rss_gb": _peak_rss_gib(),
+                   "learning_curve": str(png) if png else None}
+        (out / "summary.json").write_text(json.dumps(summary, indent=2))
+        if args.process_index == 0:
+            print(format_summary(summary), flush=True)
+        return summary
 
 
 FORMAT_FILE = "format.json"
@@ -342,7 +344,7 @@ def load_task_source(cfg: TrainConfig, out: Path, resume: bool) -> TaskSource:
                 task_calls(task.data)
             except ValueError as err:
                 raise ConfigError(f"held-out task {task.task_id!r}: {err}") from None
-    check_backend(cfg.backend, weights=initial_weights(cfg.backend))
+    check_backend(cfg.backend, weights=initial_weights(cfg.backend), may_start=True)
     if cfg.skills.source in ("external", "frozen") and cfg.skills.analyzer is not None:
         check_backend(cfg.skills.analyzer, flag="skills.analyzer.model")
     if src.suite is not None and src.store is None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from seed_agents.backends.base import Backend, BackendError, BackendUnavailable
+from seed_agents.errors import ConfigError
 
 if TYPE_CHECKING:
     from seed_agents.config.core import BackendConfig
@@ -46,6 +47,9 @@ def make_backend(cfg: BackendConfig) -> tuple[Backend, Any]:
     from seed_agents.backends.vllm import VLLMBackend
     from seed_agents.backends.vllm_admin import api_key_from_env
 
+    if cfg.base_url is None:  # the command starts its server first (seed_agents.app.own_server)
+        raise ConfigError("backend.base_url is unset: name the vLLM server's URL (--backend.base-url), "
+                          "or run through a command that starts its own server (train, eval)")
     if tokenizer is None:
         tokenizer = AutoTokenizer.from_pretrained(resolve_model(cfg.model))
     backend = VLLMBackend(cfg.base_url, cfg.model, max_concurrency=cfg.max_concurrency,

@@ -62,11 +62,11 @@ class BackendConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    kind: Literal["local", "vllm"] = Field("local", description="local: transformers in-process; vllm: a running vLLM server.")
+    kind: Literal["local", "vllm"] = Field("local", description="local: transformers in the command's own process; vllm: a vLLM server (base_url, or one the command starts).")
     model: str = Field("smollm2-135m", description="Alias (smollm2-135m), local folder or hub id; for vllm, the served model name.")
     tokenizer: str | None = Field(None, description="Tokenizer path/alias; defaults to `model` (with vllm, set it when the served name is not a local path).")
     weights: str | None = Field(None, description="Training only: local copy of the served weights (vllm); defaults to `tokenizer`, then `model`.")
-    base_url: str = Field("http://127.0.0.1:8000", description="vLLM server URL (kind=vllm).")
+    base_url: str | None = Field(None, description="kind=vllm: the URL of a running vLLM server (`seed-agents serve` starts one); unset, the command starts a server of its own and stops it when it ends.")
     api_key_env: str = Field("SEED_AGENTS_VLLM_API_KEY", description="kind=vllm: environment variable holding the server's API key, sent as a bearer token on every request (unset variable: no key). Only the name is configured; the key never reaches a file.")
     max_concurrency: int = Field(32, ge=1, le=4096, description="Requests in flight to the server.")
     timeout_s: float = Field(120.0, gt=0, description="Per-request timeout.")
@@ -87,8 +87,11 @@ class BackendConfig(BaseModel):
 
     @field_validator("base_url")
     @classmethod
-    def _http_url(cls, url: str) -> str:
+    def _http_url(cls, url: str | None) -> str | None:
         from urllib.parse import urlsplit
+
+        if url is None:
+            return None
 
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
