@@ -168,6 +168,36 @@ def test_run_train_full_weight_sync_reaches_the_server(vllm_server, tiny_model_d
     assert _max_diff(restored.logprobs, before.logprobs) <= LOGPROB_ATOL
 
 
+def test_train_starts_its_own_server_and_serves_each_update_as_an_adapter(tiny_model_dir, tw_cache, tmp_path, capsys):
+    """`backend.kind vllm` with no URL: `train` starts a server for its weights, samples each
+    iteration from the adapter of the update before, and stops the server when it ends."""
+    from seed_agents.app.train import run_train
+    from seed_agents.config import AgentConfig, BackendConfig, SkillConfig, TrainConfig, TrainerConfig
+    from seed_agents.runner import RunnerConfig
+    from tests.conftest import require_vllm
+    from tests.integration.test_cli_eval import _vllm_servers
+
+    require_vllm()
+    before = _vllm_servers()
+    cfg = TrainConfig(
+        env="textworld", num_tasks=1, tasks_per_iteration=1, iterations=2, out=tmp_path / "run",
+        backend=BackendConfig(kind="vllm", model=tiny_model_dir, max_retries=1),
+        sampling=SamplingParams(max_tokens=6, temperature=1.0),
+        runner=RunnerConfig(group_size=2, progress=False),
+        agent=AgentConfig(max_turns=2),
+        skills=SkillConfig(source="none"),
+        trainer=TrainerConfig(learning_rate=1e-2, lora_r=8),
+        env_options={"cache_dir": str(tw_cache)},
+    )
+    summary = run_train(cfg)
+    printed = capsys.readouterr().out
+    assert "starting a vLLM server" in printed
+    assert summary["iterations"] == 2 and summary["policy_version"] == 2
+    trajs = read_jsonl(tmp_path / "run" / "trajectories.jsonl", Trajectory)
+    _check_versions(trajs, iterations=2, analyzer_too=False)
+    assert _vllm_servers() <= before, "the server it started is stopped"
+
+
 @pytest.mark.parametrize("part,method", [
     pytest.param("layers", "reload_weights", id="decoder-layers"),
     pytest.param("embed_tokens", "seed_reload_weights", id="tied-embedding-with-extension"),

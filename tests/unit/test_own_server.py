@@ -4,6 +4,8 @@ cannot be started."""
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import pytest
 
 from seed_agents.app import own_server
@@ -17,7 +19,7 @@ from seed_agents.preflight import check_backend
 class FakeServer:
     """Records what the context manager does with the server; starts nothing."""
 
-    made: list[FakeServer] = []
+    made: ClassVar[list[FakeServer]] = []
 
     def __init__(self, model, *, served_model_name, max_lora_rank, enable_lora, work_dir):
         self.model, self.served_model_name, self.max_lora_rank = model, served_model_name, max_lora_rank
@@ -72,9 +74,8 @@ def test_the_owned_server_serves_the_weights_under_the_model_name_and_stops_on_l
 
 
 def test_a_failed_run_still_stops_the_server_and_keeps_its_log(fake_server):
-    with pytest.raises(RuntimeError, match="boom"):
-        with own_server.served(BackendConfig(kind="vllm"), "/w"):
-            raise RuntimeError("boom")
+    with pytest.raises(RuntimeError, match="boom"), own_server.served(BackendConfig(kind="vllm"), "/w"):
+        raise RuntimeError("boom")
     server = fake_server.made[0]
     assert server.events[-1] == "stop" and server.work_dir.exists()
 
