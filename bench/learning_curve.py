@@ -568,19 +568,37 @@ def curve_rows(curves: dict[str, dict[str, Any]]) -> list[tuple[str, str]]:
     return rows
 
 
+def stored_answers(results: dict[str, Any], method: str, which: str) -> dict[str, dict[str, float]]:
+    """seed -> held-out task -> right answer (1.0 or 0.0) at the ``first`` or ``last`` evaluation
+    of ``method``'s runs a result file keeps; a task an evaluation did not score is left out."""
+    pick = min if which == "first" else max
+    out = {}
+    for name, run in (results.get("runs") or {}).items():
+        m, _, seed = name.rpartition("-s")
+        if m == method and run.get("scores"):
+            bits = run["scores"][pick(run["scores"], key=int)]["right_answer"]
+            ids = run.get("tasks") or [str(i) for i in range(len(bits))]
+            out[seed] = {t: float(b == "1") for t, b in zip(ids, bits) if b != "-"}
+    return out
+
+
+def stored_gain(results: dict[str, Any], method: str) -> tuple[tuple[float, float] | None, tuple[float, float] | None]:
+    """(the crossed bootstrap interval, the t interval over seeds) of ``method``'s held-out gain
+    from the runs a result file keeps; (None, None) without them."""
+    first, last = stored_answers(results, method, "first"), stored_answers(results, method, "last")
+    gains = [statistics.fmean(last[s][t] - first[s][t] for t in set(first[s]) & set(last[s]))
+             for s in sorted(set(first) & set(last)) if set(first[s]) & set(last[s])]
+    return crossed_ci(last, first), paired_t(gains)[0]
+
+
 def against_grpo(results: dict[str, Any], method: str) -> dict[str, Any] | None:
     """``method`` minus GRPO's final held-out answer success, paired by seed, recomputed from
     the runs a result file keeps (a file written before a figure existed gets it too): the
     paired tests (bench/stats.py ``compare``) and the crossed bootstrap interval over the
     seeds and tasks. None when the file holds no run of one of the two."""
-    by_method: dict[str, dict[str, dict[str, Any]]] = {}
-    for name, run in (results.get("runs") or {}).items():
-        m, _, seed = name.rpartition("-s")
-        if run.get("scores"):
-            by_method.setdefault(m, {})[seed] = unpack_run(run)
-    if method not in by_method or "grpo" not in by_method:
+    mine, grpo = stored_answers(results, method, "last"), stored_answers(results, "grpo", "last")
+    if not mine or not grpo:
         return None
-    mine, grpo = answers_at(by_method[method], "last"), answers_at(by_method["grpo"], "last")
     p = compare({s: statistics.fmean(v.values()) for s, v in mine.items() if v},
                 {s: statistics.fmean(v.values()) for s, v in grpo.items() if v})
     if not p.n:
