@@ -907,8 +907,8 @@ def report(args: argparse.Namespace, so_far: Invocation) -> None:
                   f"{f'; {tests}' if tests else ''}{f'; {claim_words(claim)}' if claim else ''}; "
                   f"a paired test needs {d['seeds_needed'] or '-'} seeds")
     if family:
-        print(f"the family: every SEED variant against GRPO in {results_dir}/learning_curve*.json "
-              f"({len(family)} variants; Holm's correction over them)")
+        print(f"Holm's correction over the family: every SEED variant against GRPO in {results_dir}/learning_curve*.json, "
+              f"{len(family)} in all (comparison_family)")
     for name, shares in analysis["quoted_answers"].items():
         print(f"{name}: final held-out answers that copy a tool's response whole, per evaluation: "
               + ", ".join(f"update {u} {v:.2f}" for u, v in shares.items()))

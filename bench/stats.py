@@ -277,4 +277,4 @@ def claim_words(c: Claim | None) -> str:
         return ""
     if c.p_holm is None:
         return f"not tested, one of {c.variants} variants"
-    return f"Holm p {c.p_holm:.3f} over {c.variants} variants"
+    return f"Holm p {c.p_holm:.3f} over {c.variants} variant{'' if c.variants == 1 else 's'}"

@@ -275,6 +275,10 @@ def test_each_finished_run_reaches_the_result_file_before_the_next_one_trains(tm
     assert "pending" not in final and set(final["runs"]) == {"grpo-s0", "seed-s0", "grpo-s1", "seed-s1"}
     assert final["runs"]["grpo-s0"] == partial["runs"]["grpo-s0"]
     assert "Partial" not in "\n".join(tables.learning_curve({"learning_curve": load_result(path)}))
+    # the comparison prints its crossed interval and its p read against the family (here: itself)
+    out = capsys.readouterr().out
+    assert "SEED - GRPO (final held-out, paired by seed, n=2): +0.000, 95% bootstrap CI [+0.000, +0.000] over seeds x " in out
+    assert "Holm p 1.000 over 1 variant;" in out and "learning_curve*.json, 1 in all" in out
 
 
 def test_the_run_digest_ignores_where_the_files_live_but_not_what_they_hold(tmp_path):
