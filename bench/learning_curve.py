@@ -51,9 +51,13 @@ names the runs still to come), so a session that ends mid-invocation keeps its f
 A run with the same digest in another ``learning_curve*.json`` of the results folder serves
 as well (a variant pairs with the GRPO seeds the main curve trained; ``read_from`` in the file
 names where each came from). It prints last:
-each method's held-out answer success from start to end with a 95% bootstrap CI over seeds
-and held-out tasks, GRPO's gain against the goal (>= +10 points, CI excluding 0), SEED minus
-GRPO paired by seed with its CI and the seeds a paired test needs. Writes
+each method's held-out answer success from start to end with 95% bootstrap CIs over seeds
+and held-out tasks (tasks resampled within each seed, which the goal reads, and crossed: the
+same task indices for every seed, the wider and right one when seeds share their tasks) and the
+t interval over the seeds, GRPO's gain against the goal (>= +10 points, CI excluding 0), each
+SEED variant minus GRPO paired by seed with its crossed CI, its tests, its Holm-adjusted p over
+every SEED variant against GRPO in the results folder (``comparison_family``) and the seeds a
+paired test needs. Writes
 ``docs/results/learning_curve.json`` and ``docs/results/learning_curve.png`` (``--result-name``
 for another name, so a variant does not replace the main curve).
 
