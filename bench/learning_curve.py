@@ -51,9 +51,13 @@ names the runs still to come), so a session that ends mid-invocation keeps its f
 A run with the same digest in another ``learning_curve*.json`` of the results folder serves
 as well (a variant pairs with the GRPO seeds the main curve trained; ``read_from`` in the file
 names where each came from). It prints last:
-each method's held-out answer success from start to end with a 95% bootstrap CI over seeds
-and held-out tasks, GRPO's gain against the goal (>= +10 points, CI excluding 0), SEED minus
-GRPO paired by seed with its CI and the seeds a paired test needs. Writes
+each method's held-out answer success from start to end with 95% bootstrap CIs over seeds
+and held-out tasks (tasks resampled within each seed, which the goal reads, and crossed: the
+same task indices for every seed, the wider and right one when seeds share their tasks) and the
+t interval over the seeds, GRPO's gain against the goal (>= +10 points, CI excluding 0), each
+SEED variant minus GRPO paired by seed with its crossed CI, its tests, its Holm-adjusted p over
+every SEED variant against GRPO in the results folder (``comparison_family``) and the seeds a
+paired test needs. Writes
 ``docs/results/learning_curve.json`` and ``docs/results/learning_curve.png`` (``--result-name``
 for another name, so a variant does not replace the main curve).
 
@@ -89,7 +93,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run as a script: bench/ and examples/ are on the path
 from bench.children import run_logged, stop_children_on_sigterm  # noqa: E402
 from bench.results import add_results_args, config_of, now, write_result  # noqa: E402
-from bench.stats import compare, paired_tests, seeds_needed  # noqa: E402
+from bench.stats import (claim_words, compare, crossed_bootstrap_ci, family_claims, paired_t,  # noqa: E402
+                         paired_tests, seeds_needed)
 from examples.atlas_tasks import BUILDERS  # noqa: E402
 from seed_agents.types import AnswerFormat, SkillFailures, SkillOpening  # noqa: E402
 
@@ -470,6 +475,29 @@ def hierarchical_ci(per_seed: dict[int, dict[str, float]], *, confidence: float 
     return float(low), float(high)
 
 
+def paired_matrices(a: dict[Any, dict[str, float]], b: dict[Any, dict[str, float]]) -> tuple[np.ndarray, np.ndarray]:
+    """``a`` and ``b`` (seed -> task -> score) as two seeds x tasks arrays over the seeds both
+    hold and the tasks every one of those runs scored, seeds and tasks sorted: the form
+    ``crossed_bootstrap_ci`` pairs, whatever order the runs were read in."""
+    seeds = sorted(set(a) & set(b))
+    tasks = sorted(set.intersection(*(set(a[s]) & set(b[s]) for s in seeds))) if seeds else []
+    return (np.asarray([[a[s][t] for t in tasks] for s in seeds], dtype=float).reshape(len(seeds), len(tasks)),
+            np.asarray([[b[s][t] for t in tasks] for s in seeds], dtype=float).reshape(len(seeds), len(tasks)))
+
+
+def crossed_ci(a: dict[Any, dict[str, float]], b: dict[Any, dict[str, float]], **kw: Any) -> tuple[float, float] | None:
+    """The crossed bootstrap interval (bench/stats.py) of ``a`` minus ``b`` over their common
+    seeds and held-out tasks; None with nothing to resample."""
+    return crossed_bootstrap_ci(*paired_matrices(a, b), **kw)
+
+
+def answers_at(by_seed: dict[Any, dict[str, Any]], which: str) -> dict[Any, dict[str, float]]:
+    """seed -> held-out task -> right answer (1.0 or 0.0) at a run's ``first`` or ``last`` evaluation."""
+    pick = min if which == "first" else max
+    return {s: {t: float(v["right_answer"]) for t, v in run["scores"][pick(run["scores"])].items()}
+            for s, run in by_seed.items() if run["scores"]}
+
+
 def analyse(runs: dict[str, dict[int, dict[str, Any]]]) -> dict[str, Any]:
     """runs: method -> seed -> {"scores": updates -> task -> levels, "metrics": [...]}."""
     out: dict[str, Any] = {"methods": {}}
@@ -497,6 +525,10 @@ def analyse(runs: dict[str, dict[int, dict[str, Any]]]) -> dict[str, Any]:
             "gain": statistics.fmean(gain_means.values()) if gain_means else None,
             "gain_per_seed": gain_means,
             "gain_ci": hierarchical_ci(gains),
+            # the same seeds play the same held-out tasks: tasks resampled jointly, and the t
+            # interval over the seeds' gains, which the bootstrap at three to six seeds undercuts
+            "gain_crossed_ci": crossed_ci(answers_at(by_seed, "last"), answers_at(by_seed, "first")),
+            "gain_t_ci": paired_t(list(gain_means.values()))[0],
             "seeds_needed_for_gain": seeds_needed(list(gain_means.values())),
             "zero_variance_groups": statistics.fmean(m["zero_variance_groups"] for m in metrics)
             if any("zero_variance_groups" in m for m in metrics) else None,
@@ -507,7 +539,8 @@ def analyse(runs: dict[str, dict[int, dict[str, Any]]]) -> dict[str, Any]:
         p = compare(finals[method], finals["grpo"])
         out[f"{method.replace('-', '_')}_minus_grpo"] = {
             "n": p.n, "mean": p.mean, "ci": p.ci, "seeds_needed": p.seeds_needed,
-            "higher": p.higher, "lower": p.lower, "equal": p.equal, "t_ci": p.t_ci, "p_t": p.p_t, "p_sign": p.p_sign}
+            "higher": p.higher, "lower": p.lower, "equal": p.equal, "t_ci": p.t_ci, "p_t": p.p_t, "p_sign": p.p_sign,
+            "crossed_ci": crossed_ci(answers_at(runs[method], "last"), answers_at(runs["grpo"], "last"))}
     grpo = out["methods"].get("grpo", {})
     ci = grpo.get("gain_ci")
     seeds = len(grpo.get("gain_per_seed", {}))
@@ -518,6 +551,93 @@ def analyse(runs: dict[str, dict[int, dict[str, Any]]]) -> dict[str, Any]:
                    f"not decided: {seeds} seed(s), the goal needs {MIN_SEEDS}"
                    + (" (the gain over these seeds clears it)" if met else "")}
     return out
+
+
+# -- the family a claim is chosen from ---------------------------------------------------
+
+def curve_rows(curves: dict[str, dict[str, Any]]) -> list[tuple[str, str]]:
+    """(file stem, method) for each method a learning-curve file trained, files in name order.
+    ``curves``: stem -> {"config", "results"} as the file holds them. A method whose runs all
+    appear (by digest) in a row before is that row's: read back from another file, not tried again."""
+    rows, shown = [], set()
+    for stem in sorted(curves):
+        config, results = curves[stem]["config"], curves[stem]["results"]
+        kept = results.get("runs", {})
+        for method in results["methods"]:
+            digests = {kept[f"{method}-s{s}"]["digest"] for s in config["seeds"] if f"{method}-s{s}" in kept}
+            if digests and digests <= shown:
+                continue
+            shown |= digests
+            rows.append((stem, method))
+    return rows
+
+
+def stored_answers(results: dict[str, Any], method: str, which: str) -> dict[str, dict[str, float]]:
+    """seed -> held-out task -> right answer (1.0 or 0.0) at the ``first`` or ``last`` evaluation
+    of ``method``'s runs a result file keeps; a task an evaluation did not score is left out."""
+    pick = min if which == "first" else max
+    out = {}
+    for name, run in (results.get("runs") or {}).items():
+        m, _, seed = name.rpartition("-s")
+        if m == method and run.get("scores"):
+            bits = run["scores"][pick(run["scores"], key=int)]["right_answer"]
+            ids = run.get("tasks") or [str(i) for i in range(len(bits))]
+            out[seed] = {t: float(b == "1") for t, b in zip(ids, bits) if b != "-"}
+    return out
+
+
+def stored_gain(results: dict[str, Any], method: str) -> tuple[tuple[float, float] | None, tuple[float, float] | None]:
+    """(the crossed bootstrap interval, the t interval over seeds) of ``method``'s held-out gain
+    from the runs a result file keeps; (None, None) without them."""
+    first, last = stored_answers(results, method, "first"), stored_answers(results, method, "last")
+    gains = [statistics.fmean(last[s][t] - first[s][t] for t in set(first[s]) & set(last[s]))
+             for s in sorted(set(first) & set(last)) if set(first[s]) & set(last[s])]
+    return crossed_ci(last, first), paired_t(gains)[0]
+
+
+def against_grpo(results: dict[str, Any], method: str) -> dict[str, Any] | None:
+    """``method`` minus GRPO's final held-out answer success, paired by seed, recomputed from
+    the runs a result file keeps (a file written before a figure existed gets it too): the
+    paired tests (bench/stats.py ``compare``) and the crossed bootstrap interval over the
+    seeds and tasks. None when the file holds no run of one of the two."""
+    mine, grpo = stored_answers(results, method, "last"), stored_answers(results, "grpo", "last")
+    if not mine or not grpo:
+        return None
+    p = compare({s: statistics.fmean(v.values()) for s, v in mine.items() if v},
+                {s: statistics.fmean(v.values()) for s, v in grpo.items() if v})
+    if not p.n:
+        return None
+    return {"n": p.n, "mean": p.mean, "ci": p.ci, "seeds_needed": p.seeds_needed, "higher": p.higher, "lower": p.lower,
+            "equal": p.equal, "t_ci": p.t_ci, "p_t": p.p_t, "p_sign": p.p_sign, "crossed_ci": crossed_ci(mine, grpo)}
+
+
+def comparison_family(curves: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Every SEED variant compared with GRPO in the learning-curve files: the family the atlas
+    claims were chosen from. A member is one row of ``curve_rows`` whose method is not GRPO and
+    whose file holds GRPO runs beside it: each skill source, OPD weight, placement, schedule,
+    budget and level tried, retired code included (it was tried, and its result was read
+    before a later variant was chosen). Its p is the paired t-test's on the seeds' final
+    held-out answer success; a member with one seed has none and still counts among the
+    variants. Each member ("stem:method") gets its comparison (``against_grpo``) and its
+    ``Claim``: the raw p, the Holm-adjusted p over the family, the family's size."""
+    members = {f"{stem}:{method}": d for stem, method in curve_rows(curves) if method != "grpo"
+               and (d := against_grpo(curves[stem]["results"], method)) is not None}
+    claims = family_claims({key: d["p_t"] for key, d in members.items()})
+    return {key: {**d, "claim": claims[key]} for key, d in members.items()}
+
+
+def family_in(results_dir: Path, own: str, config: dict[str, Any], results: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """``comparison_family`` over the learning-curve files in ``results_dir``, this invocation's
+    ``own`` file taken as it is about to be written; a file that is not a result is passed over."""
+    curves = {}
+    for path in sorted(results_dir.glob("learning_curve*.json")):
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+            curves[path.stem] = {"config": data["config"], "results": data["results"]}
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    curves[own] = {"config": config, "results": results}
+    return comparison_family(curves)
 
 
 def plot(analysis: dict[str, Any], path: Path, title: str) -> None:
@@ -768,20 +888,31 @@ def report(args: argparse.Namespace, so_far: Invocation) -> None:
     for method, m in analysis["methods"].items():
         curve = m["curve"]
         first, last = curve[min(curve, key=int)], curve[max(curve, key=int)]
-        ci = m["gain_ci"]
+        ci, crossed, t_ci = m["gain_ci"], m["gain_crossed_ci"], m["gain_t_ci"]
         print(f"{method:<5} held-out right answer {first['right_answer']:.3f} -> {last['right_answer']:.3f} "
               f"(right calls {first['right_calls']:.3f} -> {last['right_calls']:.3f}, parsed {first['parsed']:.3f} -> "
               f"{last['parsed']:.3f}); gain {m['gain']:+.3f}, 95% CI "
-              f"{'-' if ci is None else f'[{ci[0]:+.3f}, {ci[1]:+.3f}]'}; training success {m['training_success']:.3f}; "
+              f"{'-' if ci is None else f'[{ci[0]:+.3f}, {ci[1]:+.3f}]'} (tasks within seeds), "
+              f"{'-' if crossed is None else f'[{crossed[0]:+.3f}, {crossed[1]:+.3f}]'} (seeds x tasks crossed)"
+              f"{'' if t_ci is None else f', t interval [{t_ci[0]:+.3f}, {t_ci[1]:+.3f}]'}; "
+              f"training success {m['training_success']:.3f}; "
               f"zero-variance groups {'-' if m['zero_variance_groups'] is None else format(m['zero_variance_groups'], '.3f')}")
+    family = family_in(results_dir, args.result_name, {"seeds": seeds},
+                       {"methods": analysis["methods"], "runs": packed})
     for method in METHODS[1:]:
         d = analysis.get(f"{method.replace('-', '_')}_minus_grpo")
         if d:
-            ci = d["ci"]
+            ci, crossed = d["ci"], d["crossed_ci"]
             tests = paired_tests(d)
+            claim = (family.get(f"{args.result_name}:{method}") or {}).get("claim")
             print(f"{method.upper()} - GRPO (final held-out, paired by seed, n={d['n']}): {d['mean']:+.3f}, 95% bootstrap "
-                  f"CI {'-' if ci is None else f'[{ci[0]:+.3f}, {ci[1]:+.3f}]'}{f'; {tests}' if tests else ''}; "
+                  f"CI {'-' if crossed is None else f'[{crossed[0]:+.3f}, {crossed[1]:+.3f}]'} over seeds x tasks "
+                  f"({'-' if ci is None else f'[{ci[0]:+.3f}, {ci[1]:+.3f}]'} over seeds)"
+                  f"{f'; {tests}' if tests else ''}{f'; {claim_words(claim)}' if claim else ''}; "
                   f"a paired test needs {d['seeds_needed'] or '-'} seeds")
+    if family:
+        print(f"Holm's correction over the family: every SEED variant against GRPO in {results_dir}/learning_curve*.json, "
+              f"{len(family)} in all (comparison_family)")
     for name, shares in analysis["quoted_answers"].items():
         print(f"{name}: final held-out answers that copy a tool's response whole, per evaluation: "
               + ", ".join(f"update {u} {v:.2f}" for u, v in shares.items()))

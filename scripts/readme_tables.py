@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run as a script: scripts/ is on the path, the repo root is not
 
 from bench.results import Result, load_results  # noqa: E402
-from bench.stats import compare, paired_tests, sign_test, t_test  # noqa: E402
+from bench.stats import claim_words, compare, paired_tests, sign_test, t_test  # noqa: E402
 
 MARKER = re.compile(r"(<!-- results:(?P<name>[a-z0-9_]+) -->\n)(?P<body>.*?)(<!-- /results:(?P=name) -->)", re.S)
 OPENING = re.compile(r"<!-- results:(?P<name>[a-z0-9_]+) -->")
@@ -804,11 +804,12 @@ def learning_curve(results: dict[str, Result], name: str = "learning_curve") -> 
         # a file written mid-invocation holds fewer runs of a method than the seeds it names
         runs = sum(name.rsplit("-s", 1)[0] == method for name in x.get("runs", {})) or len(seeds)
         rows.append([method, str(m["updates"] // runs),
-                     f"{a['right_answer']:.3f} -> {b['right_answer']:.3f}", f"{f(m['gain'], '+.3f')} {ci(m['gain_ci'])}",
+                     f"{a['right_answer']:.3f} -> {b['right_answer']:.3f}", _gain_cell(r, method, m),
                      f"{a['right_calls']:.3f} -> {b['right_calls']:.3f}", f"{a['parsed']:.3f} -> {b['parsed']:.3f}",
                      f(m["training_success"]), f(m["zero_variance_groups"])])
     out = [source_line(r, what), "",
-           *table(["method", "updates per seed", "held-out right answer", "gain, 95% CI (seeds x tasks)",
+           *table(["method", "updates per seed", "held-out right answer",
+                   "gain, 95% CI (seeds x tasks crossed; t over seeds)",
                    "right tool + arguments", "a call parses", "training success", "groups with zero reward variance"],
                   rows)]
     if x.get("pending"):  # written after a run that trained, before the invocation's last run ended
@@ -872,9 +873,15 @@ def learning_curve(results: dict[str, Result], name: str = "learning_curve") -> 
                         "Imitation of successes, the gate off (seed-success-imitate)")):
         d = x.get(key)
         if d:
-            tests = paired_tests(_against_grpo(r, key.removesuffix("_minus_grpo").replace("_", "-"), d))
+            method = key.removesuffix("_minus_grpo").replace("_", "-")
+            tests = paired_tests(_against_grpo(r, method, d))
+            member = _family(results).get(f"{name}:{method}") or {}
+            crossed = (f"95% CI over {'seeds x tasks' if d['n'] > 1 else 'tasks'} {ci(member['crossed_ci'])}, "
+                       if member.get("crossed_ci") else "")
+            holm = claim_words(member.get("claim"))
             out += ["", f"{label} - GRPO, final held-out answer success paired by seed (n={d['n']}): "
-                        f"{f(d['mean'], '+.3f')}, 95% bootstrap CI {ci(d['ci'])}{f'; {tests}' if tests else ''}; "
+                        f"{f(d['mean'], '+.3f')}, {crossed}95% bootstrap CI over seeds {ci(d['ci'])}"
+                        f"{f'; {tests}' if tests else ''}{f'; {holm}' if holm else ''}; "
                         f"a paired test would need {d['seeds_needed'] or '-'} seeds."]
     if "grpo" in x["methods"]:
         out += ["", f"Goal (GRPO held-out gain >= +{x['goal']['gain_at_least']:.2f}, 95% CI over seeds and tasks "
@@ -920,50 +927,90 @@ def learning_summary(results: dict[str, Result]) -> list[str]:
     """Every learning curve in one table: per file, each method whose runs it trained (a
     method read whole from another file is that file's row), its settings, held-out answer
     success from start to end with the gain's CI, and the paired difference from GRPO."""
-    from bench.learning_curve import REVISIONS
+    from bench.learning_curve import REVISIONS, curve_rows
 
-    rows, shown_runs = [], set()
-    for name in sorted(n for n in results if n == "learning_curve" or n.startswith("learning_curve_")):
+    rows, family = [], _family(results)
+    for name, method in curve_rows(_curves(results)):  # a method read from (or also in) a file above is that row
         r = results[name]
-        c, x = r.config, r.results
-        for method, m in x["methods"].items():
-            runs = [x["runs"][f"{method}-s{s}"] for s in c["seeds"] if f"{method}-s{s}" in x.get("runs", {})]
-            digests = {run["digest"] for run in runs}
-            if digests and digests <= shown_runs:  # read from (or also in) a file above: its row is there
-                continue
-            shown_runs |= digests
-            revision, now_ = _revisions(r, method), str(REVISIONS.get(method, 1))
-            curve = m["curve"]
-            a, b = curve[min(curve, key=int)], curve[max(curve, key=int)]
-            paired = x.get(f"{method.replace('-', '_')}_minus_grpo")
-            paired = _against_grpo(r, method, paired) if paired else None  # before a retired method's name changes
-            shown = [k for k in SUMMARY_KEYS if k not in _UNREAD.get(method, set())
-                     and (k in ALWAYS or _setting(r, k) not in (None, _ADDED_LATER.get(k), SUMMARY_DEFAULTS.get(k)))]
-            settings = ", ".join(f"{SUMMARY_KEYS[k]} {_setting(r, k):g}" if isinstance(_setting(r, k), float)
-                                 else f"{SUMMARY_KEYS[k]} {_setting(r, k)}" for k in shown)
-            if revision != now_:  # trained by code a later fix changed: kept as history, no longer the method's result
-                method += f" (retired: code revision {revision}, now {now_})"
-            rows.append([f"`{name}`", method, str(len(c["seeds"])), settings,
-                         f"{a['right_answer']:.3f} -> {b['right_answer']:.3f}",
-                         f"{f(m['gain'], '+.3f')} [{m['gain_ci'][0]:+.3f}, {m['gain_ci'][1]:+.3f}]"
-                         if m.get("gain_ci") else f(m["gain"], "+.3f"),
-                         _paired_cell(paired)])
+        m = r.results["methods"][method]
+        revision, now_ = _revisions(r, method), str(REVISIONS.get(method, 1))
+        curve = m["curve"]
+        a, b = curve[min(curve, key=int)], curve[max(curve, key=int)]
+        paired = r.results.get(f"{method.replace('-', '_')}_minus_grpo")
+        paired = _against_grpo(r, method, paired) if paired else None
+        member = family.get(f"{name}:{method}") or {}
+        shown = [k for k in SUMMARY_KEYS if k not in _UNREAD.get(method, set())
+                 and (k in ALWAYS or _setting(r, k) not in (None, _ADDED_LATER.get(k), SUMMARY_DEFAULTS.get(k)))]
+        settings = ", ".join(f"{SUMMARY_KEYS[k]} {_setting(r, k):g}" if isinstance(_setting(r, k), float)
+                             else f"{SUMMARY_KEYS[k]} {_setting(r, k)}" for k in shown)
+        # trained by code a later fix changed: kept as history, no longer the method's result
+        label = method if revision == now_ else f"{method} (retired: code revision {revision}, now {now_})"
+        rows.append([f"`{name}`", label, str(len(r.config["seeds"])), settings,
+                     f"{a['right_answer']:.3f} -> {b['right_answer']:.3f}", _gain_cell(r, method, m),
+                     _paired_cell(paired, member.get("crossed_ci")), _p_cell(paired, member.get("claim"))])
     return ["*Every `docs/results/learning_curve*.json`: atlas level 0 (unless named), SmolLM2-135M with LoRA, 80 held-out tasks "
             "played greedily; settings as each file states (its section below has the rest). A row per method a file "
-            "trained; paired: minus GRPO's final held-out success, seed by seed, with its 95% bootstrap CI and the "
-            "paired t-test's p (at three to six seeds the bootstrap interval is too narrow: bench/stats.py).*", "",
-            *table(["curve", "method", "seeds", "settings", "held-out right answer", "gain, 95% CI",
-                    "paired vs GRPO, 95% CI, t-test p"], rows)]
+            "trained. Intervals are 95%: a bootstrap that resamples seeds and held-out tasks as crossed factors (every "
+            "seed plays the same tasks), then the t interval over the seeds' values (at three to six seeds the "
+            "bootstrap over seeds is too narrow: bench/stats.py). Paired: minus GRPO's final held-out success, seed by "
+            f"seed. p: the paired t-test's, then Holm's correction over the family of {len(family)} SEED variants "
+            "compared with GRPO in these files, one seed or not (bench/learning_curve.py `comparison_family`).*", "",
+            *table(["curve", "method", "seeds", "settings", "held-out right answer", "gain, crossed CI; t interval",
+                    "paired vs GRPO, crossed CI; t interval", "t-test p; Holm p (variants)"], rows)]
 
 
-def _paired_cell(d: dict[str, Any] | None) -> str:
-    """The summary's paired cell: mean, bootstrap interval and the paired t-test's p."""
+def _curves(results: dict[str, Result]) -> dict[str, dict[str, Any]]:
+    """The learning-curve files as bench/learning_curve.py's family functions read them."""
+    return {n: {"config": r.config, "results": r.results} for n, r in results.items()
+            if n == "learning_curve" or n.startswith("learning_curve_")}
+
+
+_FAMILIES: dict[int, tuple[dict[str, Result], dict[str, dict[str, Any]]]] = {}
+
+
+def _family(results: dict[str, Result]) -> dict[str, dict[str, Any]]:
+    """``comparison_family`` over the loaded learning-curve files, computed once for the
+    results one rendering passes to every table (each curve's section reads it)."""
+    from bench.learning_curve import comparison_family
+
+    held = _FAMILIES.get(id(results))
+    if held is None or held[0] is not results:
+        held = _FAMILIES[id(results)] = (results, comparison_family(_curves(results)))
+    return held[1]
+
+
+def _interval(ci: Any) -> str:
+    return "[{:+.3f}, {:+.3f}]".format(*ci)
+
+
+def _gain_cell(r: Result, method: str, m: dict[str, Any]) -> str:
+    """A method's held-out gain with its crossed bootstrap interval and, over two seeds or more,
+    its t interval, both from the runs the file keeps; the stored interval without them."""
+    from bench.learning_curve import stored_gain
+
+    crossed, t_ci = stored_gain(r.results, method)
+    if crossed is None:
+        return f"{f(m['gain'], '+.3f')} {_interval(m['gain_ci'])}" if m.get("gain_ci") else f(m["gain"], "+.3f")
+    return f"{f(m['gain'], '+.3f')} {_interval(crossed)}" + (f"; t {_interval(t_ci)}" if t_ci else "")
+
+
+def _paired_cell(d: dict[str, Any] | None, crossed: Any = None) -> str:
+    """The summary's paired cell: mean, crossed bootstrap interval (the stored bootstrap over
+    seeds where the runs give none) and the t interval."""
     if not d:
         return "-"
     if d.get("ci") is None:
         return f"{d['mean']:+.3f} (one seed)"
-    p = f", p {d['p_t']:.3f}" if d.get("p_t") is not None else ""
-    return "{:+.3f} [{:+.3f}, {:+.3f}]".format(d["mean"], *d["ci"]) + p
+    t_ci = f"; t {_interval(d['t_ci'])}" if d.get("t_ci") is not None else ""
+    return f"{d['mean']:+.3f} {_interval(crossed if crossed is not None else d['ci'])}{t_ci}"
+
+
+def _p_cell(d: dict[str, Any] | None, claim: Any) -> str:
+    """The paired t-test's p, then its Holm-adjusted p and the family's size."""
+    if not d or d.get("p_t") is None:
+        return "-" if claim is None else f"- ({claim.variants})"
+    raw = f"{d['p_t']:.4f}" if d["p_t"] < 0.01 else f"{d['p_t']:.3f}"
+    return raw if claim is None or claim.p_holm is None else f"{raw}; {claim.p_holm:.3f} ({claim.variants})"
 
 
 def _update_diagnostics(x: dict[str, Any]) -> list[str]:

@@ -141,3 +141,82 @@ def test_the_bootstrap_interval_does_not_depend_on_the_order_of_the_values():
     # paired differences come in the order their seeds were run or read back (``--seeds 2,0,1``)
     xs = [0.85, 0.475, 0.0875, -0.1, 0.3]
     assert stats.bootstrap_ci(xs, resamples=500) == stats.bootstrap_ci(list(reversed(xs)), resamples=500)
+
+
+# -- the crossed bootstrap: seeds and tasks resampled as crossed factors ----------------------
+
+def test_crossed_bootstrap_of_identical_methods_is_zero_and_of_a_constant_shift_is_that_shift():
+    b = np.random.default_rng(0).integers(0, 2, size=(4, 30)).astype(float)
+    assert stats.crossed_bootstrap_ci(b, b) == (0.0, 0.0)
+    low, high = stats.crossed_bootstrap_ci(b + 0.25, b)
+    assert low == pytest.approx(0.25) and high == pytest.approx(0.25)
+
+
+def test_crossed_bootstrap_with_one_factor_fixed_is_the_binomial_quantiles():
+    """One seed and ten failed and ten solved tasks (or one task over twenty seeds): a
+    resample's mean is Binomial(20, 1/2) / 20, 2.5% and 97.5% quantiles 6/20 and 14/20 (as
+    bootstrap_ci's case above)."""
+    row = [0.0] * 10 + [1.0] * 10
+    assert stats.crossed_bootstrap_ci([row]) == pytest.approx((0.3, 0.7))
+    assert stats.crossed_bootstrap_ci([[x] for x in row]) == pytest.approx((0.3, 0.7))
+
+
+def test_crossed_bootstrap_keeps_the_task_variance_that_tasks_resampled_per_seed_divide_by_the_seeds():
+    """Every seed scores the same difference on a task (a task is hard or easy in every run):
+    the mean's uncertainty is the tasks' alone, 1.96 sd / sqrt(T) either side. Resampling tasks
+    independently within each of S seeds averages S independent task means, sqrt(S) narrower."""
+    n_seeds, n_tasks = 4, 40
+    u = np.random.default_rng(2).normal(0.1, 0.5, size=n_tasks)
+    d = np.tile(u, (n_seeds, 1))
+    low, high = stats.crossed_bootstrap_ci(d, resamples=20_000)
+    half = 1.959964 * u.std(ddof=0) / math.sqrt(n_tasks)
+    assert (high - low) / 2 == pytest.approx(half, rel=0.1)
+    assert (low + high) / 2 == pytest.approx(u.mean(), abs=0.1 * half)
+    rng = np.random.default_rng(0)  # the per-seed task resampling, seeds fixed for simplicity
+    per_seed = np.array([np.mean([row[rng.integers(0, n_tasks, n_tasks)].mean() for row in d]) for _ in range(5000)])
+    independent = np.quantile(per_seed, [0.025, 0.975])
+    assert (high - low) / (independent[1] - independent[0]) == pytest.approx(math.sqrt(n_seeds), rel=0.15)
+
+
+def test_crossed_bootstrap_is_seeded_and_refuses_what_is_not_paired():
+    a = np.random.default_rng(3).integers(0, 2, size=(3, 20))
+    b = np.random.default_rng(4).integers(0, 2, size=(3, 20))
+    assert stats.crossed_bootstrap_ci(a, b, seed=1) == stats.crossed_bootstrap_ci(a, b, seed=1)
+    assert stats.crossed_bootstrap_ci(a, b, seed=1) != stats.crossed_bootstrap_ci(a, b, seed=2)
+    assert stats.crossed_bootstrap_ci([[0.5]]) is None
+    with pytest.raises(ValueError):
+        stats.crossed_bootstrap_ci(a, b[:, :10])
+    with pytest.raises(ValueError):
+        stats.crossed_bootstrap_ci([0.1, 0.2, 0.3])
+
+
+# -- Holm's correction over a family of comparisons -------------------------------------------
+
+def test_holm_by_hand():
+    """Sorted: 0.005 x 4 = 0.02, 0.01 x 3 = 0.03, 0.03 x 2 = 0.06, 0.04 x 1 = 0.04 -> 0.06 (the
+    running maximum keeps the raw order); returned in the order given."""
+    assert stats.holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    # two more members without a p-value: m = 6; 0.005 x 6, 0.01 x 5, 0.03 x 4, 0.04 x 3 = 0.12
+    assert stats.holm([0.01, 0.04, 0.03, 0.005], family_size=6) == pytest.approx([0.05, 0.12, 0.12, 0.03])
+    assert stats.holm([0.5, 0.6]) == [1.0, 1.0]  # 0.5 x 2 = 1.0 capped, carried to 0.6
+    assert stats.holm([]) == []
+    with pytest.raises(ValueError):
+        stats.holm([0.1, 0.2], family_size=1)
+
+
+def test_a_claim_is_read_against_every_variant_tried():
+    """Thirteen variants, three of them not testable (one seed): the best raw p 0.0015 x 13 =
+    0.0195 survives at 5%; 0.022 x 12 = 0.264 and 0.034 x 11 = 0.374 do not."""
+    family = {"own": 0.0015, "imitate": 0.022, "generic": 0.034, "oracle": 0.13, "rule": 0.25, "u30": 0.17,
+              "episode": 0.55, "fixed": 0.42, "retired": 0.038, "first": 0.667,
+              "one-a": None, "one-b": None, "one-c": None}
+    claims = stats.family_claims(family)
+    assert {c.variants for c in claims.values()} == {13}
+    assert claims["own"].p_holm == pytest.approx(0.0195)
+    assert claims["imitate"].p_holm == pytest.approx(0.264) and claims["generic"].p_holm == pytest.approx(0.374)
+    assert claims["retired"].p_holm == pytest.approx(0.38)  # 0.038 x 10, after 0.034
+    assert [n for n, c in claims.items() if c.p_holm is not None and c.p_holm < 0.05] == ["own"]
+    assert claims["one-a"].p_holm is None and claims["one-a"].p is None
+    assert stats.claim_words(claims["own"]) == f"Holm p {0.0015 * 13:.3f} over 13 variants"
+    assert stats.claim_words(claims["one-a"]) == "not tested, one of 13 variants"
+    assert stats.claim_words(None) == ""

@@ -275,6 +275,10 @@ def test_each_finished_run_reaches_the_result_file_before_the_next_one_trains(tm
     assert "pending" not in final and set(final["runs"]) == {"grpo-s0", "seed-s0", "grpo-s1", "seed-s1"}
     assert final["runs"]["grpo-s0"] == partial["runs"]["grpo-s0"]
     assert "Partial" not in "\n".join(tables.learning_curve({"learning_curve": load_result(path)}))
+    # the comparison prints its crossed interval and its p read against the family (here: itself)
+    out = capsys.readouterr().out
+    assert "SEED - GRPO (final held-out, paired by seed, n=2): +0.000, 95% bootstrap CI [+0.000, +0.000] over seeds x " in out
+    assert "Holm p 1.000 over 1 variant;" in out and "learning_curve*.json, 1 in all" in out
 
 
 def test_the_run_digest_ignores_where_the_files_live_but_not_what_they_hold(tmp_path):
@@ -613,3 +617,62 @@ def test_a_run_computes_in_the_format_its_digest_names_though_the_defaults_moved
     assert (written.backend.precision, written.backend.attention) == (precision, attention)
     done = json.loads((tmp_path / "grpo-s0" / "benchmark-done.json").read_text())
     assert done["config"] == hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def test_paired_matrices_keep_the_common_seeds_and_tasks_sorted():
+    from bench.learning_curve import paired_matrices
+
+    a = {2: {"t1": 1.0, "t0": 0.0, "t9": 1.0}, 0: {"t0": 1.0, "t1": 0.0}}
+    b = {0: {"t1": 1.0, "t0": 1.0}, 2: {"t0": 0.0, "t1": 0.0}, 5: {"t0": 1.0, "t1": 1.0}}
+    left, right = paired_matrices(a, b)
+    assert left.tolist() == [[1.0, 0.0], [0.0, 1.0]] and right.tolist() == [[1.0, 1.0], [0.0, 0.0]]
+    assert paired_matrices({}, b)[0].shape == (0, 0)
+
+
+def test_the_crossed_interval_is_wider_than_tasks_resampled_within_seeds_when_seeds_share_hard_tasks():
+    """Every seed solves the same half of the tasks after training (the same ones are hard in
+    every run): the gain's uncertainty is the tasks', which resampling within each of three seeds
+    divides by about sqrt(3)."""
+    n = 40
+    same = {s: _run([False] * n, [i % 2 == 0 for i in range(n)]) for s in range(3)}
+    g = analyse({"grpo": same})["methods"]["grpo"]
+    crossed, nested = g["gain_crossed_ci"], g["gain_ci"]
+    assert crossed[0] < nested[0] < 0.5 < nested[1] < crossed[1]
+    assert (crossed[1] - crossed[0]) / (nested[1] - nested[0]) == pytest.approx(3 ** 0.5, rel=0.2)
+    assert g["gain_t_ci"] == (pytest.approx(0.5), pytest.approx(0.5))  # every seed gains 0.5: no spread over seeds
+    other = {s: _run([False] * n, [i % 4 == 0 for i in range(n)]) for s in range(3)}
+    d = analyse({"grpo": other, "seed": same})["seed_minus_grpo"]
+    assert d["crossed_ci"][0] < 0.25 < d["crossed_ci"][1] and d["ci"] == (pytest.approx(0.25), pytest.approx(0.25))
+
+
+def _curve(runs: dict[str, dict], seeds: list[int]) -> dict:
+    """A learning-curve file as comparison_family reads it: packed runs and the methods they hold."""
+    from bench.learning_curve import pack_run
+
+    packed = {name: pack_run(run, f"d-{name}-{id(run)}", 1.0) for name, run in runs.items()}
+    return {"config": {"seeds": seeds}, "results": {"methods": {n.rpartition("-s")[0]: {} for n in runs}, "runs": packed}}
+
+
+def test_the_family_is_every_seed_variant_against_grpo_each_counted_once():
+    from bench.learning_curve import comparison_family
+
+    n = 20
+    grpo = {s: _run([False] * n, [i < 5 + s for i in range(n)]) for s in range(3)}
+    better = {s: _run([False] * n, [i < 10 + 2 * s for i in range(n)]) for s in range(3)}
+    noise = {s: _run([False] * n, [i < [3, 9, 6][s] for i in range(n)]) for s in range(3)}
+    main = _curve({**{f"grpo-s{s}": r for s, r in grpo.items()}, **{f"seed-s{s}": r for s, r in better.items()}}, [0, 1, 2])
+    variant = _curve({**{f"grpo-s{s}": r for s, r in grpo.items()}, **{f"seed-episode-s{s}": r for s, r in noise.items()}},
+                     [0, 1, 2])
+    pilot = _curve({"grpo-s0": grpo[0], "seed-oracle-s0": better[0]}, [0])
+    # a file that read the main curve's seed runs back holds them again: not another variant
+    again = {"config": main["config"], "results": {**main["results"], "methods": {"seed": {}}}}
+    family = comparison_family({"lc": main, "lc_episode": variant, "lc_oracle": pilot, "lc_x": again})
+    assert sorted(family) == ["lc:seed", "lc_episode:seed-episode", "lc_oracle:seed-oracle"]
+    claims = {k: d["claim"] for k, d in family.items()}
+    assert {c.variants for c in claims.values()} == {3}
+    assert claims["lc_oracle:seed-oracle"].p is None and claims["lc_oracle:seed-oracle"].p_holm is None  # one seed
+    # seed minus GRPO by seed: 5/20 + s/20 each, t-test p below 0.001; times 3 variants
+    p = claims["lc:seed"].p
+    assert family["lc:seed"]["mean"] == pytest.approx(0.3) and claims["lc:seed"].p_holm == pytest.approx(min(1.0, 3 * p))
+    episode = claims["lc_episode:seed-episode"]
+    assert episode.p_holm == pytest.approx(min(1.0, max(3 * p, 2 * episode.p)))

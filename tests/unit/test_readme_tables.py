@@ -630,8 +630,14 @@ def test_a_comparison_stored_before_the_t_test_gets_it_from_the_files_runs():
     assert both["p_sign"] == 0.25 and both["p_t"] == pytest.approx(stats.paired_t([0.5, 0.5, 2 / 3])[1])
     assert tables._against_grpo(r, "seed", {**stored, "mean": 0.4}) == {**stored, "mean": 0.4}  # not these runs
     assert tables._against_grpo(r, "seed", {**stored, "p_t": 0.5}) == {**stored, "p_t": 0.5}  # stored: kept
-    assert tables._paired_cell(both) == f"+0.556 [+0.500, +0.667], p {both['p_t']:.3f}"
+    t_ci = "[{:+.3f}, {:+.3f}]".format(*both["t_ci"])
+    assert tables._paired_cell(both) == f"+0.556 [+0.500, +0.667]; t {t_ci}"  # the stored interval: no crossed one given
+    assert tables._paired_cell(both, (0.25, 0.75)) == f"+0.556 [+0.250, +0.750]; t {t_ci}"
     assert tables._paired_cell({"mean": 0.1, "ci": None}) == "+0.100 (one seed)" and tables._paired_cell(None) == "-"
+    assert tables._p_cell({"p_t": 0.034}, None) == "0.034" and tables._p_cell(None, None) == "-"
+    claim = stats.family_claims({"a": 0.004, "b": 0.02, "c": None})
+    assert tables._p_cell({"p_t": 0.004}, claim["a"]) == "0.0040; 0.012 (3)"  # 0.004 x 3
+    assert tables._p_cell({"p_t": None}, claim["c"]) == "- (3)"
 
 
 def test_a_retired_methods_summary_row_gets_the_t_test_from_its_runs(monkeypatch):
@@ -652,8 +658,10 @@ def test_a_retired_methods_summary_row_gets_the_t_test_from_its_runs(monkeypatch
     r = tables.Result(name="learning_curve_x", config={"seeds": [0, 1, 2], "temperature": 0.5, "lr": 3e-4,
                                                         "lr_schedule": "constant", "opd_coef": 0.1}, results=x)
     row = next(line for line in tables.learning_summary({r.name: r}) if "retired" in line)
-    p_t = stats.paired_t([0.5, 0.5, 0.25])[1]
-    assert row.endswith(f"| +0.417 [+0.250, +0.500], p {p_t:.3f} |")
+    (low, high), p_t = stats.paired_t([0.5, 0.5, 0.25])
+    crossed = lc.crossed_ci(lc.stored_answers(x, "seed", "last"), lc.stored_answers(x, "grpo", "last"))
+    assert row.endswith("| +0.417 [{:+.3f}, {:+.3f}]; t [{:+.3f}, {:+.3f}] | ".format(*crossed, low, high)
+                        + f"{p_t:.3f}; {p_t:.3f} (1) |")  # the only variant: Holm leaves its p
 
 
 def test_a_capture_row_whose_graph_side_ran_faster_claims_no_goal():
