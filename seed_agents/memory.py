@@ -21,6 +21,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
+import os
 from collections.abc import Callable
 
 
@@ -45,6 +46,37 @@ def release_free_memory() -> bool:
         return False
     trim(0)
     return True
+
+
+M_MMAP_THRESHOLD = -3
+M_ARENA_MAX = -8
+"""``mallopt`` parameters (glibc's malloc.h)."""
+
+
+def limit_heap_growth(arenas: int = 2, mmap_threshold: int = 4 << 20) -> bool:
+    """Keep the heap from growing with holes; whether this C library took the settings.
+
+    glibc gives each thread that allocates at once an arena of its own (up to eight per core),
+    and raises its mmap threshold each time a large block is freed, so that later blocks of
+    that size come from the heap. A training process has both: the rollouts' worker threads
+    allocate in parallel, and every phase frees and allocates tensors of many megabytes. The
+    heap then holds freed blocks that the next phase's sizes do not fit, in several arenas,
+    and ``malloc_trim`` between phases cannot reach what a live block pins. Two arenas and a
+    fixed threshold send every block of ``mmap_threshold`` bytes or more to its own mapping,
+    returned to the system the moment it is freed. Called before the work allocates (glibc
+    reads the same settings from ``MALLOC_ARENA_MAX`` and ``MALLOC_MMAP_THRESHOLD_``, which
+    a user's environment may set instead: those win, since they are read first and this is
+    then not called). The numbers the process computes do not change, only where its blocks
+    live (docs/benchmarks.md, the main job's memory)."""
+    if os.environ.get("MALLOC_ARENA_MAX") or os.environ.get("MALLOC_MMAP_THRESHOLD_"):
+        return False
+    try:
+        mallopt = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallopt
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+    mallopt.restype = ctypes.c_int
+    return bool(mallopt(M_ARENA_MAX, arenas)) and bool(mallopt(M_MMAP_THRESHOLD, mmap_threshold))
 
 
 # -- peak resident memory per phase ----------------------------------------------------------

@@ -32,6 +32,7 @@ from seed_agents.config import PRESETS, BackendConfig, EvalConfig, RenamedConfig
 from seed_agents.config.loading import laid_over, named_keys
 from seed_agents.config.presets import MAIN_JOB, TASK_SOURCES
 from seed_agents.errors import UserError
+from seed_agents.memory import limit_heap_growth
 from seed_agents.shadowing import ShadowedDependency, check_shadowing
 
 
@@ -194,6 +195,7 @@ def main(argv: list[str] | None = None) -> int:
             faulthandler.enable()
         except (AttributeError, ValueError, OSError):  # a stderr without a file descriptor (a notebook's)
             pass
+    limit_heap_growth()  # before anything allocates much: a training process's heap otherwise fills with holes
     try:  # before the parser: building it imports langgraph and langchain_core
         check_shadowing()
     except ShadowedDependency as err:

@@ -40,7 +40,7 @@ from seed_agents.errors import ConfigError
 from seed_agents.faults import crash_point
 from seed_agents.graphs.hindsight import with_hindsight
 from seed_agents.imports import load_object
-from seed_agents.memory import PEAK_RSS, release_free_memory
+from seed_agents.memory import PEAK_RSS, limit_heap_growth, release_free_memory
 from seed_agents.metrics import summarize
 from seed_agents.observe.run_summary import EVAL_TASKS, format_summary, run_summary
 from seed_agents.preflight import check_backend, check_out, load_suite, suite_tasks
@@ -55,6 +55,7 @@ from seed_agents.trainers.weight_sync import InProcessSync
 
 
 def run_train(cfg: TrainConfig, resume: bool = False) -> dict[str, Any]:
+    limit_heap_growth()  # the CLI has; a caller of the library may not have
     # -- checks: nothing in the run dir is written until the config, the env and its tasks,
     # the model and the server are known to be good --------------------------------------
     started = time.perf_counter()

@@ -1,5 +1,7 @@
 """Freed heap memory goes back to the OS when asked, and the trainer asks between phases."""
 
+import os
+
 import pytest
 
 from seed_agents import memory
@@ -100,3 +102,49 @@ def test_a_batch_keeps_one_decode_steps_logits_at_a_time(tiny_model_dir):
         assert sum(len(c.token_ids) for c in comps) > 16 * 40, "the batch decoded its steps"
         limit = 2.0 * 16 * 48 * backend.model.config.vocab_size * 4 / 2**30
         assert grown < limit, (drop_finished, grown, limit)
+
+
+_HOLES = r"""
+import ctypes, ctypes.util, json, sys
+from seed_agents.memory import limit_heap_growth
+took = limit_heap_growth() if sys.argv[1] == "limited" else None
+libc = ctypes.CDLL(ctypes.util.find_library("c"))
+libc.malloc.restype = ctypes.c_void_p
+libc.malloc.argtypes = [ctypes.c_size_t]
+libc.free.argtypes = [ctypes.c_void_p]
+def rss_mb():
+    return int(next(l for l in open("/proc/self/status") if l.startswith("VmRSS")).split()[1]) / 1024
+size = 8 << 20
+first = libc.malloc(size)
+libc.free(first)  # glibc's default then raises its mmap threshold to 8 MB: later blocks come from the heap
+blocks, pins = [], []
+for _ in range(40):
+    block = libc.malloc(size)
+    ctypes.memset(block, 1, size)
+    blocks.append(block)
+    pins.append(libc.malloc(256 << 10))  # a live block after each (too big for the free lists: from the top) pins the heap
+before = rss_mb()
+for block in blocks:
+    libc.free(block)
+print(json.dumps({"took": took, "held_mb": rss_mb() - (before - 40 * 8)}))
+"""
+
+
+@needs_proc
+@pytest.mark.parametrize("mode", ["default", "limited"])
+def test_a_freed_block_of_megabytes_leaves_no_hole_in_the_heap(mode):
+    """The allocator settings the commands start with: 40 freed blocks of 8 MB, each followed
+    by a smaller live block, stay resident in glibc's default heap (its threshold rose with the
+    first free) and go back to the system under ``limit_heap_growth``."""
+    import json
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
+    out = subprocess.run([sys.executable, "-c", _HOLES, mode], capture_output=True, text=True, env=env, check=True)
+    got = json.loads(out.stdout)
+    if mode == "limited":
+        assert got["took"] is True
+        assert got["held_mb"] < 40, got
+    else:
+        assert got["held_mb"] > 200, got
