@@ -86,6 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sides", default=",".join(SIDES), help=f"Comma list of {', '.join(SIDES)}.")
     p.add_argument("--work", type=Path, default=None, help="Folder for the runs (default: a temporary one, deleted).")
     p.add_argument("--note", default="", help="What else ran on the machine (it shapes the wall time).")
+    p.add_argument("--result-name", default="main_job", help="The result file's name (a variant: main_job_NAME).")
     bench_results.add_results_args(p)
     args = p.parse_args(argv)
     stop_children_on_sigterm()
@@ -104,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
         gains = [(runs[s]["summary"].get("heldout") or {}).get("gain") for s in ("default", "grpo")]
         results["default_minus_grpo"] = None if None in gains else gains[0] - gains[1]
     config = {"sides": {s: SIDES[s] for s in sides}, "note": args.note}
-    bench_results.write_result("main_job", config, results, started_at=started, results_dir=args.results_dir)
+    bench_results.write_result(args.result_name, config, results, started_at=started, results_dir=args.results_dir)
     for key, value in results.get("verdicts", {}).items():
         print(f"{key}: {value}")
     return 0

@@ -255,6 +255,36 @@ def run_memory(results: dict[str, Result]) -> list[str]:
             "", f"Both sides logged {same} rows and losses, update for update."]
 
 
+def main_job(results: dict[str, Result], name: str = "main_job") -> list[str]:
+    """The README's main job from the default command, and GRPO from the same start (bench/main_job.py)."""
+    r = one(results, name)
+    x, t = r.results, r.results["targets"]
+    rows = []
+    for name, side in x["sides"].items():
+        h = side["summary"].get("heldout") or {}
+        b, a = h.get("before") or {}, h.get("after") or {}
+        label = "`seed-agents train` (SEED)" if name == "default" else "the same, `--skills.source none` (GRPO)"
+        rows.append([label, f"{f(b.get('success_rate'), '.2f')} -> {f(a.get('success_rate'), '.2f')}",
+                     f(h.get("gain"), "+.2f"), f"{f(b.get('tool_share'), '.2f')} -> {f(a.get('tool_share'), '.2f')}",
+                     f"{f(b.get('markup_share'), '.2f')} -> {f(a.get('markup_share'), '.2f')}",
+                     " ".join(f"{v:.2f}" for v in side["summary"].get("training_success", [])),
+                     f"{side['wall_s'] / 60:.1f} min", f"{side['peak_rss_gb']:.2f} GB", str(side["exit"])])
+    lines = [source_line(r, "the default command and GRPO from the same start, one seed each, each in its own process"
+                            + (f"; {r.config['note']}" if r.config.get("note") else "")), "",
+             *table(["run", "held-out success (greedy)", "gain", "called the right tool", "answers with markup",
+                     "training success per update", "wall", "peak RSS", "exit"], rows)]
+    if "default" in x["sides"]:
+        d = x["sides"]["default"]
+        gain = (d["summary"].get("heldout") or {}).get("gain")
+        lines += ["", "Targets, the default command alone: held-out gain "
+                  + ("not measured" if gain is None else goal_words(gain, t["gain_at_least"], at_most=False))
+                  + f"; wall {goal_words(d['wall_s'] / 60, t['wall_s_at_most'] / 60, at_most=True)} min"
+                  + f"; peak RSS {goal_words(d['peak_rss_gb'], t['peak_rss_gb_at_most'], at_most=True)} GB."]
+    if x.get("default_minus_grpo") is not None:
+        lines += ["", f"SEED minus GRPO, held-out gain: {x['default_minus_grpo']:+.2f} (one seed each: no test)."]
+    return lines
+
+
 def side_flags(settings: dict[str, Any]) -> str:
     """A side's settings as the flags that set them: {"backend": {"kv_cache": "concat",
     "drop_finished": False}} -> "--backend.kv-cache concat --no-backend.drop-finished"."""
@@ -1161,14 +1191,14 @@ RENDERERS: dict[str, Callable[[dict[str, Result]], list[str]]] = {
     "rollout_throughput": rollout_throughput, "atlas_band": atlas_band, "continual_atlas": continual_atlas,
     "update_throughput": update_throughput, "learning_curve": learning_curve, "skill_scoring_speed": skill_scoring_speed,
     "atlas_skills": atlas_skills, "page_faults": page_faults, "learning_summary": learning_summary,
-    "decode_profile": decode_profile, "decode_drop": decode_drop}
+    "decode_profile": decode_profile, "decode_drop": decode_drop, "main_job": main_job}
 
 #: Benchmarks that write variants under another name (``--result-name NAME_variant``): a
 #: marker ``results:NAME_variant`` renders that file with its family's table.
 FAMILIES: dict[str, Callable[[dict[str, Result], str], list[str]]] = {
     "learning_curve": learning_curve, "atlas_band": atlas_band, "update_throughput": update_throughput,
     "demo_speed": demo_speed, "roofline": roofline, "atlas_skills": atlas_skills,
-    "seed_overhead": seed_overhead, "update_memory": update_memory}
+    "seed_overhead": seed_overhead, "update_memory": update_memory, "main_job": main_job}
 
 
 def renderer(name: str) -> Callable[[dict[str, Result]], list[str]] | None:
