@@ -139,7 +139,7 @@ class Gateway:
         self.metrics = GatewayMetrics(store, upstream, self.stats)
         self.recorder = MeteredRecorder(store, self.renderer, self.redactor, self.stats, self.metrics, cfg.store_outage,
                                         gateway=cfg.gateway_name)
-        self.heartbeat = Heartbeat(self)
+        self.heartbeat = Heartbeat(store, cfg, upstream, self.recorder, self.stats)
         self.verifiers = load_verifiers(cfg.verifiers)
         self.judge = LLMJudge(cfg.judge, redact=self.redactor.text) if cfg.judge else None
         self._judge_locks: dict[str, asyncio.Lock] = {}

@@ -12,14 +12,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from collections import Counter
+from typing import Any
 
 from sqlalchemy.exc import SQLAlchemyError
 
-from seed_agents.store import StoreError
-
-if TYPE_CHECKING:
-    from seed_agents.gateway.app import Gateway
+from seed_agents.gateway.config import GatewayConfig
+from seed_agents.gateway.recording import Recorder
+from seed_agents.gateway.replicas import ReplicaSet
+from seed_agents.store import StoreError, TraceStore
 
 log = logging.getLogger("seed_agents.gateway")
 
@@ -31,24 +32,25 @@ _COUNTERS = ("calls_stored", "calls_spooled", "calls_flushed", "replica_failover
 
 
 class Heartbeat:
-    """Reports ``gw`` to its store until cancelled."""
+    """Reports one gateway (its config, replicas, recorder and counters) to ``store`` until cancelled."""
 
-    def __init__(self, gw: Gateway) -> None:
-        self.gw = gw
+    def __init__(self, store: TraceStore, cfg: GatewayConfig, replicas: ReplicaSet, recorder: Recorder,
+                 stats: Counter[str]) -> None:
+        self.store, self.cfg, self.replicas, self.recorder, self.stats = store, cfg, replicas, recorder, stats
         self.started_at = time.time()
         self._failing = False
 
     def state(self, *, stopped: bool = False) -> dict[str, Any]:
-        gw = self.gw
-        spool = gw.recorder.spool
-        return {"model": gw.cfg.model, "upstream_model": gw.upstream.model, "policy_version": gw.upstream.policy_version,
-                "replicas": gw.upstream.state(), "spool_depth": spool.depth if spool is not None else 0,
-                "stopped": stopped, "counters": {k: gw.stats.get(k, 0) for k in _COUNTERS}}
+        spool = self.recorder.spool
+        return {"model": self.cfg.model, "upstream_model": self.replicas.model,
+                "policy_version": self.replicas.policy_version, "replicas": self.replicas.state(),
+                "spool_depth": spool.depth if spool is not None else 0, "stopped": stopped,
+                "counters": {k: self.stats.get(k, 0) for k in _COUNTERS}}
 
     async def beat(self, *, stopped: bool = False) -> None:
-        cfg = self.gw.cfg
+        cfg = self.cfg
         try:
-            await asyncio.to_thread(self.gw.store.beat_gateway, cfg.gateway_name, url=f"http://{cfg.host}:{cfg.port}",
+            await asyncio.to_thread(self.store.beat_gateway, cfg.gateway_name, url=f"http://{cfg.host}:{cfg.port}",
                                     started_at=self.started_at, state=self.state(stopped=stopped))
         except (StoreError, SQLAlchemyError) as e:
             if not self._failing:
