@@ -21,12 +21,10 @@ from seed_agents.gateway.config import GatewayConfig
 from seed_agents.gateway.recording import Recorder
 from seed_agents.gateway.replicas import ReplicaSet
 from seed_agents.store import StoreError, TraceStore
+from seed_agents.store.gateways import HEARTBEAT_S
 
 log = logging.getLogger("seed_agents.gateway")
 
-HEARTBEAT_S = 10.0
-"""Seconds between reports; ``status`` calls a gateway silent after ``SILENT_AFTER_S``."""
-SILENT_AFTER_S = 3 * HEARTBEAT_S
 _COUNTERS = ("calls_stored", "calls_spooled", "calls_flushed", "replica_failovers", "replica_out", "replica_in",
              "policy_switches")
 

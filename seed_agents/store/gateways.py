@@ -18,6 +18,11 @@ from seed_agents.store._base import StoreBase, _check_id, _insert_ignore
 from seed_agents.store.records import GatewayRecord
 from seed_agents.store.schema import gateways
 
+HEARTBEAT_S = 10.0
+"""Seconds between a running gateway's reports."""
+SILENT_AFTER_S = 3 * HEARTBEAT_S
+"""A gateway not heard from for this long is shown as silent: stopped without saying so, or cut off."""
+
 
 class GatewayStore(StoreBase):
     """The gateways' own rows."""
