@@ -1,7 +1,7 @@
 """A fake vLLM server for gateway tests: deterministic token ids and logprobs, no model.
 
 ``FakeVLLM().app`` answers ``/v1/completions`` (token-id prompts, ``return_token_ids``,
-``logprobs: 0``, with and without ``stream``), ``/v1/models`` and ``/v1/load_lora_adapter``
+``logprobs: 0``, with and without ``stream``), ``/v1/models`` and ``/v1/load_lora_adapter`` (and unload)
 the way vLLM 0.32 does (``down`` and ``restart`` play a killed and a restarted server),
 so the gateway can be tested in-process through ``httpx.ASGITransport``. The completion
 is ``script`` tokenized (plus the eos token), cut at ``max_tokens``; the logprob of
@@ -91,6 +91,14 @@ class FakeVLLM:
                                     status_code=400)
             self.served.append(body["lora_name"])
             return Response(f"Success: LoRA adapter '{body['lora_name']}' added successfully.")
+
+        @app.post("/v1/unload_lora_adapter")
+        async def unload(request: Request) -> Response:
+            name = (await request.json())["lora_name"]
+            if name not in self.served[1:]:
+                return JSONResponse({"error": {"message": f"The lora adapter '{name}' cannot be found."}}, status_code=404)
+            self.served.remove(name)
+            return Response(f"Success: LoRA adapter '{name}' removed successfully.")
 
         return app
 
