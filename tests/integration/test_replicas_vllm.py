@@ -49,10 +49,11 @@ NAME = "replicated"  # the registry name: its adapters' served names are its own
 GATEWAYS = ("gw-1", "gw-2")
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def replica_b(tiny_model_dir: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMServer]:
-    """A second server of the tiny model, started here (and first, so it boots while the
-    session's server does); a fixed port, so a restart comes back where the gateways look."""
+    """A second server of the tiny model, started without waiting (session scope, asked for
+    before the session's server, so both boot at once); a fixed port, so a restart comes back
+    where the gateways look. The test kills and restarts it; only it uses it."""
     require_vllm()
     server = VLLMServer(tiny_model_dir, served_model_name=TINY_SERVED_NAME, work_dir=tmp_path_factory.mktemp("replica-b"),
                         port=free_port(), stop_grace_s=10)
