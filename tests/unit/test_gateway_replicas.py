@@ -260,3 +260,28 @@ async def test_a_switch_and_the_rotation_change_together(fakes):
     assert not (await replicas.switch("nowhere", 2)).switched and (replicas.model, replicas.policy_version) == ("tiny-v1", 1)
     await asyncio.sleep(0)
     await replicas.aclose()
+
+
+# -- the command line ----------------------------------------------------------------------------------
+
+
+def test_the_cli_starts_with_an_unreachable_replica_out_of_rotation_and_says_so_in_one_line(tiny_model_dir, tmp_path,
+                                                                                              capsys, monkeypatch):
+    from seed_agents.app.cli import main
+    from tests.gateway_procs import MODEL as FAKE_MODEL
+    from tests.gateway_procs import gateway_on_fake_vllm
+
+    dead = "http://127.0.0.1:9"  # nothing listens there
+    with gateway_on_fake_vllm(tiny_model_dir, tmp_path, "--upstream", dead, "--name", "gw-cli") as (url, _, _):
+        r = httpx.post(f"{url}/v1/chat/completions", json={"model": FAKE_MODEL, "messages": [{"role": "user", "content": "hi"}]},
+                       timeout=60)
+        assert r.status_code == 200
+        replicas = {x["url"]: x["in_rotation"] for x in httpx.get(f"{url}/v1/admin/replicas", timeout=10).json()["replicas"]}
+    assert replicas[dead] is False and sum(replicas.values()) == 1
+    log = (tmp_path / "gateway.log").read_text()
+    said = [line for line in log.splitlines() if dead in line and "out of rotation" in line]
+    assert len(said) == 1 and "unreachable" in said[0] and "Traceback" not in log
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert main(["gateway", "--upstream", "localhost:8000", "--model", "m"]) == 2  # a URL without its scheme
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "upstream" in err[0] and "http(s)://host[:port]" in err[0]
