@@ -78,6 +78,7 @@ class Pick:
     replica: Replica
     model: str
     policy_version: int
+    last_resort: bool = False  # no replica was in rotation: one was tried anyway
 
 
 @dataclass(frozen=True)
@@ -144,7 +145,8 @@ class ReplicaSet:
     def pick(self, exclude: Sequence[Replica] = ()) -> Pick:
         """The next replica for a request, with the current pair; 503 ``no_replica`` when none is left."""
         live = [r for r in self.replicas if r.in_rotation and r not in exclude]
-        if not live and not any(r.in_rotation for r in self.replicas):
+        last_resort = not live and not any(r.in_rotation for r in self.replicas)
+        if last_resort:
             live = [r for r in self.replicas if r not in exclude]  # none in rotation: a try beats a certain error
         if not live:
             raise UpstreamError(503, "no model server replica is in rotation (see /v1/admin/replicas)",
@@ -153,7 +155,7 @@ class ReplicaSet:
         if self.pick_mode == "least_busy":
             least = min(r.in_flight for r in live)
             live = [r for r in live if r.in_flight == least]
-        return Pick(live[self._turn % len(live)], self.model, self.policy_version)
+        return Pick(live[self._turn % len(live)], self.model, self.policy_version, last_resort)
 
     async def complete(self, prompt_ids: list[int], params: SamplingParams) -> tuple[Completion, Pick]:
         """Sample one completion on some replica (the next one when a replica fails)."""
@@ -196,8 +198,8 @@ class ReplicaSet:
                 replica.in_flight -= 1
             else:
                 hold.callback(_done, replica)
-            if not replica.in_rotation and pick.model == self.model:  # it answered for the current pair: back in
-                self._put_in(replica, "it answered a request")
+            if pick.last_resort and not replica.in_rotation and pick.model == self.model:
+                self._put_in(replica, "it answered a request")  # the current pair, while no other could: back in
             return result, pick
 
     # -- rotation ------------------------------------------------------------------------
