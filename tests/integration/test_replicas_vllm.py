@@ -238,11 +238,6 @@ def test_two_gateways_two_replicas_a_promotion_a_killed_replica_and_a_rollback(
         if traffic is not None:
             traffic.close()
 
-    # every process this test started is gone (the session's server is the session's)
-    assert all(p.returncode is not None for p in procs)
-    replica_b.stop()
-    assert all(not group_members(g) for g in b_groups)
-
     # no call lost, none stored twice, none stored unanswered; sessions crossed gateways
     by_session: dict[str, list[str]] = {}
     for a in traffic.answered:
@@ -272,6 +267,11 @@ def test_two_gateways_two_replicas_a_promotion_a_killed_replica_and_a_rollback(
             b.close()
         httpx.post(f"{replica_a.url}/v1/unload_lora_adapter", json={"lora_name": served_v1}, timeout=30)
     assert sorted(gaps)[len(gaps) // 2] > 1e-2  # the check can tell the versions apart
+
+    # every process this test started is gone (the session's server is the session's)
+    assert all(p.returncode is not None for p in procs)
+    replica_b.stop()
+    assert all(not group_members(g) for g in b_groups)
 
     # status sees both gateways, stopped, each with its own drained spool
     rows = {g.name: g for g in store.gateways()}
