@@ -712,6 +712,14 @@ class StoreSuite:
                 CanaryEpisode(side="candidate", version=1, task_id="t", seed=0, reward=1.0, success=True)])
             assert [e.task_id for e in store.canary_episodes([d.decision_id])] == ["t"]
 
+    def test_every_gateway_reports_itself_in_one_row(self, store: TraceStore) -> None:
+        store.beat_gateway("gw-a", url="http://10.0.0.1:8080", started_at=1.0, state={"policy_version": 0})
+        store.beat_gateway("gw-b", url="http://10.0.0.2:8080", started_at=2.0, state={"policy_version": 0})
+        store.beat_gateway("gw-a", url="http://10.0.0.1:8080", started_at=1.0, state={"policy_version": 1})
+        rows = {g.name: g for g in store.gateways()}
+        assert set(rows) == {"gw-a", "gw-b"} and rows["gw-a"].state == {"policy_version": 1}
+        assert store.gateways()[0].name == "gw-a"  # most recently seen first
+
     def test_fresh_database_gets_the_current_version(self, store: TraceStore, store_url: str) -> None:
         engine = create_engine(parse_url(store_url))
         try:

@@ -199,7 +199,7 @@ class ContinualLoop:
         except StoreError as e:
             raise ContinualError(str(e)) from None
         self.registry = VersionRegistry(self.store)
-        self.serving = serving or serving_for(cfg.backend)
+        self.serving = serving or serving_for(cfg.backend, replicas=cfg.replicas)
         if bootstrap:
             self.registry.bootstrap(cfg.name, served_name=cfg.backend.model)
         self._sandbox_turns: tuple[asyncio.AbstractEventLoop, asyncio.Lock] | None = None

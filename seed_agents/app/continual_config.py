@@ -113,6 +113,10 @@ class ContinualConfig(BaseModel):
     out: Path = Field(Path("runs/continual"), description="Adapters (adapters/cycle-<id>) and per-cycle traces (cycles/<id>/).")
     seed: int = Field(0, description="Seed of sampling and training.")
     backend: BackendConfig = Field(default_factory=BackendConfig, description="The base model; kind vllm: the server that serves every version (LoRA) and `model` is its base served name.")
+    replicas: list[str] = Field(default_factory=list, description=(
+        "kind vllm: the other vLLM replicas the gateways send to (base URLs), beside backend.base_url. Every version is "
+        "loaded into each one before its canary; one that fails is reported and stays out of the gateways' rotation "
+        "until it has loaded the version. The canary samples from backend.base_url."))
     sampling: SamplingParams = Field(default_factory=lambda: SamplingParams(**DEFAULT_SAMPLING), description=(
         "Replay and canary sampling. max_tokens and temperature left unset: each session's own, as the gateway "
         "recorded it (else 512 and 0.7)."))

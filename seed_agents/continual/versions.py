@@ -61,6 +61,7 @@ class ServedVersion(BaseModel):
     name: str
     version: int
     served_name: str
+    path: str = ""  # the adapter folder ("" for the base model): a replica that lacks it loads it from here
 
 
 def served_name_of(record: ModelVersionRecord) -> str:
@@ -85,7 +86,7 @@ class VersionRegistry:
         """What ``name`` serves now (the gateway calls this); None before any promotion."""
         record = self.store.promoted_version(name)
         return None if record is None else ServedVersion(name=name, version=record.version,
-                                                         served_name=served_name_of(record))
+                                                         served_name=served_name_of(record), path=record.path)
 
     def versions(self, name: str, status: VersionStatus | str | None = None) -> list[ModelVersionRecord]:
         """Versions of ``name`` by number, optionally of one status."""

@@ -51,6 +51,14 @@ What gets stored, and when:
   of this contract, bodies and statuses included: ``seed_agents.gateway.openapi``.
 - Secrets: see ``recording`` (redacted, session flagged "secret", never trained).
 
+Replicas and gateways: ``upstream`` may list several vLLM replicas of one model; the gateway
+spreads requests over those in rotation and moves all of them to a new version together, or
+takes out the ones that cannot serve it (``seed_agents.gateway.replicas``; admin role:
+``GET /v1/admin/replicas``). Each stored call's scope names the replica that sampled it
+(``replica``). Several gateways may share one store: a session continues on any of them, each
+drains its own spool (named after the gateway), and each reports itself in the store every
+few seconds for ``seed-agents status`` (``seed_agents.gateway.fleet``).
+
 Versions: with config ``registry`` the upstream model and the stamped policy version
 follow the store's promoted version (``seed_agents.gateway.policy``): a promotion or a
 rollback reaches new requests within ``refresh_s``, requests in flight keep the version
@@ -84,9 +92,11 @@ from seed_agents.gateway.admission import InFlightLimit
 from seed_agents.gateway.config import GatewayConfig
 from seed_agents.gateway.errors import GatewayError, bad_request, not_found
 from seed_agents.gateway.feedback import RewardIn, load_verifiers, reward_source, run_verifiers
+from seed_agents.gateway.fleet import Heartbeat
 from seed_agents.gateway.judge import LLMJudge
 from seed_agents.gateway.policy import PolicyResolver
 from seed_agents.gateway.recording import Turn
+from seed_agents.gateway.replicas import ReplicaSet
 from seed_agents.gateway.render import ChatRequest, Renderer, Reply, forced_prefix, parse_reply, parse_request, tool_choice_of
 from seed_agents.gateway.security import KeyRing, RedactingFilter, Redactor, Role, presented_key
 from seed_agents.gateway.streaming import DeltaBuilder
@@ -114,16 +124,22 @@ class PolicyIn(BaseModel):
 class Gateway:
     """Everything a request handler needs, built once per app."""
 
-    def __init__(self, cfg: GatewayConfig, store: TraceStore, upstream: Upstream, tokenizer: Any) -> None:
+    def __init__(self, cfg: GatewayConfig, store: TraceStore, upstream: Upstream | ReplicaSet, tokenizer: Any) -> None:
         self.cfg = cfg
         self.store = store
+        self.stats: Counter[str] = Counter()
+        if isinstance(upstream, Upstream):  # one server: a set of one
+            upstream = ReplicaSet([upstream], pick=cfg.replicas.pick, probe_timeout_s=cfg.replicas.probe_timeout_s,
+                                  load_timeout_s=cfg.replicas.load_timeout_s, load_adapters=cfg.replicas.load_adapters)
+        upstream.stats = self.stats
         self.upstream = upstream
         self.renderer = Renderer(tokenizer, cfg.tool_format)
         self.keys = KeyRing.from_config(cfg.security)
         self.redactor = Redactor.from_config(cfg.security, extra_literals=[*self.keys.values, *upstream.secret_values])
-        self.stats: Counter[str] = Counter()
         self.metrics = GatewayMetrics(store, upstream, self.stats)
-        self.recorder = MeteredRecorder(store, self.renderer, self.redactor, self.stats, self.metrics, cfg.store_outage)
+        self.recorder = MeteredRecorder(store, self.renderer, self.redactor, self.stats, self.metrics, cfg.store_outage,
+                                        gateway=cfg.gateway_name)
+        self.heartbeat = Heartbeat(store, cfg, upstream, self.recorder, self.stats)
         self.verifiers = load_verifiers(cfg.verifiers)
         self.judge = LLMJudge(cfg.judge, redact=self.redactor.text) if cfg.judge else None
         self._judge_locks: dict[str, asyncio.Lock] = {}
@@ -139,9 +155,13 @@ class Gateway:
         return self._judge_locks.setdefault(task_key, asyncio.Lock())
 
 
-def build_app(config: GatewayConfig, store: TraceStore, upstream: Upstream, *, tokenizer: Any = None) -> FastAPI:
+def build_app(config: GatewayConfig, store: TraceStore, upstream: Upstream | ReplicaSet, *, tokenizer: Any = None,
+              check_replicas: bool = False) -> FastAPI:
     """The gateway app. ``tokenizer`` defaults to ``config.tokenizer or config.model``
-    (resolved with ``seed_agents.models``); the caller owns ``store`` and closes it."""
+    (resolved with ``seed_agents.models``); the caller owns ``store`` and closes it.
+    ``upstream``: one server, or several replicas (``ReplicaSet``). ``check_replicas``: ask
+    every replica at start whether it answers (the CLI does), so one that does not starts
+    out of rotation with one log line instead of failing the first requests sent to it."""
     if tokenizer is None:
         from seed_agents.models import load_tokenizer
 
@@ -154,11 +174,19 @@ def build_app(config: GatewayConfig, store: TraceStore, upstream: Upstream, *, t
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await gw.recorder.start()  # spool mode: open the spool, flush what an earlier run left
+        if check_replicas:
+            await gw.upstream.check()
         if gw.policy is not None:  # serve the promoted version from the first request on
             await gw.policy.refresh()
+        background = [asyncio.create_task(gw.upstream.watch(config.replicas.health_s), name="seed-gateway-replicas"),
+                      asyncio.create_task(gw.heartbeat.run(), name="seed-gateway-heartbeat")]
         yield
+        for task in background:
+            task.cancel()
+        await asyncio.gather(*background, return_exceptions=True)
         await gw.recorder.stop()  # one last flush; the rest waits in the spool for the next start
-        await upstream.aclose()
+        await gw.heartbeat.beat(stopped=True)
+        await gw.upstream.aclose()
 
     app = FastAPI(title="seed-agents capture gateway", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.gateway = gw
@@ -293,14 +321,14 @@ async def _chat(gw: Gateway, request: Request, path_session: str | None) -> Resp
         await gw.recorder.open_session(sid)
         if gw.policy is not None:
             await gw.policy.refresh()
-        # one snapshot: a version switch mid-request must not mix model and version
-        model, version = gw.upstream.model, gw.upstream.policy_version
+        # the pair is the replica's, taken when it is picked: set on the turn below
         turn = Turn(session_id=sid, task_key=task_key, call_id=new_id(), messages=req.messages, tools=tools,
-                    prompt_ids=prompt_ids, rendered=rendered, params=params, model=model, policy_version=version,
-                    stream=req.stream, prefix=prefix, tool_choice=choice)
+                    prompt_ids=prompt_ids, rendered=rendered, params=params, model=gw.upstream.model,
+                    policy_version=gw.upstream.policy_version, stream=req.stream, prefix=prefix, tool_choice=choice)
         if req.stream:
             return await _open_stream(gw, request, req, turn, headers)
-        comp = await gw.upstream.complete(model, prompt_ids, params, version)
+        comp, pick = await gw.upstream.complete(prompt_ids, params)
+        turn.picked(pick.model, pick.policy_version, pick.replica.state()["url"])
         call, flagged = gw.recorder.build(turn, comp)
         if await request.is_disconnected():  # nobody will act on this answer: keep it out of the session
             gw.stats["dropped_disconnected"] += 1
@@ -339,10 +367,11 @@ async def _open_stream(gw: Gateway, request: Request, req: ChatRequest, turn: Tu
     """Start the upstream stream first, so its errors are still proper HTTP errors."""
     stack = AsyncExitStack()
     try:
-        pieces = await gw.upstream.open_stream(turn.model, turn.prompt_ids, turn.params, stack)
+        pieces, pick = await gw.upstream.open_stream(turn.prompt_ids, turn.params, stack)
     except BaseException:
         await stack.aclose()
         raise
+    turn.picked(pick.model, pick.policy_version, pick.replica.state()["url"])
     events = _stream_events(gw, request, req, turn, pieces, stack)
     return StreamingResponse(events, media_type="text/event-stream", headers={**headers, "X-Call-Id": turn.call_id})
 
@@ -532,12 +561,19 @@ def _add_admin_routes(app: FastAPI, gw: Gateway) -> None:
             body = PolicyIn.model_validate(await read_json(request, gw.cfg.security.max_request_bytes))
         except ValidationError as e:
             raise bad_request(f"invalid policy: {_first_error(e)}") from None
-        served = await gw.upstream.models()
-        if body.upstream_model not in served:
-            raise GatewayError(409, f"the upstream does not serve {body.upstream_model!r} (it serves {served})", type="invalid_request_error", code="model_not_served")
-        gw.upstream.model, gw.upstream.policy_version = body.upstream_model, body.policy_version
+        result = await gw.upstream.switch(body.upstream_model, body.policy_version)
+        if not result.switched:
+            why = "; ".join(f"{url}: {reason}" for url, reason in result.out.items())
+            raise GatewayError(409, f"no upstream replica serves {body.upstream_model!r} ({why})",
+                               type="invalid_request_error", code="model_not_served")
         log.info("policy switched to %s (version %d)", body.upstream_model, body.policy_version)
         return {"upstream_model": gw.upstream.model, "policy_version": gw.upstream.policy_version}
+
+    @app.get("/v1/admin/replicas", dependencies=admin)
+    async def replicas() -> dict[str, Any]:
+        """The upstream replicas: in rotation or not (and why), requests in flight."""
+        return {"upstream_model": gw.upstream.model, "policy_version": gw.upstream.policy_version,
+                "replicas": gw.upstream.state()}
 
     @app.get("/v1/admin/stats", dependencies=admin)
     async def stats() -> dict[str, int]:

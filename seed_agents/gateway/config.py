@@ -9,7 +9,9 @@ config cannot leak them.
 from __future__ import annotations
 
 import re
+import socket
 from typing import Literal
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
@@ -146,13 +148,42 @@ class StoreOutageConfig(BaseModel):
     on_failure: Literal["spool", "refuse"] = Field(
         "spool", description="spool: answer and keep the call in a local durable spool until the store is back; "
                              "refuse: HTTP 503, nothing recorded.")
-    spool_path: str | None = Field(None, description="The spool's SQLite file (mode 0600, one gateway process per file); default: "
-                                   "beside a SQLite store (traces.db.spool), runs/gateway-spool.sqlite for PostgreSQL. "
+    spool_path: str | None = Field(None, description="The spool's SQLite file (mode 0600, one gateway process per file); default, named "
+                                   "after the gateway (its `name`): beside a SQLite store (traces.db.NAME.spool), "
+                                   "runs/gateway-spool-NAME.sqlite for PostgreSQL. "
                                    "Put it on another disk than a SQLite store to outlive that disk failing.")
     max_spool_mb: float = Field(1024.0, gt=0, description="Largest spool (MB of spooled calls); beyond it new calls get HTTP 503 "
                                 "spool_unavailable until the store takes some.")
     retry_max_s: float = Field(10.0, gt=0, le=3600, description="Longest wait between flush attempts while the store stays down "
                                "(jittered exponential backoff from 0.1 s): a recovered store is used at most this late.")
+
+
+class ReplicasConfig(BaseModel):
+    """How requests are spread over several upstream replicas and when one leaves or rejoins
+    the rotation (``seed_agents.gateway.replicas``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    pick: Literal["least_busy", "round_robin"] = Field(
+        "least_busy", description="least_busy: the replica with the fewest requests in flight from this gateway (ties in "
+                                  "turn); round_robin: strictly in turn.")
+    health_s: float = Field(5.0, gt=0, le=3600, description="Ask every replica this often whether it answers and serves the "
+                                                            "current version; one that does rejoins the rotation.")
+    probe_timeout_s: float = Field(5.0, gt=0, le=300, description="A replica that does not list its models within this is "
+                                                                  "out of rotation.")
+    load_adapters: bool = Field(True, description="Load the promoted version's LoRA adapter (its registry path, as seen "
+                                                  "by the replica) into a replica that answers without it, e.g. after a "
+                                                  "restart; false: such a replica stays out until someone loads it.")
+    load_timeout_s: float = Field(120.0, gt=0, le=3600, description="Longest wait for a replica to load an adapter.")
+
+
+def _urls(value: object) -> object:
+    """One URL, several separated by commas, or a list: a list of base URLs."""
+    if isinstance(value, str):
+        value = [value]
+    if isinstance(value, list):
+        return [u.strip() for item in value for u in (item.split(",") if isinstance(item, str) else [item]) if u.strip()]
+    return value
 
 
 class GatewayConfig(BaseModel):
@@ -161,12 +192,16 @@ class GatewayConfig(BaseModel):
     ``model`` is the name clients put in requests and ``/v1/models`` lists; requests are
     forwarded to ``upstream_model`` (default: the same name), which an admin may switch
     at run time together with ``policy_version`` (e.g. to a newly promoted LoRA adapter),
-    or which ``registry`` keeps on the store's promoted version.
+    or which ``registry`` keeps on the store's promoted version. With several ``upstream``
+    replicas every one must serve that name before it is switched to (``replicas``).
     """
 
     model_config = ConfigDict(extra="forbid")
 
-    upstream: str = Field(description="Base URL of the vLLM server (with or without /v1).")
+    upstream: list[str] = Field(min_length=1, description="Base URL of the vLLM server (with or without /v1), or of several "
+                                "replicas serving the same model (a list, or URLs separated by commas).")
+    name: str | None = Field(None, min_length=1, max_length=128, description="This gateway's name among those on one store "
+                             "(its row in `seed-agents status`, its default spool file); default: host name and port.")
     model: str = Field(min_length=1, description="Model name clients request; unknown names get HTTP 404.")
     upstream_model: str | None = Field(None, description="Model name sent upstream (vLLM's served name or LoRA adapter); default: model.")
     tokenizer: str | None = Field(None, description="Tokenizer folder/alias/hub id whose chat template renders prompts; default: model.")
@@ -188,9 +223,31 @@ class GatewayConfig(BaseModel):
     verifiers: list[str] = Field(default_factory=list, description="'pkg.mod:fn' callables run on session end: fn(session, calls) -> float | None.")
     judge: JudgeConfig | None = Field(None, description="LLM judge that scores ended sessions of one task key against each other.")
     registry: RegistryConfig | None = Field(None, description="Follow the store's promoted model version instead of upstream_model/policy_version.")
+    replicas: ReplicasConfig = Field(default_factory=ReplicasConfig, description="Picking among several upstream replicas, "
+                                     "and their health checks.")
     security: SecurityConfig = Field(default_factory=SecurityConfig)
     store_outage: StoreOutageConfig = Field(default_factory=StoreOutageConfig,
                                             description="Spool (default) or refuse chat calls while the trace store is down.")
+
+    @field_validator("upstream", mode="before")
+    @classmethod
+    def _upstream_list(cls, v: object) -> object:
+        return _urls(v)
+
+    @field_validator("upstream")
+    @classmethod
+    def _upstream_urls(cls, v: list[str]) -> list[str]:
+        for url in v:
+            parsed = urlsplit(url)
+            if parsed.scheme not in ("http", "https") or not parsed.hostname:
+                raise ValueError(f"upstream {url!r} is not an http(s)://host[:port] URL")
+            try:
+                parsed.port  # noqa: B018 - raises on a port that is not a number
+            except ValueError:
+                raise ValueError(f"upstream {url!r} has an invalid port") from None
+        if len({u.rstrip("/").removesuffix("/v1") for u in v}) != len(v):
+            raise ValueError("upstream lists the same replica twice")
+        return v
 
     @field_validator("upstream_api_key_env")
     @classmethod
@@ -200,3 +257,9 @@ class GatewayConfig(BaseModel):
     @property
     def served_upstream_model(self) -> str:
         return self.upstream_model or self.model
+
+    @property
+    def gateway_name(self) -> str:
+        """``name``, else ``<host name>:<port>``: stable across restarts, so a restarted
+        gateway finds its own spool."""
+        return self.name or f"{socket.gethostname()}:{self.port}"

@@ -51,6 +51,7 @@ _ERRORS: dict[tuple[str, str], tuple[int, ...]] = {
     ("get", "/v1/admin/sessions/{session_id}"): (404, 503),
     ("get", "/v1/admin/policy"): (),
     ("put", "/v1/admin/policy"): (*_BODY, 409, 502, 503),
+    ("get", "/v1/admin/replicas"): (),
     ("get", "/v1/admin/stats"): (),
     ("get", "/metrics"): (503,),
     ("get", "/dashboard"): (400, 503),

@@ -8,9 +8,12 @@ and at most ``refresh_s`` late. What holds while versions switch:
 - A request takes (upstream model, policy version) once, after the refresh and before it
   goes upstream: a switch while it runs does not touch it, so it finishes on the version
   it started with, and its stored call is stamped with that version.
-- A promoted version the upstream does not serve (its adapter not loaded yet, or lost in
-  a vLLM restart) is not switched to: users keep the current version, the log says why,
-  and the next refresh tries again. Stamps always name what actually answered.
+- A promoted version no upstream replica serves (its adapter not loaded yet and not
+  loadable from its registry path, or lost in a vLLM restart) is not switched to: users
+  keep the current version, the log says why, and the next refresh tries again. Stamps
+  always name what actually answered. With several replicas every one is asked before the
+  switch; those that do not serve the new version leave the rotation with it
+  (``seed_agents.gateway.replicas``).
 - A store that cannot be read keeps the current version serving (one warning per try).
 """
 
@@ -24,9 +27,8 @@ from collections.abc import Callable
 
 from sqlalchemy.exc import SQLAlchemyError
 
-from seed_agents.continual.versions import ServedVersion, VersionRegistry
-from seed_agents.gateway.errors import GatewayError
-from seed_agents.gateway.upstream import Upstream
+from seed_agents.continual.versions import VersionRegistry
+from seed_agents.gateway.replicas import ReplicaSet
 from seed_agents.store import StoreError
 
 log = logging.getLogger("seed_agents.gateway")
@@ -35,7 +37,7 @@ log = logging.getLogger("seed_agents.gateway")
 class PolicyResolver:
     """Keeps ``upstream.model`` / ``upstream.policy_version`` on the promoted version of ``name``."""
 
-    def __init__(self, registry: VersionRegistry, name: str, upstream: Upstream, refresh_s: float,
+    def __init__(self, registry: VersionRegistry, name: str, upstream: ReplicaSet, refresh_s: float,
                  stats: Counter[str], *, clock: Callable[[], float] = time.monotonic) -> None:
         self.registry = registry
         self.name = name
@@ -70,28 +72,17 @@ class PolicyResolver:
             return
         if promoted is None or (promoted.served_name, promoted.version) == (self.upstream.model, self.upstream.policy_version):
             return
-        if not await self._upstream_serves(promoted):
-            return
         before = self._serving()
-        # no await between these two: a request sees the old pair or the new one, never a mix
-        self.upstream.model, self.upstream.policy_version = promoted.served_name, promoted.version
+        result = await self.upstream.switch(promoted.served_name, promoted.version, adapter_path=promoted.path or None)
+        if not result.switched:
+            reachable = any(not why.startswith("unreachable") for why in result.out.values())
+            self.stats["policy_not_served" if reachable else "policy_refresh_errors"] += 1
+            log.warning("%r v%d is promoted but no upstream replica serves %r (%s); still serving %s",
+                        self.name, promoted.version, promoted.served_name,
+                        "; ".join(f"{url}: {why}" for url, why in result.out.items()), self._serving())
+            return
         self.stats["policy_switches"] += 1
         log.info("now serving %r v%d as %s (was %s)", self.name, promoted.version, promoted.served_name, before)
-
-    async def _upstream_serves(self, promoted: ServedVersion) -> bool:
-        try:
-            served = await self.upstream.models()
-        except GatewayError as e:
-            self.stats["policy_refresh_errors"] += 1
-            log.warning("cannot list the upstream's models to switch to %r v%d (still serving %s): %s",
-                        self.name, promoted.version, self._serving(), e.message)
-            return False
-        if promoted.served_name not in served:
-            self.stats["policy_not_served"] += 1
-            log.warning("%r v%d is promoted but the upstream does not serve %r (it serves %s); still serving %s",
-                        self.name, promoted.version, promoted.served_name, served, self._serving())
-            return False
-        return True
 
     def _serving(self) -> str:
         return f"{self.upstream.model} v{self.upstream.policy_version}"

@@ -48,7 +48,16 @@ from seed_agents.gateway.config import StoreOutageConfig
 from seed_agents.gateway.errors import GatewayError
 from seed_agents.gateway.render import Renderer
 from seed_agents.gateway.security import Redactor
-from seed_agents.gateway.spool import Flusher, FlushResult, Spool, SpoolEntry, SpoolError, default_spool_path, is_outage
+from seed_agents.gateway.spool import (
+    Flusher,
+    FlushResult,
+    Spool,
+    SpoolEntry,
+    SpoolError,
+    adopt_unnamed,
+    default_spool_path,
+    is_outage,
+)
 from seed_agents.store import SessionRecord, StoreError, TraceStore
 from seed_agents.transcript import TOOL_CHOICE_LABEL, record_transcript, transcript_of
 from seed_agents.types import Completion, LLMCall, SamplingParams
@@ -78,6 +87,11 @@ class Turn:
     tool_choice: str | None = None  # the request's, as tool_choice_of reads it (None: auto)
     started_at: float = field(default_factory=time.time)
     t0: float = field(default_factory=time.perf_counter)
+    replica: str | None = None  # the upstream replica that sampled it
+
+    def picked(self, model: str, policy_version: int, replica: str) -> None:
+        """The replica the call went to, and the pair it went out with (its stamp)."""
+        self.model, self.policy_version, self.replica = model, policy_version, replica
 
 
 class Recorder:
@@ -85,8 +99,9 @@ class Recorder:
     in spool mode, owns the spool and its flusher between ``start`` and ``stop``."""
 
     def __init__(self, store: TraceStore, renderer: Renderer, redactor: Redactor, stats: Counter[str],
-                 outage: StoreOutageConfig | None = None) -> None:
+                 outage: StoreOutageConfig | None = None, *, gateway: str | None = None) -> None:
         self.store = store
+        self.gateway = gateway  # this gateway's name: its default spool is its own
         self.renderer = renderer
         self.redactor = redactor
         self.stats = stats
@@ -104,7 +119,9 @@ class Recorder:
         """Spool mode: open the spool and start flushing it (an earlier run's calls first)."""
         if self.outage.on_failure != "spool":
             return
-        path = Path(self.outage.spool_path) if self.outage.spool_path else default_spool_path(self.store.url)
+        path = Path(self.outage.spool_path) if self.outage.spool_path else default_spool_path(self.store.url, self.gateway)
+        if not self.outage.spool_path and await asyncio.to_thread(adopt_unnamed, default_spool_path(self.store.url), path):
+            log.warning("took over the spool %s, left by an earlier gateway, as %s", default_spool_path(self.store.url), path)
         self.spool = await asyncio.to_thread(Spool.open, path, self.store.url, int(self.outage.max_spool_mb * 2**20))
         if self.spool.depth:
             log.warning("the spool %s holds %d calls from an earlier run; flushing them to the store", path, self.spool.depth)
@@ -126,7 +143,7 @@ class Recorder:
             log.warning("the trace store is still unavailable at shutdown: %s", _first_line(e))
         finally:
             if spool.depth:
-                log.warning("%d calls stay in the spool %s; the next gateway on this store flushes them", spool.depth, spool.path)
+                log.warning("%d calls stay in the spool %s; this gateway flushes them when it starts again", spool.depth, spool.path)
             await asyncio.to_thread(spool.close)
 
     # -- sessions -------------------------------------------------------------------------
@@ -172,6 +189,8 @@ class Recorder:
         # the tool_choice in the loop's words (agent.tool_choice), for the replays to send the same
         choice = {None: "auto", "any": "required"}.get(turn.tool_choice, turn.tool_choice)
         scope: dict[str, Any] = {"source": "gateway", "stream": turn.stream, TOOL_CHOICE_LABEL: choice}
+        if turn.replica is not None:  # who sampled it, under which served name: what its stamp rests on
+            scope["replica"], scope["upstream_model"] = turn.replica, turn.model
         if flagged:
             scope["flagged"] = SECRET_FLAG
         call = LLMCall(

@@ -33,6 +33,7 @@ import asyncio
 import json
 import logging
 import os
+import re
 import sqlite3
 import threading
 import time
@@ -123,15 +124,45 @@ def is_outage(e: BaseException) -> bool:
     return isinstance(e, sa.exc.OperationalError | sa.exc.InterfaceError | sa.exc.DisconnectionError | sa.exc.TimeoutError)
 
 
-def default_spool_path(store_url: str) -> Path:
+def default_spool_path(store_url: str, gateway: str | None = None) -> Path:
     """Beside a SQLite store (``traces.db`` -> ``traces.db.spool``): the folder the
     operator chose for the gateway's data. For PostgreSQL, ``runs/gateway-spool.sqlite``
-    under the working directory (the store's own default folder)."""
+    under the working directory (the store's own default folder).
+
+    With ``gateway`` (its name) the file is that gateway's own (``traces.db.NAME.spool``,
+    ``runs/gateway-spool-NAME.sqlite``): several gateways on one store each drain their
+    own spool, exactly once, and a restarted one finds what it left."""
+    tag = "" if gateway is None else re.sub(r"[^A-Za-z0-9._-]", "_", gateway)
     url = sa.make_url(store_url)
     if url.get_backend_name() == "sqlite" and url.database:
         db = Path(url.database).expanduser()
-        return db.with_name(db.name + ".spool")
-    return Path(PG_DEFAULT_SPOOL)
+        return db.with_name(f"{db.name}.{tag}.spool" if tag else f"{db.name}.spool")
+    default = Path(PG_DEFAULT_SPOOL)
+    return default.with_name(f"{default.stem}-{tag}{default.suffix}") if tag else default
+
+
+def adopt_unnamed(unnamed: Path, path: Path) -> bool:
+    """Move a spool left at the unnamed default ``unnamed`` (a gateway before spools were
+    named after their gateway) to ``path``, so its calls are flushed, not stranded. Only
+    when ``path`` does not exist yet and no process holds ``unnamed``; True when moved."""
+    if path.exists() or not unnamed.exists():
+        return False
+    lock = filelock.FileLock(f"{unnamed}.lock", timeout=0, mode=0o600, thread_local=False)
+    try:
+        lock.acquire()
+    except filelock.Timeout:
+        return False  # another gateway still uses it as its own
+    try:
+        if path.exists() or not unnamed.exists():
+            return False
+        path.parent.mkdir(parents=True, exist_ok=True)
+        for suffix in ("-wal", "-shm", ""):  # the WAL may hold committed calls: it moves with its file
+            part = Path(f"{unnamed}{suffix}")
+            if part.exists():
+                os.replace(part, f"{path}{suffix}")
+        return True
+    finally:
+        lock.release()
 
 
 class Spool:

@@ -1,7 +1,8 @@
 """A fake vLLM server for gateway tests: deterministic token ids and logprobs, no model.
 
 ``FakeVLLM().app`` answers ``/v1/completions`` (token-id prompts, ``return_token_ids``,
-``logprobs: 0``, with and without ``stream``) and ``/v1/models`` the way vLLM 0.32 does,
+``logprobs: 0``, with and without ``stream``), ``/v1/models`` and ``/v1/load_lora_adapter`` (and unload)
+the way vLLM 0.32 does (``down`` and ``restart`` play a killed and a restarted server),
 so the gateway can be tested in-process through ``httpx.ASGITransport``. The completion
 is ``script`` tokenized (plus the eos token), cut at ``max_tokens``; the logprob of
 token i is ``-(i + 1) / 100 - len(prompt) / 1e4``, so a test can tell which prompt and
@@ -35,10 +36,18 @@ class FakeVLLM:
         self.api_key: str | None = None  # when set, requests must carry it
         self.break_after: int | None = None  # end streams after this many events, without [DONE]
         self.auth_headers: list[str | None] = []
+        self.down = False  # refuse every connection, as a killed server does
+        self.fail_loads = False  # answer adapter loads with HTTP 500
+        self.loads: list[dict[str, Any]] = []  # every adapter load asked for
         self.app = self._build()
 
-    def transport(self) -> httpx.ASGITransport:
-        return httpx.ASGITransport(app=self.app)
+    def transport(self) -> httpx.AsyncBaseTransport:
+        return _Killable(self)
+
+    def restart(self) -> None:
+        """Come back up as a restarted vLLM does: runtime adapters forgotten."""
+        self.down = False
+        self.served = self.served[:1]
 
     def completion_ids(self, max_tokens: int) -> tuple[list[int], str]:
         ids = list(self.tokenizer(self.script, add_special_tokens=False)["input_ids"]) + [int(self.tokenizer.eos_token_id)]
@@ -71,6 +80,26 @@ class FakeVLLM:
                 "index": 0, "text": self.tokenizer.decode(ids), "token_ids": ids, "prompt_token_ids": prompt,
                 "logprobs": {"token_logprobs": lps}, "finish_reason": finish}]})
 
+        @app.post("/v1/load_lora_adapter")
+        async def load(request: Request) -> Response:
+            body = await request.json()
+            self.loads.append(body)
+            if self.fail_loads:
+                return JSONResponse({"error": {"message": "fake load failure", "code": 500}}, status_code=500)
+            if body["lora_name"] in self.served:
+                return JSONResponse({"error": {"message": f"The lora adapter '{body['lora_name']}' has already been loaded."}},
+                                    status_code=400)
+            self.served.append(body["lora_name"])
+            return Response(f"Success: LoRA adapter '{body['lora_name']}' added successfully.")
+
+        @app.post("/v1/unload_lora_adapter")
+        async def unload(request: Request) -> Response:
+            name = (await request.json())["lora_name"]
+            if name not in self.served[1:]:
+                return JSONResponse({"error": {"message": f"The lora adapter '{name}' cannot be found."}}, status_code=404)
+            self.served.remove(name)
+            return Response(f"Success: LoRA adapter '{name}' removed successfully.")
+
         return app
 
     def _events(self, prompt: list[int], ids: list[int], lps: list[float], finish: str) -> Iterator[str]:
@@ -81,3 +110,16 @@ class FakeVLLM:
                       "prompt_token_ids": prompt if i == 0 else None, "finish_reason": finish if i == len(ids) - 1 else None}
             yield "data: " + json.dumps({"id": "cmpl-fake", "object": "text_completion", "choices": [choice]}) + "\n\n"
         yield "data: [DONE]\n\n"
+
+
+class _Killable(httpx.AsyncBaseTransport):
+    """The fake's ASGI app, or a refused connection while the fake is ``down``."""
+
+    def __init__(self, fake: FakeVLLM) -> None:
+        self.fake = fake
+        self.inner = httpx.ASGITransport(app=fake.app)
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        if self.fake.down:
+            raise httpx.ConnectError("connection refused", request=request)
+        return await self.inner.handle_async_request(request)

@@ -111,6 +111,42 @@ class Upstream:
         except (ValueError, KeyError, TypeError):
             raise UpstreamError(502, "the upstream's /v1/models reply is not an OpenAI model list", type="upstream_error", code="bad_upstream_reply") from None
 
+    async def probe(self, timeout_s: float) -> list[str]:
+        """The names served, asked once with a short timeout (health checks: a replica that
+        does not answer at once is out of rotation anyway, so no retries)."""
+        try:
+            response = await self._client.get("/v1/models", timeout=timeout_s)
+        except httpx.TimeoutException:
+            raise UpstreamError(504, "the model server did not answer in time", type="upstream_timeout", code="upstream_timeout") from None
+        except httpx.TransportError as e:
+            raise UpstreamError(502, f"cannot reach the model server ({type(e).__name__})", type="upstream_unavailable", code="upstream_unreachable") from None
+        if response.status_code >= 400:
+            raise _status_error(response)
+        try:
+            return [str(m["id"]) for m in response.json()["data"]]
+        except (ValueError, KeyError, TypeError):
+            raise UpstreamError(502, "the upstream's /v1/models reply is not an OpenAI model list", type="upstream_error", code="bad_upstream_reply") from None
+
+    async def load_adapter(self, name: str, path: str, timeout_s: float) -> None:
+        """Serve the LoRA adapter at ``path`` (a path on the server's machine) under ``name``
+        (vLLM's runtime LoRA); vLLM's 400 "already been loaded" is the state wanted."""
+        try:
+            response = await self._client.post("/v1/load_lora_adapter", json={"lora_name": name, "lora_path": path},
+                                               timeout=timeout_s)
+        except httpx.TimeoutException:
+            raise UpstreamError(504, "the model server did not load the adapter in time", type="upstream_timeout", code="upstream_timeout") from None
+        except httpx.TransportError as e:
+            raise UpstreamError(502, f"cannot reach the model server ({type(e).__name__})", type="upstream_unavailable", code="upstream_unreachable") from None
+        if response.status_code == 400 and "already" in response.text.lower():
+            return
+        if response.status_code >= 400:
+            try:
+                why = _message(response.json())
+            except ValueError:
+                why = response.text[:300]
+            raise UpstreamError(502, f"loading the adapter failed (HTTP {response.status_code}): {' '.join(why.split())}",
+                                type="upstream_error", code="adapter_load_failed")
+
     async def complete(self, model: str, prompt_ids: list[int], params: SamplingParams, policy_version: int) -> Completion:
         """Sample one completion (non-streaming)."""
         body = self.body(model, prompt_ids, params, stream=False)

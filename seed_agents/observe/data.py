@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import sqlalchemy as sa
@@ -28,6 +28,7 @@ from seed_agents.observe.curve import Outcome
 from seed_agents.store import (
     CanaryEpisodeRecord,
     DecisionRecord,
+    GatewayRecord,
     ModelVersionRecord,
     RewardPolicy,
     RewardRecord,
@@ -189,6 +190,7 @@ class Overview:
     decisions: list[DecisionRecord]
     points: list[SessionPoint]
     queues: dict[str, int]
+    gateways: list[GatewayRecord] = field(default_factory=list)
 
     def promoted(self) -> dict[str, int]:
         """Model name -> its promoted version."""
@@ -196,11 +198,11 @@ class Overview:
 
 
 def read_overview(store: TraceStore, *, last_decisions: int = 10, policy: RewardPolicy | None = None) -> Overview:
-    """Versions, the last decisions, every session's point and the queues (a few reads;
+    """Versions, the last decisions, every session's point, the queues and the gateways (a few reads;
     a write landing between them can make the queues one session ahead of the points)."""
     return Overview(taken_at=time.time(), versions=store.model_versions(),
                     decisions=store.decisions(limit=last_decisions), points=session_points(store, policy),
-                    queues=queue_lengths(store))
+                    queues=queue_lengths(store), gateways=store.gateways())
 
 
 def evidence_summary(d: DecisionRecord) -> str:

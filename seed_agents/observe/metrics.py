@@ -34,6 +34,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from seed_agents.gateway.config import StoreOutageConfig
 from seed_agents.gateway.recording import Recorder
+from seed_agents.gateway.replicas import ReplicaSet
 from seed_agents.gateway.spool import SpoolEntry
 from seed_agents.observe.data import decision_counts, queue_lengths, reward_counts
 from seed_agents.store import StoreError, TraceStore
@@ -60,7 +61,7 @@ request counter's ``status`` label, not here: they are the client's fault, not o
 class GatewayMetrics:
     """The metrics of one gateway app; ``observe_call`` is fed by ``MeteredRecorder``."""
 
-    def __init__(self, store: TraceStore, upstream: Any, stats: Tally[str]) -> None:
+    def __init__(self, store: TraceStore, upstream: ReplicaSet, stats: Tally[str]) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter("seed_gateway_http_requests", "HTTP requests answered, by route template and status.",
@@ -107,8 +108,8 @@ class MeteredRecorder(Recorder):
     spooled and flushed, and showing the spool's depth."""
 
     def __init__(self, store: TraceStore, renderer: Any, redactor: Any, stats: Tally[str], metrics: GatewayMetrics,
-                 outage: StoreOutageConfig | None = None) -> None:
-        super().__init__(store, renderer, redactor, stats, outage)
+                 outage: StoreOutageConfig | None = None, *, gateway: str | None = None) -> None:
+        super().__init__(store, renderer, redactor, stats, outage, gateway=gateway)
         self.metrics = metrics
         metrics.spool_depth.set_function(lambda: self.spool.depth if self.spool is not None else 0)
 
@@ -126,7 +127,7 @@ class MeteredRecorder(Recorder):
 class _GatewayState(Collector):
     """This process's counters (``Gateway.stats``) and what it serves, read at scrape time."""
 
-    def __init__(self, stats: Tally[str], upstream: Any) -> None:
+    def __init__(self, stats: Tally[str], upstream: ReplicaSet) -> None:
         self.stats = stats
         self.upstream = upstream
 
@@ -151,6 +152,16 @@ class _GatewayState(Collector):
                                     "The policy version this gateway sends new requests to.", labels=["upstream_model"])
         serving.add_metric([str(self.upstream.model)], self.upstream.policy_version)
         yield serving
+        rotation = GaugeMetricFamily("seed_gateway_replica_in_rotation",
+                                     "1 while the upstream replica serves the current version and gets requests.",
+                                     labels=["replica"])
+        busy = GaugeMetricFamily("seed_gateway_replica_in_flight", "Requests this gateway has in flight at the replica.",
+                                 labels=["replica"])
+        for replica in self.upstream.state():
+            rotation.add_metric([replica["url"]], int(replica["in_rotation"]))
+            busy.add_metric([replica["url"]], replica["in_flight"])
+        yield rotation
+        yield busy
 
 
 class _StoreState(Collector):

@@ -2,7 +2,8 @@
 
 Versions with their state and their traffic, the last decisions with the evidence each
 rests on (and how alike the candidate and the version it was compared with played),
-success over time per version in fixed windows, and queue lengths. Rendering is a pure
+success over time per version in fixed windows, queue lengths, and every gateway that
+reports to the store (what it serves, its replicas in and out of rotation, its spool). Rendering is a pure
 function of an ``Overview`` (``data.read_overview``), so tests check the text without a
 terminal. Times are UTC, like the window boundaries (multiples of the window
 length since the epoch).
@@ -23,6 +24,7 @@ from seed_agents.observe.curve import (
     window_starts,
 )
 from seed_agents.observe.data import QUEUES, Overview, evidence_summary, outcomes, sameness_summary
+from seed_agents.store.gateways import SILENT_AFTER_S
 
 
 def utc(ts: float, *, seconds: bool = True) -> str:
@@ -114,4 +116,34 @@ def render_status(ov: Overview, *, store_label: str, window_s: int | None = None
     lines.append("QUEUES")
     lines += _table(("QUEUE", "LENGTH", "WHAT"), [(k, str(ov.queues.get(k, 0)), QUEUES.get(k, "")) for k in
                                                    [*QUEUES, *sorted(set(ov.queues) - set(QUEUES))]])
+    lines.append("")
+    lines += _gateways(ov, width)
     return "\n".join(lines)
+
+
+def _age(seconds: float) -> str:
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= 2 * size:
+            return f"{int(seconds // size)}{unit}"
+    return f"{max(int(seconds), 0)}s"
+
+
+def _gateways(ov: Overview, width: int) -> list[str]:
+    """Every gateway that reports to this store: what it serves, its replicas, its spool."""
+    lines = [f"GATEWAYS ({len(ov.gateways)})"]
+    if not ov.gateways:
+        return [*lines, "  none has reported yet (a running gateway reports every few seconds)"]
+    rows, notes = [], []
+    for g in ov.gateways:
+        state = g.state
+        age = ov.taken_at - g.seen_at
+        seen = "stopped" if state.get("stopped") else f"{_age(age)} ago" + (" SILENT" if age > SILENT_AFTER_S else "")
+        replicas = state.get("replicas") or []
+        live = sum(bool(r.get("in_rotation")) for r in replicas)
+        counters = state.get("counters") or {}
+        rows.append((g.name, g.url, seen, f"{state.get('upstream_model', '?')} v{state.get('policy_version', '?')}",
+                     f"{live}/{len(replicas)} in rotation", str(state.get("spool_depth", 0)),
+                     str(counters.get("calls_stored", 0))))
+        notes += [_cut(f"{g.name}: {r.get('url')} out of rotation: {r.get('reason')}", width, "    ")
+                  for r in replicas if not r.get("in_rotation")]
+    return [*lines, *_table(("GATEWAY", "URL", "SEEN", "SERVING", "REPLICAS", "SPOOL", "CALLS"), rows), *notes]

@@ -43,6 +43,16 @@ class ModelVersionRecord(BaseModel):
     metadata: dict[str, Any]
 
 
+class GatewayRecord(BaseModel):
+    """One gateway writing to the store, as it last reported itself (``TraceStore.beat_gateway``)."""
+
+    name: str = Field(description="The gateway's name among those on this store (its config's ``name``).")
+    url: str = Field(description="Where it listens.")
+    started_at: float
+    seen_at: float = Field(description="Its last report; it reports every few seconds while it runs.")
+    state: dict[str, Any] = Field(description="What it serves, its replicas (in or out of rotation, and why), its spool.")
+
+
 class SessionEpisode(BaseModel):
     """What a runner episode adds to its session (``metadata["episode"]``).
 

@@ -7,7 +7,7 @@ leaves the database at its old version, never in between.
 
 Rule for the next schema change: before editing a ``Table`` below, freeze the migration
 that creates it (migration 1, 2 for ``decisions``, 4 for ``cycles``/``claims``, 5 for
-``canary_episodes``: copy today's definitions into it),
+``canary_episodes``, 7 for ``gateways``: copy today's definitions into it),
 then append migration N that alters existing tables.
 Opening a database whose version is newer than ``len(MIGRATIONS)`` is refused: this code
 would misread tables it does not know.
@@ -209,6 +209,21 @@ canary_episodes = sa.Table(
     sa.Index("ix_canary_episodes_decision", "decision_id", "id"),
 )
 
+# Every gateway writing to this store, one row each, refreshed while it runs (added by
+# migration 7): several gateways share one PostgreSQL store, and ``seed-agents status``
+# reads them all from here. ``state`` is what the gateway last reported
+# (``seed_agents.gateway.fleet``): what it serves, its replicas in and out of rotation
+# and why, its spool's depth. A row is never deleted: a gateway that stopped says so in
+# ``state``, one that died stops being seen.
+gateways = sa.Table(
+    "gateways", metadata,
+    sa.Column("name", sa.String(128), primary_key=True),
+    sa.Column("url", sa.Text, nullable=False),
+    sa.Column("started_at", sa.Double, nullable=False),
+    sa.Column("seen_at", sa.Double, nullable=False),
+    sa.Column("state", sa.JSON, nullable=False),
+)
+
 # At most one unfinished cycle per model name (migration 4): a restarted loop resumes
 # that one, and a second loop on the same name cannot open another beside it.
 ONE_OPEN_CYCLE_INDEX = "uq_cycles_one_open"
@@ -294,8 +309,13 @@ def _v6_call_guided(conn: Connection) -> None:
         conn.execute(sa.text("ALTER TABLE calls ADD COLUMN prefill_len INTEGER NOT NULL DEFAULT 0"))
 
 
+def _v7_gateways(conn: Connection) -> None:
+    """Version 7: ``gateways`` (see its definition). Idempotent, like 5."""
+    gateways.create(conn, checkfirst=True)
+
+
 MIGRATIONS: list[Migration] = [_v1_initial, _v2_decisions, _v3_call_complete, _v4_cycles, _v5_canary_episodes,
-                               _v6_call_guided]
+                               _v6_call_guided, _v7_gateways]
 
 
 def stored_version(conn: Connection) -> int:

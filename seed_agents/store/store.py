@@ -17,6 +17,8 @@ promise it keeps:
   ``switch_promoted`` retires the old one, promotes the new one and stores the decision
   in one locked transaction, and a unique index in the database refuses a second
   promoted row from any writer.
+- ``gateways.GatewayStore``: each gateway on the store reports what it serves, so one
+  ``status`` sees them all.
 
 SQLite is the embedded default, PostgreSQL the multi-machine option; both go through the
 same SQLAlchemy Core statements (see ``_engine`` for the per-database set-up). The record
@@ -26,6 +28,7 @@ types live in ``records``; the three re-exported here are for existing imports.
 from __future__ import annotations
 
 from seed_agents.store.cycles import CycleStore
+from seed_agents.store.gateways import GatewayStore
 from seed_agents.store.records import CycleRecord, DecisionRecord, QueueLengths
 from seed_agents.store.sessions import SessionStore
 from seed_agents.store.versions import VersionStore
@@ -33,7 +36,7 @@ from seed_agents.store.versions import VersionStore
 __all__ = ["CycleRecord", "DecisionRecord", "QueueLengths", "TraceStore"]
 
 
-class TraceStore(SessionStore, CycleStore, VersionStore):
+class TraceStore(SessionStore, CycleStore, VersionStore, GatewayStore):
     """One store behind one URL; thread-safe (a pooled engine, a transaction per call).
 
     Open it with ``TraceStore.open(url)``: it also creates or migrates the schema.

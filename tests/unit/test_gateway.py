@@ -405,8 +405,14 @@ def test_cli_flags_and_config(tmp_path, monkeypatch):
     args = _parser().parse_args(["gateway", "--upstream", "http://u:8000", "--model", "m", "--store", "sqlite:///x.db",
                                  "--port", "9", "--security.max-request-bytes", "4096"])
     assert args.config is None and args.config_flags(args) == {
-        "upstream": "http://u:8000", "model": "m", "store": "sqlite:///x.db", "port": "9",
+        "upstream": ["http://u:8000"], "model": "m", "store": "sqlite:///x.db", "port": "9",
         "security": {"max_request_bytes": "4096"}}
+    replicas = _parser().parse_args(["gateway", "--upstream", "http://a:8000", "http://b:8000", "--model", "m"])
+    assert load_gateway_config(None, replicas.config_flags(replicas)).upstream == ["http://a:8000", "http://b:8000"]
+    assert load_gateway_config(None, {"upstream": "http://a:1,http://b:2", "model": "m"}).upstream == ["http://a:1", "http://b:2"]
+    for bad in ("not a url", "http://a:1,http://a:1/v1", "http://a:port"):  # one line naming the field, no traceback
+        with pytest.raises(ConfigError, match="upstream"):
+            load_gateway_config(None, {"upstream": bad, "model": "m"})
 
     yaml_file = tmp_path / "gw.yaml"
     yaml_file.write_text("model: from-yaml\nport: 7000\nsecurity:\n  redact_env: [MY_TOKEN]\n")

@@ -66,8 +66,8 @@ def outage(store, monkeypatch) -> Outage:
     return Outage(store, monkeypatch)
 
 
-def make_client(fake, store, tokenizer, **outage_cfg: Any) -> TestClient:
-    cfg = GatewayConfig(upstream="http://fake", model=MODEL, store_outage={**FAST, **outage_cfg})
+def make_client(fake, store, tokenizer, name: str | None = None, **outage_cfg: Any) -> TestClient:
+    cfg = GatewayConfig(upstream="http://fake", model=MODEL, name=name, store_outage={**FAST, **outage_cfg})
     upstream = Upstream("http://fake", MODEL, transport=fake.transport(), retries=0)
     return TestClient(build_app(cfg, store, upstream, tokenizer=tokenizer))
 
@@ -101,7 +101,7 @@ def stored_ids(store: TraceStore, session: str) -> list[str]:
 
 
 def test_an_outage_is_spooled_answered_and_flushed_exactly_once_in_order(fake, store, tokenizer, outage):
-    assert GatewayConfig(upstream="u", model="m").store_outage.on_failure == "spool"  # the documented default
+    assert GatewayConfig(upstream="http://u", model="m").store_outage.on_failure == "spool"  # the documented default
     with make_client(fake, store, tokenizer) as c:
         first = chat(c, session="s1")
         assert first.status_code == 200
@@ -163,7 +163,8 @@ def test_calls_left_in_the_spool_are_flushed_by_the_next_gateway(fake, store, to
         ids = [chat(c, f"q{i}", session="s").headers["x-call-id"] for i in range(3)]
         spool_path = c.app.state.gateway.recorder.spool.path
     # shut down with the store still down: the calls stay on disk
-    assert spool_path == default_spool_path(store.url) == tmp_path / "traces.db.spool"  # beside the SQLite store
+    name = c.app.state.gateway.cfg.gateway_name  # each gateway on a store has its own spool, beside a SQLite store
+    assert spool_path == default_spool_path(store.url, name) == tmp_path / f"traces.db.{name.replace(':', '_')}.spool"
     assert _spooled_rows(spool_path) == 3 and store.calls("s") == []
 
     outage.down = False
@@ -171,6 +172,33 @@ def test_calls_left_in_the_spool_are_flushed_by_the_next_gateway(fake, store, to
         wait_until(lambda: c.app.state.gateway.recorder.spool.depth == 0, "the restarted gateway to flush")
         assert metric(c, "seed_gateway_spool_flushed_calls_total") == 3
     assert stored_ids(store, "s") == ids and _spooled_rows(spool_path) == 0
+
+
+def test_two_gateways_on_one_store_each_drain_their_own_spool_once(fake, store, tokenizer, outage):
+    one, two = (make_client(fake, store, tokenizer, name=n) for n in ("gw-a", "gw-b"))
+    with one as a, two as b:  # both run at once: a shared spool file would refuse the second
+        outage.down = True
+        ids = {"a": chat(a, "from a", session="s").headers["x-call-id"],
+               "b": chat(b, "from b", session="t").headers["x-call-id"]}
+        paths = {a.app.state.gateway.recorder.spool.path, b.app.state.gateway.recorder.spool.path}
+        outage.down = False
+        wait_until(lambda: not (a.app.state.gateway.recorder.spool.depth or b.app.state.gateway.recorder.spool.depth),
+                   "both spools to drain")
+        assert metric(a, "seed_gateway_spool_flushed_calls_total") == metric(b, "seed_gateway_spool_flushed_calls_total") == 1
+    assert len(paths) == 2 and stored_ids(store, "s") == [ids["a"]] and stored_ids(store, "t") == [ids["b"]]
+    assert {g.name for g in store.gateways()} == {"gw-a", "gw-b"}  # `status` sees both
+
+
+def test_a_spool_left_at_the_unnamed_default_is_taken_over_and_flushed(fake, store, tokenizer, outage):
+    unnamed = default_spool_path(store.url)
+    with make_client(fake, store, tokenizer, spool_path=str(unnamed)) as c:  # as a gateway before named spools
+        outage.down = True
+        call_id = chat(c, session="old").headers["x-call-id"]
+    outage.down = False
+    with make_client(fake, store, tokenizer, name="gw-new") as c:
+        wait_until(lambda: c.app.state.gateway.recorder.spool.depth == 0, "the taken-over spool to drain")
+        assert c.app.state.gateway.recorder.spool.path == default_spool_path(store.url, "gw-new")
+    assert stored_ids(store, "old") == [call_id] and not unnamed.exists()
 
 
 def test_shutdown_tries_one_last_flush(fake, store, tokenizer, outage, monkeypatch):

@@ -124,6 +124,20 @@ def test_status_screen(store, filled):
     assert "window 6h" in render_status(read_overview(store), store_label="s")
 
 
+def test_status_sees_every_gateway_on_the_store(store):
+    replicas = [{"url": "http://a:8000", "in_rotation": True, "reason": ""},
+                {"url": "http://b:8000", "in_rotation": False, "reason": "unreachable: cannot reach the model server"}]
+    store.beat_gateway("gw-a", url="http://10.0.0.1:8080", started_at=1.0,
+                       state={"upstream_model": "policy-v1", "policy_version": 1, "replicas": replicas, "spool_depth": 2,
+                              "stopped": False, "counters": {"calls_stored": 17}})
+    store.beat_gateway("gw-b", url="http://10.0.0.2:8080", started_at=1.0,
+                       state={"upstream_model": "policy-v1", "policy_version": 1, "replicas": replicas[:1], "stopped": True})
+    text = render_status(read_overview(store), store_label="s", width=200).split("GATEWAYS (2)")[1]
+    assert re.search(r"gw-a\s+http://10.0.0.1:8080\s+\d+s ago\s+policy-v1 v1\s+1/2 in rotation\s+2\s+17", text)
+    assert re.search(r"gw-b\s+\S+\s+stopped\s+policy-v1 v1\s+1/1 in rotation", text)
+    assert "gw-a: http://b:8000 out of rotation: unreachable: cannot reach the model server" in text
+
+
 def test_status_of_an_empty_store(store):
     text = render_status(read_overview(store), store_label="s")
     assert "none recorded yet" in text and "no rewarded sessions yet" in text and "DECISIONS (last 0)" in text

@@ -126,7 +126,7 @@ def test_a_version_2_store_gains_calls_complete_and_keeps_its_calls(tmp_path):
     assert call.complete and call.completion_ids == [3]
     store.add_call("s1", LLMCall(messages=[], prompt_ids=[1], completion_ids=[4], logprobs=[-1.0], complete=False))
     assert [c.complete for c in store.calls("s1")] == [True, False]
-    assert migrate(sa.create_engine(url)) == len(MIGRATIONS) == 6  # 2 -> 3, 4 (cycles, claims), 5 (canary_episodes), 6
+    assert migrate(sa.create_engine(url)) == len(MIGRATIONS) == 7  # 2 -> 3, 4, 5, 6, 7 (gateways)
 
 
 def test_a_version_5_store_gains_guided_calls_and_keeps_its_calls(tmp_path):

@@ -252,6 +252,7 @@ def test_the_promoted_version_is_reread_at_most_every_refresh_interval(fake, sto
 def test_a_promoted_adapter_the_upstream_does_not_serve_is_not_switched_to(fake, store, tokenizer, registry):
     registry.add_candidate(NAME, "/ckpt/1", served_name="tiny-v1")
     registry.promote_manually(NAME, 1)  # e.g. by hand, before the adapter was loaded
+    fake.fail_loads = True  # and the gateway cannot load it either (e.g. its path is not on the server's machine)
     with TestClient(gateway_app(fake, store, tokenizer)) as client:
         assert chat(client) == (MODEL, 0)  # users keep a working version; stamps say which
         assert client.get("/v1/admin/stats").json()["policy_not_served"] >= 1

@@ -2,6 +2,7 @@
 
     seed-agents gateway --upstream http://127.0.0.1:8000 --model smollm2-135m \\
         --store sqlite:///runs/traces.db --port 8080 [--config gateway.yaml]
+    seed-agents gateway --upstream http://10.0.0.5:8000 http://10.0.0.6:8000 --name gw-1 ...   # replicas
 
 Then point any OpenAI client at ``http://127.0.0.1:8080/v1``. The flags are
 ``GatewayConfig``'s fields; the app is ``seed_agents.gateway.app.build_app`` (FastAPI,
@@ -79,7 +80,9 @@ def cmd_gateway(args: argparse.Namespace) -> int:
     from sqlalchemy.engine import make_url
 
     from seed_agents.gateway.app import build_app
+    from seed_agents.gateway.replicas import ReplicaSet
     from seed_agents.gateway.upstream import Upstream
+    from seed_agents.redact import redact
     from seed_agents.models import load_tokenizer
     from seed_agents.store import StoreError, TraceStore
 
@@ -95,16 +98,21 @@ def cmd_gateway(args: argparse.Namespace) -> int:
         store = TraceStore.open(cfg.store)
     except StoreError as e:
         raise ConfigError(str(e)) from None
-    upstream = Upstream.from_env(cfg.upstream, cfg.served_upstream_model, cfg.upstream_api_key_env,
-                                 policy_version=cfg.policy_version, timeout_s=cfg.upstream_timeout_s,
-                                 retries=cfg.upstream_retries, max_connections=cfg.upstream_max_connections)
+    upstream = ReplicaSet([Upstream.from_env(url, cfg.served_upstream_model, cfg.upstream_api_key_env,
+                                             policy_version=cfg.policy_version, timeout_s=cfg.upstream_timeout_s,
+                                             retries=cfg.upstream_retries, max_connections=cfg.upstream_max_connections)
+                           for url in cfg.upstream],
+                          pick=cfg.replicas.pick, probe_timeout_s=cfg.replicas.probe_timeout_s,
+                          load_timeout_s=cfg.replicas.load_timeout_s, load_adapters=cfg.replicas.load_adapters)
     try:
         try:
-            app = build_app(cfg, store, upstream, tokenizer=tokenizer)
+            # every replica is asked at start: one that does not answer starts out of rotation, with one log line
+            app = build_app(cfg, store, upstream, tokenizer=tokenizer, check_replicas=True)
         except ValueError as e:  # e.g. a verifier path that does not import
             raise ConfigError(str(e)) from None
         where = make_url(cfg.store).render_as_string(hide_password=True)
-        print(f"gateway for {cfg.model!r} -> {upstream.base_url} (model {upstream.model!r}); store {where}; "
+        replicas = ", ".join(redact(r.url) for r in upstream.replicas)
+        print(f"gateway {cfg.gateway_name!r} for {cfg.model!r} -> {replicas} (model {upstream.model!r}); store {where}; "
               f"OpenAI base URL http://{cfg.host}:{cfg.port}/v1", flush=True)
         uvicorn.run(app, host=cfg.host, port=cfg.port, log_level="info", access_log=False,
                     timeout_keep_alive=cfg.keep_alive_s)  # see GatewayConfig.keep_alive_s
