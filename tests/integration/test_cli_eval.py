@@ -56,27 +56,3 @@ def test_eval_with_vllm_server(tmp_path, tw_cache, vllm_server, tiny_model_dir):
                    "--model", vllm_server.served_model_name, "--tokenizer", tiny_model_dir)
     check_run(out)
 
-
-def _vllm_servers() -> set[int]:
-    """The pids of vLLM API servers running now."""
-    import psutil
-
-    found = set()
-    for proc in psutil.process_iter(["cmdline"]):
-        if "vllm.entrypoints.openai.api_server" in " ".join(proc.info["cmdline"] or []):
-            found.add(proc.pid)
-    return found
-
-
-def test_eval_starts_its_own_vllm_server_and_stops_it(tmp_path, tw_cache, tiny_model_dir, capsys):
-    """`--backend vllm` with no URL: the command serves the model itself, plays on it, and
-    leaves no server behind."""
-    from tests.conftest import require_vllm
-
-    require_vllm()
-    before = _vllm_servers()
-    out = eval_run(tmp_path, tw_cache, "--backend", "vllm", "--model", tiny_model_dir)
-    check_run(out)
-    printed = capsys.readouterr().out
-    assert "starting a vLLM server" in printed and "vLLM ready at" in printed
-    assert _vllm_servers() <= before, "the server it started is stopped"

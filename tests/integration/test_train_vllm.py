@@ -168,6 +168,17 @@ def test_run_train_full_weight_sync_reaches_the_server(vllm_server, tiny_model_d
     assert _max_diff(restored.logprobs, before.logprobs) <= LOGPROB_ATOL
 
 
+def _vllm_servers() -> set[int]:
+    """The pids of vLLM API servers running now."""
+    import psutil
+
+    found = set()
+    for proc in psutil.process_iter(["cmdline"]):
+        if "vllm.entrypoints.openai.api_server" in " ".join(proc.info["cmdline"] or []):
+            found.add(proc.pid)
+    return found
+
+
 def test_train_starts_its_own_server_and_serves_each_update_as_an_adapter(tiny_model_dir, tw_cache, tmp_path, capsys):
     """`backend.kind vllm` with no URL: `train` starts a server for its weights, samples each
     iteration from the adapter of the update before, and stops the server when it ends."""
@@ -175,7 +186,6 @@ def test_train_starts_its_own_server_and_serves_each_update_as_an_adapter(tiny_m
     from seed_agents.config import AgentConfig, BackendConfig, SkillConfig, TrainConfig, TrainerConfig
     from seed_agents.runner import RunnerConfig
     from tests.conftest import require_vllm
-    from tests.integration.test_cli_eval import _vllm_servers
 
     require_vllm()
     before = _vllm_servers()
