@@ -149,7 +149,7 @@ def check_backend(b: BackendConfig, *, weights: str | None = None, flag: str = "
         if not may_start:
             raise ConfigError(f"{flag.rsplit('model', 1)[0]}base_url is unset: this command samples from a vLLM server "
                               f"already running; give its URL (start one with `seed-agents serve --model {b.model}`)")
-        from seed_agents.app.own_server import check_vllm_installed
+        from seed_agents.serve import check_vllm_installed
 
         check_vllm_installed()
     elif b.kind == "vllm":

@@ -36,7 +36,7 @@ from types import TracebackType
 import httpx
 
 from seed_agents._reaper import group_members
-from seed_agents.errors import VLLMServerError
+from seed_agents.errors import ConfigError, VLLMServerError
 from seed_agents.vllm_ext import API_KEY_ENV
 
 VLLM_PYTHON_ENV = "SEED_AGENTS_VLLM_PYTHON"
@@ -69,6 +69,15 @@ def vllm_available(python: str | os.PathLike[str] | None = None) -> bool:
         return subprocess.run([exe, "-c", probe], capture_output=True, timeout=60).returncode == 0
     except (OSError, subprocess.TimeoutExpired):
         return False
+
+
+def check_vllm_installed() -> None:
+    """One line, before anything runs, where the command would need vLLM and cannot find it."""
+    if not vllm_available():
+        raise ConfigError(f"backend.kind vllm with no backend.base_url starts a vLLM server, and {vllm_python()} has no "
+                          f"vllm package; install it (`bash scripts/setup.sh --with-vllm`, or set ${VLLM_PYTHON_ENV} to "
+                          f"a Python that has it), give --backend.base_url of a running server, or use "
+                          f"--backend.kind local")
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -38,17 +38,6 @@ def max_lora_rank(lora_r: int | None) -> int:
     raise ConfigError(f"--trainer.lora-r {lora_r} is above the largest LoRA rank vLLM serves ({LORA_RANKS[-1]})")
 
 
-def check_vllm_installed() -> None:
-    """One line, before anything runs, where the command would need vLLM and cannot find it."""
-    from seed_agents.serve import VLLM_PYTHON_ENV, vllm_available, vllm_python
-
-    if not vllm_available():
-        raise ConfigError(f"backend.kind vllm with no backend.base_url starts a vLLM server, and {vllm_python()} has no "
-                          f"vllm package; install it (`bash scripts/setup.sh --with-vllm`, or set ${VLLM_PYTHON_ENV} to "
-                          f"a Python that has it), give --backend.base_url of a running server, or use "
-                          f"--backend.kind local")
-
-
 @contextlib.contextmanager
 def served(backend: BackendConfig, weights: str, *, lora_r: int | None = None) -> Iterator[BackendConfig]:
     """``backend`` as given, or, where the command owns the server, the config with the URL
