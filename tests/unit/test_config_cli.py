@@ -293,12 +293,13 @@ def test_the_old_gate_key_still_loads_with_one_deprecation_line(tmp_path):
 def test_the_user_config_offers_no_older_path_of_the_local_backend(command):
     """The local backend is the reference engine: its switches that only rebuilt an older, slower
     path are engine options a benchmark sets (seed_agents.backends.engine), not fields a user reads
-    in --help or a config file."""
+    in --help or a config file, and no description tells history ("the path before")."""
     from seed_agents.backends.engine import LocalEngineOptions
     from seed_agents.config.core import LOCAL_ENGINE_KEYS
 
     fields = dict(leaf_fields(_configs()[command]))
     assert not {path for path in fields if path.rpartition(".")[2] in LOCAL_ENGINE_KEYS}
+    assert not [path for path, field in fields.items() if "path before" in (field.description or "")]
     assert LOCAL_ENGINE_KEYS == LocalEngineOptions().model_dump()  # the value an old config may still name
 
 
