@@ -8,11 +8,12 @@ values (``seed_agents.backends.prefix``; vLLM's prefix cache does the same acros
 ``share_prefix=False`` turns it off. Across the turns of an episode, a call reads the keys
 and values of the episode's previous prompt for the tokens the two share
 (``seed_agents.backends.turn_cache``: per episode, so an episode's numbers never depend on
-its neighbours); ``turn_cache_bytes=0`` turns it off. The default KV cache grows in
-place (``seed_agents.backends.growing_cache``); ``kv_cache="concat"`` is transformers' own, which
+its neighbours); ``turn_cache_bytes=0`` turns it off. The default KV cache grows in place
+(``seed_agents.backends.growing_cache``); ``kv_cache="concat"`` is transformers' own, which
 copies every layer's keys and values at every token, and ``kv_cache="static"`` decodes into
-buffers sized for the whole generation. These switches, which rebuild older paths, are ``seed_agents.backends.engine.LocalEngineOptions``: set by benchmarks
-and tests, not by the user config.
+buffers sized for the whole generation. These switches rebuild older paths: they are
+``seed_agents.backends.engine.LocalEngineOptions``, set by benchmarks and tests, not by the
+user config.
 
 Reproducible runs. A row's logits depend on its batch: on this CPU, the same prompt alone,
 in a batch of four, or in the same four in another order gives logits that differ by
