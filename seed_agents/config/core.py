@@ -2,9 +2,9 @@
 env agent plays, and the paper's SEED coefficients.
 
 They live below everything that uses them (the runner, the backends, the app's command
-configs) and import nothing of the project but ``seed_agents.types``, so any module may read
-them without pulling in LangGraph, torch or the CLI (``seed_agents.config.loading`` gives the
-one-line warning a retired key gets). Field descriptions are the CLI help.
+configs) and import nothing of the project but ``seed_agents.types`` (and the warning class of
+``seed_agents.config.loading``), so any module may read them without pulling in LangGraph, torch
+or the CLI. Field descriptions are the CLI help.
 """
 
 from __future__ import annotations
@@ -60,12 +60,12 @@ AUTO_GUIDE_SHARE = 0.5
 policy call is free to call a bound tool (the share the guided-openings curve learned with)."""
 
 
-#: Switches of the local backend that left the user config, each at the one value every
-#: command now runs. Each rebuilt an older, slower way of computing the same tokens (every
-#: prompt whole, one prefix a batch, transformers' own cache, ``generate``); the local backend
-#: is the reference engine and users need only its default. Benchmarks that time the older
-#: way still set them (``seed_agents.backends.engine.LocalEngineOptions``, which has these
-#: defaults). An old config naming one at this value loads with a warning; at another, it is refused.
+#: Switches of the local backend kept out of the user config, at the one value every command
+#: runs. Each rebuilds an older, slower way of computing the same tokens (every prompt whole, one
+#: prefix a batch, transformers' own cache, ``generate``); the local backend is the reference
+#: engine, and a user needs only its default. Benchmarks that time the older ways set them
+#: (``seed_agents.backends.engine.LocalEngineOptions``, which has these defaults). A config that
+#: names one at this value loads with a warning; at another, it is refused with one line.
 LOCAL_ENGINE_KEYS: dict[str, Any] = {"reuse_kv": True, "prefix_groups": True, "kv_cache": "dynamic", "drop_finished": True}
 
 
