@@ -17,15 +17,20 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def run_logged(cmd: list[str], log: Path) -> tuple[int, float]:
-    """Run ``cmd`` from the checkout (first on its ``PYTHONPATH``, the caller's after it), its output
-    appended to ``log`` after the command line; (exit status, wall seconds)."""
+def run_logged(cmd: list[str], log: Path, env: dict[str, str] | None = None) -> tuple[int, float]:
+    """Run ``cmd`` from the checkout (first on its ``PYTHONPATH``, the caller's after it), with
+    ``env`` added to the environment, its output appended to ``log`` after the command line;
+    (exit status, wall seconds)."""
+    import shlex
+
     t0 = time.perf_counter()
+    env = env or {}
     with log.open("a", encoding="utf-8") as f:
-        f.write(f"\n$ {' '.join(cmd)}\n")
+        f.write(f"\n$ {' '.join([*(f'{k}={shlex.quote(v)}' for k, v in env.items()), *cmd])}\n")
         f.flush()
         path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
-        proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT, env={**os.environ, "PYTHONPATH": path})
+        proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT,
+                              env={**os.environ, **env, "PYTHONPATH": path})
     return proc.returncode, time.perf_counter() - t0
 
 

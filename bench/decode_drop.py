@@ -6,7 +6,7 @@ be. This replays one iteration of a recorded run instead: the LLM calls of its e
 (``trajectories.jsonl``, token ids and sampling settings as the run sent them), batched as the
 run batched them (turn k of every episode together, each episode its own turn-cache owner,
 then every episode's hindsight prompt together), through one ``LocalBackend`` with
-``backend.drop_finished`` on and off, alternating, the same seeds. Both sides compute the same
+``drop_finished`` (``seed_agents.backends.engine``) on and off, alternating, the same seeds. Both sides compute the same
 prompts; what differs is only whether a finished row stays in the forward.
 
 Prints, per way, the seconds of the agent turns and of the hindsight batch (median of
@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run as a script: bench/ is on the path
 from bench.results import add_results_args, config_of, now, write_result
 
-WAYS = {"generate": False, "drop": True}  # way: backend.drop_finished
+WAYS = {"generate": False, "drop": True}  # way: LocalEngineOptions.drop_finished
 
 
 class _Episode:
@@ -91,14 +91,19 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"error: {args.run} is not a readable train run ({e})") from None
 
     from seed_agents.backends import local_kwargs
+    from seed_agents.backends.engine import LocalEngineOptions
     from seed_agents.backends.local import LocalBackend
     from seed_agents.config import TrainConfig
+    from seed_agents.config.core import LOCAL_ENGINE_KEYS
 
+    # a run recorded while the engine options were backend keys replays with the engine it ran
+    recorded = {key: config["backend"].pop(key) for key in LOCAL_ENGINE_KEYS if key in config.get("backend", {})}
     cfg = TrainConfig.model_validate(config)
     started = now()
     batches, episodes = recorded_batches(trajectories, args.iteration)
+    engine = LocalEngineOptions(**recorded).backend_kwargs() if recorded else {}
     backend = LocalBackend(args.model or cfg.backend.model, max_batch_size=max(len(rows) for _, rows in batches),
-                           **local_kwargs(cfg.backend))
+                           **{**local_kwargs(cfg.backend), **engine})
     runs: dict[str, list[dict[str, float]]] = {way: [] for way in WAYS}
     ids: dict[str, list] = {}
     try:

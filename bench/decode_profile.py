@@ -15,7 +15,7 @@ its tokens/s mixes all of them. This one times decode alone: ``--batches`` of se
   the steps: a row that samples its end early shortens none, as the batch runs on);
 - ``backend-concat``: the same with ``kv_cache="concat"``: transformers' own cache, which copies every
   layer's keys and values at every token (the path before the in-place cache, the same numbers);
-- ``backend-static``: the same with ``kv_cache="static"`` (``backend.kv_cache``): keys and values
+- ``backend-static``: the same with ``kv_cache="static"`` (an engine option): keys and values
   written in place into buffers sized for the generation instead of concatenated every step.
 
 ``bf16-fp32attn`` (a ``--dtypes`` entry) runs every way in bf16 with attention in fp32

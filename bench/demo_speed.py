@@ -3,13 +3,14 @@
 The default demo (``seed-agents train`` with no config: SEED on TextWorld, SmolLM2-135M,
 full fine-tuning, stage 1 first) is run on up to four paths, side by side in one invocation:
 
-- ``before``: every prompt computed whole (``backend.reuse_kv false``: no shared batch
-  prefix, no per-episode turn cache), transformers' concatenating KV cache (``backend.kv_cache
-  concat``) and ``generate`` (``backend.drop_finished false``), TRL's padded update layout (``trainer.chunk_tokens 0``, ``trainer.share_prefix
-  false``, ``trainer.sampled_head false``), TRL's SFT head over every position in stage 1
-  (``stage1.completion_head false``), fp32 everywhere;
+- ``before``: every prompt computed whole (engine ``reuse_kv false``: no shared batch
+  prefix, no per-episode turn cache, and ``prefix_groups false``), transformers' concatenating KV
+  cache (engine ``kv_cache concat``) and ``generate`` (engine ``drop_finished false``), TRL's padded
+  update layout (``trainer.chunk_tokens 0``, ``trainer.share_prefix false``, ``trainer.sampled_head
+  false``), TRL's SFT head over every position in stage 1 (``stage1.completion_head false``), fp32
+  everywhere;
 - ``previous``: the README's command before a finished row left the decode's forward
-  (``--no-backend.drop-finished``: transformers' ``generate``). The ``previous`` of other
+  (engine ``drop_finished false``: transformers' ``generate``). The ``previous`` of other
   result files switched other levers: ``demo_speed_activations_runs``, every activation
   recomputed (``--trainer.keep-activations-gb 0``) when the default was briefly ``auto``;
   ``demo_speed_reuse*``, the LM head at every position, the concatenating cache, one prefix a
@@ -26,8 +27,12 @@ full fine-tuning, stage 1 first) is run on up to four paths, side by side in one
 - ``auto-attn32``: ``--backend.precision auto --backend.attention float32`` (attention in fp32
   over the bf16 products: bf16's decode was slower than fp32's for its attention, docs/benchmarks.md).
 
-What no flag can switch off (the local backend's batching, everything else that changed
-since) runs on both sides, so the ratios understate the change since the issue was filed.
+A side's ``local_engine`` settings are the local backend's engine options
+(``seed_agents.backends.engine.LocalEngineOptions``: older paths, not in the user config),
+given to its child processes through ``SEED_AGENTS_BENCH_LOCAL_ENGINE``; the rest is the
+config ``train`` reads. What no setting can switch off (the local backend's batching,
+everything else that changed since) runs on both sides, so the ratios understate the change
+since the issue was filed.
 
 Stage 1 (collect with the offline analyzer, then SFT) is built once per side into the
 run's own cache folder (each side pays for it, as a first run does). The iterations then
@@ -62,13 +67,15 @@ from bench.results import add_results_args, config_of, now, write_result  # noqa
 
 ITERATION_GOAL = 0.4
 STAGE1_GOAL = 0.5
+#: the section of a side that holds the local backend's engine options, not config keys
+ENGINE = "local_engine"
 #: side -> the settings it changes from the embedded demo
 SIDES: dict[str, dict[str, Any]] = {
-    "before": {"backend": {"precision": "float32", "reuse_kv": False, "kv_cache": "concat", "prefix_groups": False,
-                           "drop_finished": False},
+    "before": {"backend": {"precision": "float32"},
+               ENGINE: {"reuse_kv": False, "kv_cache": "concat", "prefix_groups": False, "drop_finished": False},
                "trainer": {"chunk_tokens": 0, "share_prefix": False, "sampled_head": False},
                "stage1": {"completion_head": False}},
-    "previous": {"backend": {"drop_finished": False}},
+    "previous": {ENGINE: {"drop_finished": False}},
     "keep": {"trainer": {"keep_activations_gb": "auto"}},
     "fp32": {"backend": {"precision": "float32"}},
     "default": {},
@@ -89,10 +96,18 @@ def merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
 
 def demo_config(over: dict[str, Any]) -> dict[str, Any]:
     """The embedded demo's config (TrainConfig's defaults, which configs/textworld_smollm2_cpu.yaml
-    spells out) with ``over`` applied, as JSON-ready data."""
+    spells out) with ``over`` applied (its engine options left out: ``engine_env``), as JSON-ready data."""
     from seed_agents.config import TrainConfig
 
+    over = {key: value for key, value in over.items() if key != ENGINE}
     return TrainConfig.model_validate(merged(TrainConfig().model_dump(mode="json"), over)).model_dump(mode="json")
+
+
+def engine_env(side: str) -> dict[str, str]:
+    """The environment that gives ``side``'s child processes its engine options (the defaults too)."""
+    from seed_agents.backends.engine import LocalEngineOptions
+
+    return LocalEngineOptions(**SIDES[side].get(ENGINE, {})).as_env()
 
 
 def prepare_games() -> None:
@@ -106,10 +121,11 @@ def prepare_games() -> None:
     suite.prepare(suite.tasks(cfg.split, max(cfg.num_tasks, cfg.stage1.num_tasks)))
 
 
-def run(cmd: list[str], log: Path) -> float:
-    """Run ``cmd`` (output appended to ``log``); its wall seconds. A failure stops the
-    benchmark with one line naming the log; a stopped benchmark stops the child too."""
-    returncode, wall = run_logged(cmd, log)
+def run(cmd: list[str], log: Path, env: dict[str, str] | None = None) -> float:
+    """Run ``cmd`` (output appended to ``log``, ``env`` added to its environment); its wall
+    seconds. A failure stops the benchmark with one line naming the log; a stopped benchmark
+    stops the child too."""
+    returncode, wall = run_logged(cmd, log, env)
     if returncode != 0:
         raise SystemExit(f"error: {' '.join(cmd[1:4])} failed (exit {returncode}); see {log}")
     return wall
@@ -121,7 +137,7 @@ def build_stage1(side: str, work: Path, log: Path) -> dict[str, Any]:
     cfg = demo_config(merged(SIDES[side], {"stage1": {"cache_dir": str(work / f"{side}-stage1")}}))
     path = work / f"{side}-stage1.json"
     path.write_text(json.dumps(cfg))
-    wall = run([sys.executable, str(Path(__file__).resolve()), "--build-stage1", str(path)], log)
+    wall = run([sys.executable, str(Path(__file__).resolve()), "--build-stage1", str(path)], log, engine_env(side))
     done = next((work / f"{side}-stage1").glob("*/DONE"))
     summary = json.loads(done.read_text())
     return {"collect_s": summary["collect"]["wall_s"], "sft_s": summary["sft"]["wall_s"],
@@ -140,7 +156,7 @@ def iterate(side: str, work: Path, model: str, repeat: int, log: Path, iteration
                                            "stage1": {"run": "off"}}))
     path = work / f"{side}-iter-{repeat}.json"
     path.write_text(json.dumps(cfg))
-    wall = run([sys.executable, "-m", "seed_agents", "train", "--config", str(path)], log)
+    wall = run([sys.executable, "-m", "seed_agents", "train", "--config", str(path)], log, engine_env(side))
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()[:iterations]]
     keep = ("time/step_s", "time/sync_s", "time/rollout_s", "time/score_s", "success_rate", "skill_parse_rate", "rows")
     each = [row["time/step_s"] + row["time/sync_s"] for row in rows]

@@ -149,6 +149,11 @@ def skill_opd_coef(args: argparse.Namespace) -> float:
     return COEF.lam if args.opd_coef is None else args.opd_coef
 
 
+#: the key of a run's settings that holds the local backend's engine options
+#: (seed_agents.backends.engine): part of the run's identity, given to `train` as its environment
+ENGINE = "local_engine"
+
+
 def train_config(args: argparse.Namespace, method: str, seed: int, tasks: Path, heldout: Path, n_train: int,
                  n_heldout: int, out: Path) -> dict[str, Any]:
     return {
@@ -159,9 +164,10 @@ def train_config(args: argparse.Namespace, method: str, seed: int, tasks: Path, 
         "backend": {"kind": "local", "model": args.model, "max_batch_size": args.tasks_per_update * args.group,
                     # only when not fp32: the runs before keep their digests (and stored runs)
                     **({"precision": args.precision} if args.precision != "float32" else {}),
-                    # the same for the faster paths: only when asked for
-                    **({"kv_cache": args.kv_cache} if args.kv_cache != "dynamic" else {}),
                     **({"attention": args.attention} if args.attention != "same" else {})},
+        # the local backend's engine options (not config keys: run_one hands them to `train`
+        # through the environment), only when asked for, so the digests stay
+        **({ENGINE: {"kv_cache": args.kv_cache}} if args.kv_cache != "dynamic" else {}),
         "sampling": {"max_tokens": args.max_tokens, "temperature": args.temperature},
         "runner": {"group_size": args.group, "concurrency": args.tasks_per_update * args.group, "progress": False},
         "skills": {**SKILLS.get(method, {"source": "none"}),
@@ -198,8 +204,17 @@ OLD_DEFAULTS: dict[str, dict[str, Any]] = {"backend": {"precision": "float32", "
 
 
 def pinned(config: dict[str, Any]) -> dict[str, Any]:
-    """``config`` as `train` reads it: the moved defaults written out where it names none."""
+    """``config`` as `train` reads it: the moved defaults written out where it names none, the
+    engine options left out (``engine_env``)."""
+    config = {key: value for key, value in config.items() if key != ENGINE}
     return {**config, **{key: {**old, **config.get(key, {})} for key, old in OLD_DEFAULTS.items()}}
+
+
+def engine_env(config: dict[str, Any]) -> dict[str, str]:
+    """The environment that gives a run's `train` its engine options (the defaults too)."""
+    from seed_agents.backends.engine import LocalEngineOptions
+
+    return LocalEngineOptions(**config.get(ENGINE, {})).as_env()
 
 
 def run_one(config: dict[str, Any], out: Path, log: Path, revision: int = 1) -> float:
@@ -226,7 +241,7 @@ def run_one(config: dict[str, Any], out: Path, log: Path, revision: int = 1) -> 
     cmd = [sys.executable, "-m", "seed_agents", "train", "--config", str(cfg_path), "--out", str(out)]
     if started:
         cmd.append("--resume")
-    returncode, wall = run_logged(cmd, log)  # a stopped benchmark stops its training run
+    returncode, wall = run_logged(cmd, log, engine_env(config))  # a stopped benchmark stops its training run
     if returncode != 0:
         raise SystemExit(f"error: training {out.name} failed (exit {returncode}); see {log}; rerun to resume")
     done.write_text(json.dumps({"config": digest, "wall_s": wall}))
@@ -700,7 +715,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--precision", choices=["float32", "auto", "bfloat16"], default="float32",
                    help="backend.precision of the runs (rollouts and updates; auto: bf16 where the CPU has it).")
     p.add_argument("--kv-cache", choices=["dynamic", "static"], default="dynamic",
-                   help="backend.kv_cache of the runs (static: decode into preallocated buffers). Another choice "
+                   help="The local backend's KV cache in the runs (seed_agents.backends.engine; static: decode into "
+                        "preallocated buffers). Another choice "
                         "samples other float roundings: give it its own --result-name.")
     p.add_argument("--attention", choices=["same", "float32"], default="same",
                    help="backend.attention of the runs (float32: attention in fp32 under bf16; needs a bf16 "

@@ -285,12 +285,21 @@ def main_job(results: dict[str, Result], name: str = "main_job") -> list[str]:
     return lines
 
 
+#: the local backend's engine options (seed_agents.backends.engine): a bench's ``local_engine``
+#: section, and backend keys in the files written while they were in the user config
+ENGINE_KEYS = ("reuse_kv", "prefix_groups", "kv_cache", "drop_finished")
+
+
 def side_flags(settings: dict[str, Any]) -> str:
-    """A side's settings as the flags that set them: {"backend": {"kv_cache": "concat",
-    "drop_finished": False}} -> "--backend.kv-cache concat --no-backend.drop-finished"."""
+    """A side's settings as the flags that set them, and its engine options as ``engine.<key>
+    <value>`` (no flag sets those): {"backend": {"kv_cache": "concat"}, "trainer": {"sampled_head":
+    False}} -> "engine.kv_cache concat --no-trainer.sampled-head"."""
     flags = []
     for section, values in settings.items():
         for key, value in values.items():
+            if section == "local_engine" or (section == "backend" and key in ENGINE_KEYS):
+                flags.append(f"engine.{key} {str(value).lower() if isinstance(value, bool) else value}")
+                continue
             flag = f"{section}.{key}".replace("_", "-")
             flags.append(f"--no-{flag}" if value is False else f"--{flag}" if value is True else f"--{flag} {value}")
     return " ".join(flags)

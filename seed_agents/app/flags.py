@@ -10,12 +10,14 @@ flags users already type (``--group``, ``--model``) are kept as aliases.
 from __future__ import annotations
 
 import argparse
+import sys
 import typing
 from collections.abc import Callable
 from typing import Any
 
 from pydantic import BaseModel
 
+from seed_agents.config.core import LOCAL_ENGINE_KEYS, BackendConfig, retired_engine_keys
 from seed_agents.config.evidence import default_at, reasons
 from seed_agents.errors import ConfigError
 from seed_agents.redact import redact
@@ -94,6 +96,10 @@ def add_config_flags(parser: argparse.ArgumentParser, model: type[BaseModel], *,
         parser.add_argument(f"--{flag}", dest=path, default=argparse.SUPPRESS,
                             help=f"Same as --{path.replace('_', '-')}. {field.description or ''}".strip(), **kind)
 
+    for name, field in model.model_fields.items():
+        if BackendConfig in (field.annotation, *typing.get_args(field.annotation)):
+            _add_retired_engine_flags(parser, name)
+
     def given(args: argparse.Namespace) -> dict[str, Any]:
         try:
             return source(parsed_args=args)()
@@ -101,6 +107,34 @@ def add_config_flags(parser: argparse.ArgumentParser, model: type[BaseModel], *,
             raise ConfigError(f"invalid arguments: {error_line(err)}; fix the flag (see --help)") from None
 
     return given
+
+
+class _RetiredEngineFlag(argparse.Action):
+    """A local-engine switch that left the user config (``LOCAL_ENGINE_KEYS``): at the value
+    the engine runs, one warning line and nothing set; at another, the usage error's one line."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        key = self.dest.rpartition(".")[2]
+        error, notice = retired_engine_keys({key: self.const if self.nargs == 0 else values})
+        if error is not None:
+            parser.error(f"{option_string}: {error}; remove the flag")
+        print(f"{parser.prog}: warning: {notice}", file=sys.stderr)
+
+
+def _add_retired_engine_flags(parser: argparse.ArgumentParser, section: str) -> None:
+    """Hidden flags for ``LOCAL_ENGINE_KEYS`` (``--backend.kv-cache``, ``--no-backend.reuse-kv``), so a
+    command line from before they left the config gets one line naming the key, not argparse's
+    "unrecognized arguments"."""
+    for key, value in LOCAL_ENGINE_KEYS.items():
+        flag, dest = f"{section}.{key}".replace("_", "-"), f"_retired.{section}.{key}"
+        if isinstance(value, bool):
+            for option, const in ((f"--{flag}", True), (f"--no-{flag}", False)):
+                parser.add_argument(option, dest=dest, action=_RetiredEngineFlag, nargs=0, const=const,
+                                    default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+        else:
+            parser.add_argument(f"--{flag}", dest=dest, action=_RetiredEngineFlag, default=argparse.SUPPRESS,
+                                help=argparse.SUPPRESS)
 
 
 def config_command(sub: argparse._SubParsersAction, name: str, model: type[BaseModel], func: Callable[..., int], *,

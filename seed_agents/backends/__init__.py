@@ -10,26 +10,23 @@ from seed_agents.errors import ConfigError
 if TYPE_CHECKING:
     from seed_agents.config.core import BackendConfig
 
-__all__ = ["Backend", "BackendError", "BackendUnavailable", "local_kwargs", "make_backend", "reuse_kwargs"]
-
-
-def reuse_kwargs(reuse_kv: bool) -> dict[str, Any]:
-    """``LocalBackend`` arguments for ``backend.reuse_kv``: off computes every prompt whole
-    (no shared batch prefix, no per-episode turn cache)."""
-    return {} if reuse_kv else {"share_prefix": False, "turn_cache_bytes": 0}
+__all__ = ["Backend", "BackendError", "BackendUnavailable", "local_kwargs", "make_backend"]
 
 
 def local_kwargs(cfg: BackendConfig, who: str = "local backend") -> dict[str, Any]:
     """``LocalBackend`` arguments for the config's local-only settings (the number format,
-    attention's, KV reuse, the cache), one place for every caller that builds one; the
-    choice of format is printed with its reason."""
+    attention's) and a benchmark's engine options (``seed_agents.backends.engine``), one place
+    for every caller that builds one; the choice of format is printed with its reason, and
+    engine options other than the defaults are printed too."""
+    from seed_agents.backends.engine import ENGINE_ENV, LocalEngineOptions
     from seed_agents.precision import resolve_attention, resolve_served
 
     dtype, why = resolve_served(cfg.precision, "local")
     fp32_attention, why_attention = resolve_attention(cfg.attention, dtype)
-    print(f"{who} computes in {why}; {why_attention}", flush=True)
-    return {"compute_dtype": dtype, "kv_cache": cfg.kv_cache, "fp32_attention": fp32_attention,
-            "prefix_groups": cfg.prefix_groups, "drop_finished": cfg.drop_finished, **reuse_kwargs(cfg.reuse_kv)}
+    engine = LocalEngineOptions.from_env()
+    bench = f"; {ENGINE_ENV}: {engine.changed()}" if engine.changed() else ""
+    print(f"{who} computes in {why}; {why_attention}{bench}", flush=True)
+    return {"compute_dtype": dtype, "fp32_attention": fp32_attention, **engine.backend_kwargs()}
 
 
 def make_backend(cfg: BackendConfig) -> tuple[Backend, Any]:

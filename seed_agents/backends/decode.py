@@ -14,7 +14,7 @@ padding, which nothing reads), so each row's sampler draws from its own generato
 often as before and the grammar masks see the same ids; logits are cast to fp32 before the
 processors, the raw ones kept for the log-probs. The numbers are ``generate``'s up to float
 rounding (a forward over fewer rows may round a product differently); ids and log-probs are
-compared in ``tests/unit/test_decode.py``. ``backend.drop_finished false`` keeps ``generate``.
+compared in ``tests/unit/test_decode.py``. ``drop_finished=False`` (an engine option) keeps ``generate``.
 """
 
 from __future__ import annotations

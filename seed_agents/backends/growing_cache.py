@@ -3,7 +3,7 @@
 transformers' ``DynamicLayer`` appends a decode step's keys and values with ``torch.cat``, which
 copies the layer's whole cache: at batch 8 and ~800 cached tokens that was 12 of a 75 ms SmolLM2
 bf16 decode step on the 2-core machine (torch.profiler, 60 ``cat`` calls a step). The static
-cache (``backend.kv_cache static``) avoids the copy but attends over its whole preallocated
+cache (``kv_cache="static"``, an engine option) avoids the copy but attends over its whole preallocated
 buffer, masked, and was no faster. Here each layer keeps a buffer with room to spare and hands
 attention a view of its filled columns: a step writes one column, attention reads exactly the
 columns the dynamic cache would hold, so the numbers are the dynamic cache's bit for bit.

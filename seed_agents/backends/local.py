@@ -8,9 +8,12 @@ values (``seed_agents.backends.prefix``; vLLM's prefix cache does the same acros
 ``share_prefix=False`` turns it off. Across the turns of an episode, a call reads the keys
 and values of the episode's previous prompt for the tokens the two share
 (``seed_agents.backends.turn_cache``: per episode, so an episode's numbers never depend on
-its neighbours); ``turn_cache_bytes=0`` turns it off. ``kv_cache="static"`` decodes into
-buffers sized for the whole generation, written in place, where the dynamic cache (the
-default) concatenates every layer's keys and values at every token.
+its neighbours); ``turn_cache_bytes=0`` turns it off. The default KV cache grows in place
+(``seed_agents.backends.growing_cache``); ``kv_cache="concat"`` is transformers' own, which
+copies every layer's keys and values at every token, and ``kv_cache="static"`` decodes into
+buffers sized for the whole generation. These switches rebuild older paths: they are
+``seed_agents.backends.engine.LocalEngineOptions``, set by benchmarks and tests, not by the
+user config.
 
 Reproducible runs. A row's logits depend on its batch: on this CPU, the same prompt alone,
 in a batch of four, or in the same four in another order gives logits that differ by
@@ -236,7 +239,7 @@ class LocalBackend:
         # (``seed_agents.precision``); None or float32 computes in the weights' own dtype.
         self.compute_dtype = compute_dtype
         # dynamic: the cache grows in place (seed_agents.backends.growing_cache), its values stored
-        # in fp32 where attention upcasts them anyway; concat: transformers' own (the path before)
+        # in fp32 where attention upcasts them anyway; concat: transformers' own
         self._value_dtype = (torch.float32 if fp32_attention and compute_dtype not in (None, torch.float32)
                              else None)
         if fp32_attention and compute_dtype not in (None, torch.float32):

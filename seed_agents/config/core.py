@@ -2,18 +2,21 @@
 env agent plays, and the paper's SEED coefficients.
 
 They live below everything that uses them (the runner, the backends, the app's command
-configs) and import nothing of the project but ``seed_agents.types``, so any module may read
-them without pulling in LangGraph, torch or the CLI. Field descriptions are the CLI help.
+configs) and import nothing of the project but ``seed_agents.types`` (and the warning class of
+``seed_agents.config.loading``), so any module may read them without pulling in LangGraph, torch
+or the CLI. Field descriptions are the CLI help.
 """
 
 from __future__ import annotations
 
 import re
+import warnings
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from seed_agents.config.loading import RenamedConfigKey
 from seed_agents.types import SamplingParams
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -27,7 +30,7 @@ def check_env_name(name: str) -> str:
     return name
 
 
-__all__ = ["AUTO_GUIDE_SHARE", "PAPER", "PAPER_LEARNING_RATE", "PAPER_SFT_LEARNING_RATE", "AgentConfig", "BackendConfig", "RunnerConfig", "SEEDCoefficients", "SamplingParams",
+__all__ = ["AUTO_GUIDE_SHARE", "LOCAL_ENGINE_KEYS", "PAPER", "PAPER_LEARNING_RATE", "PAPER_SFT_LEARNING_RATE", "AgentConfig", "BackendConfig", "RunnerConfig", "SEEDCoefficients", "SamplingParams",
            "check_env_name"]
 
 
@@ -57,6 +60,37 @@ AUTO_GUIDE_SHARE = 0.5
 policy call is free to call a bound tool (the share the guided-openings curve learned with)."""
 
 
+#: Switches of the local backend kept out of the user config, at the one value every command
+#: runs. Each rebuilds an older, slower way of computing the same tokens (every prompt whole, one
+#: prefix a batch, transformers' own cache, ``generate``); the local backend is the reference
+#: engine, and a user needs only its default. Benchmarks that time the older ways set them
+#: (``seed_agents.backends.engine.LocalEngineOptions``, which has these defaults). A config that
+#: names one at this value loads with a warning; at another, it is refused with one line.
+LOCAL_ENGINE_KEYS: dict[str, Any] = {"reuse_kv": True, "prefix_groups": True, "kv_cache": "dynamic", "drop_finished": True}
+
+
+def _shown(value: Any) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def retired_engine_keys(given: dict[str, Any]) -> tuple[str | None, str | None]:
+    """The ``LOCAL_ENGINE_KEYS`` a backend section ``given`` still names, as (error, notice): an
+    error line where one asks for another value than the engine runs, else a notice line
+    when any is named (the keys are then ignored); each None when there is none."""
+    named = [key for key in LOCAL_ENGINE_KEYS if key in given]
+    other = [key for key in named if given[key] != LOCAL_ENGINE_KEYS[key]]
+    if other:
+        asked = ", ".join(f"{key} {_shown(given[key])}" for key in other)
+        runs = ", ".join(f"{key} {_shown(LOCAL_ENGINE_KEYS[key])}" for key in other)
+        return (f"{asked}: removed from the user config (an older, slower path of the local backend, which always "
+                f"runs {runs}; benchmarks set it through SEED_AGENTS_BENCH_LOCAL_ENGINE)"), None
+    if named:
+        runs = ", ".join(f"{key} {_shown(LOCAL_ENGINE_KEYS[key])}" for key in named)
+        return None, (f"backend {', '.join(named)}: {'no longer settings' if len(named) > 1 else 'no longer a setting'} "
+                      f"(the local backend always runs {runs}); ignored, remove {'them' if len(named) > 1 else 'it'}")
+    return None, None
+
+
 class BackendConfig(BaseModel):
     """Which model serves the agent, and how to reach it."""
 
@@ -72,13 +106,21 @@ class BackendConfig(BaseModel):
     timeout_s: float = Field(120.0, gt=0, description="Per-request timeout.")
     max_retries: int = Field(3, ge=0, le=20, description="Retries on connection errors, timeouts and 5xx.")
     max_batch_size: int = Field(8, ge=1, le=1024, description="Local backend: requests batched into one generate call.")
-    precision: Literal["auto", "float32", "bfloat16"] = Field("auto", description="Local backend and trainer: the number format matmuls run in. auto (the default): bfloat16 where the CPU has bf16 instructions (AMX, AVX-512 BF16) or the GPU supports it, else float32 (emulated bf16 is slower than fp32); under auto the trainer stays float32 with kind vllm (`seed-agents serve` samples in float32), and so does a local backend where a CUDA device is present (its autocast is the CPU's). The choice is printed. bf16 is autocast over fp32 weights: the sampler/trainer logprob gap is ~0.02 nat on average against ~2e-6 in float32 (docs/results/logprob_gap.json), and three seeds of a bf16 learning run learned like fp32 (docs/results.md). float32: the path before, bit-for-bit the runs recorded before auto became the default (the learning benchmarks pin it). Stage 1 follows it too.")
-    reuse_kv: bool = Field(True, description="Local backend: compute a batch's common prompt prefix once and let an episode's next turn read its last prompt's keys and values (exact up to float rounding); false: every prompt computed whole, the path before (bench/demo_speed.py's old side; a check when chasing a numerical difference).")
+    precision: Literal["auto", "float32", "bfloat16"] = Field("auto", description="Local backend and trainer (stage 1 too): the number format matmuls run in. auto: bfloat16 (autocast over fp32 weights) where the CPU has bf16 instructions or the GPU supports it, else float32, and float32 for the trainer with kind vllm and for a local backend on a machine with a CUDA device; the choice is printed. float32: the sampler's and the trainer's logprobs agree to ~2e-6 nat a token (~0.02 in bf16), and a seeded config samples in one format on every machine (docs/training.md, Precision).")
     attention: Literal["auto", "same", "float32"] = Field("auto", description="Local backend and trainer, when precision resolves to bfloat16: float32 runs attention in fp32 over the bf16 products (seed_agents.precision.attention_in_fp32), same runs it in bf16 too; auto (the default) is float32 on a CPU without AMX, where torch's bf16 attention kernel was 5x slower than its fp32 one (docs/benchmarks.md, decode taken apart), and same on an AMX CPU or a GPU (not measured there). Three seeds of a learning run with fp32 attention learned like fp32 (docs/results.md). Ignored in float32.")
-    prefix_groups: bool = Field(True, description="Local backend, with reuse_kv: compute the prefix each group of a batch's prompts shares once per group (one task's hindsight prompts share ~560 of ~750 tokens on the demo's TextWorld batch, the batch as a whole ~200; seed_agents/backends/prefix.py:prefix_groups); false: one prefix, the one every prompt of the batch shares (the path before). Exact up to float rounding.")
-    kv_cache: Literal["dynamic", "static", "concat"] = Field("dynamic", description="Local backend: dynamic grows each layer's keys and values in place, in buffers with room to spare, and attends over the filled columns (seed_agents/backends/growing_cache.py; the same numbers as concat, bit for bit); concat: transformers' own dynamic cache, which copies every layer's cache at every token (the path before); static writes them into buffers sized for the whole generation and attends over the whole buffer, masked (bench/decode_profile.py times the ways; static's ids equal the others' up to float rounding, so a seeded run is reproducible within static or not, not across).")
-    drop_finished: bool = Field(True, description="Local backend: a row that has sampled its stop token leaves the batch's forward while the others decode on (seed_agents/backends/decode.py; with kv_cache static every row runs to the end); false: transformers' generate, which runs every row until the longest ends (the path before). Each row's sampler draws as before: the same tokens up to float rounding.")
     reload_method: Literal["seed_reload_weights", "reload_weights"] = Field("seed_reload_weights", description="vLLM full sync RPC: seed_reload_weights needs our worker extension (`seed-agents serve` loads it; exact for tied embeddings); reload_weights for a plain `vllm serve`.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _retired_engine_keys(cls, data: Any) -> Any:
+        """An old config's local-engine switch (``LOCAL_ENGINE_KEYS``): one line, never a traceback."""
+        if not isinstance(data, dict) or not LOCAL_ENGINE_KEYS.keys() & data.keys():
+            return data
+        error, notice = retired_engine_keys(data)
+        if error is not None:
+            raise ValueError(error)
+        warnings.warn(str(notice), RenamedConfigKey, stacklevel=2)
+        return {key: value for key, value in data.items() if key not in LOCAL_ENGINE_KEYS}
 
     @field_validator("api_key_env")
     @classmethod

@@ -65,30 +65,27 @@ def cache_key(cfg: TrainConfig, base: str) -> str:
         "epochs": s.epochs, "learning_rate": s.learning_rate, "lora_r": s.lora_r,
         "skill_words": [cfg.skills.min_words, cfg.skills.max_words], "skill_tokens": cfg.skills.max_tokens,
     }
-    # the number format and the KV reuse change the collected episodes and the SFT by float
+    # the number format and the engine options change the collected episodes and the SFT by float
     # rounding; keyed only when not the default, so the models cached before keep their keys.
     # The format as resolved here: `auto` on a CPU without bf16 is fp32 and shares fp32's model.
     import torch
 
+    from seed_agents.backends.engine import LocalEngineOptions
     from seed_agents.precision import resolve_attention, resolve_served
 
     dtype = resolve_served(cfg.backend.precision, "local")[0]  # stage 1's rollouts are a local backend's
     if dtype != torch.float32:
         settings["precision"] = str(dtype).removeprefix("torch.")
-    if not cfg.backend.reuse_kv:
-        settings["reuse_kv"] = False
-    if not s.completion_head:  # TRL's head (the path before): the same loss, another rounding
+    if not s.completion_head:  # TRL's head: the same loss, another rounding
         settings["completion_head"] = False
     if cfg.skills.answer_format != "paper":  # stage 1 trains on the analyzer prompt the run will ask with
         settings["answer_format"] = cfg.skills.answer_format
     if cfg.skills.failures != "write":  # and only on the episodes it will be asked about
         settings["failures"] = cfg.skills.failures
-    if cfg.backend.kv_cache == "static":  # concat holds the dynamic cache's numbers bit for bit
-        settings["kv_cache"] = cfg.backend.kv_cache
-    if not cfg.backend.prefix_groups:
-        settings["prefix_groups"] = False
-    if not cfg.backend.drop_finished:  # generate: the same tokens up to float rounding
-        settings["drop_finished"] = False
+    # a benchmark's engine options (seed_agents.backends.engine), under the keys the config gave
+    # them; concat holds the dynamic cache's numbers bit for bit, so it shares its model
+    engine = LocalEngineOptions.from_env().changed()
+    settings.update({key: value for key, value in engine.items() if (key, value) != ("kv_cache", "concat")})
     # as resolved too: `auto` keys with the explicit choice it makes on this machine
     if resolve_attention(cfg.backend.attention, dtype)[0]:
         settings["attention"] = "float32"
@@ -139,9 +136,7 @@ def build(cfg: TrainConfig, base: str, root: Path, suite: EnvSuite | None = None
         "env": cfg.env, "split": cfg.split, "num_tasks": s.num_tasks, "seed": s.seed, "out": str(root / "collect"),
         "env_options": cfg.env_options,
         "backend": {"kind": "local", "model": base, "max_batch_size": cfg.backend.max_batch_size,
-                    "precision": cfg.backend.precision, "reuse_kv": cfg.backend.reuse_kv,
-                    "kv_cache": cfg.backend.kv_cache, "attention": cfg.backend.attention,
-                    "prefix_groups": cfg.backend.prefix_groups, "drop_finished": cfg.backend.drop_finished},
+                    "precision": cfg.backend.precision, "attention": cfg.backend.attention},
         "sampling": {"max_tokens": cfg.sampling.max_tokens, "temperature": s.temperature},
         "runner": {"group_size": s.group_size, "concurrency": cfg.runner.concurrency, "progress": cfg.runner.progress},
         "agent": cfg.agent.model_dump(), "analyzer": {"kind": "rule_based"},

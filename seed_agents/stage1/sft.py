@@ -54,7 +54,7 @@ class SFTRunConfig(BaseModel):
     eval_max_tokens: int = Field(256, ge=8, le=8192, description="Generation budget of the held-out parse-rate check (greedy).")
     max_eval_examples: int = Field(32, ge=1, le=100000, description="Held-out examples used for the parse-rate check (the loss uses all).")
     eval_batch_size: int = Field(8, ge=1, le=1024, description="Held-out prompts generated together in the parse-rate check.")
-    completion_head: bool = Field(True, description="Apply the LM head to the completion tokens only (the same loss, a fraction of the work); false: TRL's fused head over every position, the path before, kept for side-by-side timing.")
+    completion_head: bool = Field(True, description="Apply the LM head to the completion tokens only (the same loss, a fraction of the work); false: TRL's fused head over every position, for side-by-side timing against TRL.")
     precision: Literal["auto", "float32", "bfloat16"] = Field("float32", description="The number format the SFT's matmuls and its parse-rate checks run in (autocast over fp32 weights, as `backend.precision` in `train`); auto: bfloat16 where the CPU has bf16 instructions, the choice printed.")
 
 

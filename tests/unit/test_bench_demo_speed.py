@@ -16,12 +16,18 @@ from seed_agents.config import TrainConfig  # noqa: E402
 
 
 def test_the_before_side_switches_off_every_reuse_and_the_others_keep_the_demo():
+    from seed_agents.backends.engine import ENGINE_ENV, LocalEngineOptions
+
     cfg = {side: TrainConfig.model_validate(demo_speed.demo_config(over)) for side, over in demo_speed.SIDES.items()}
     before = cfg["before"]
-    assert (before.backend.precision, before.backend.reuse_kv) == ("float32", False)
+    assert before.backend.precision == "float32"
     assert (before.trainer.chunk_tokens, before.trainer.share_prefix, before.trainer.sampled_head) == (0, False, False)
     assert before.trainer.keep_activations_gb == 0 == TrainConfig().trainer.keep_activations_gb
-    assert (before.backend.kv_cache, before.backend.prefix_groups, before.backend.drop_finished) == ("concat", False, False)
+    # the local backend's older paths are engine options, given to the side's children as their environment
+    engine = {side: LocalEngineOptions.model_validate_json(demo_speed.engine_env(side)[ENGINE_ENV]) for side in demo_speed.SIDES}
+    assert engine["before"] == LocalEngineOptions(reuse_kv=False, kv_cache="concat", prefix_groups=False, drop_finished=False)
+    assert engine["previous"] == LocalEngineOptions(drop_finished=False)
+    assert all(engine[side] == LocalEngineOptions() for side in demo_speed.SIDES if side not in ("before", "previous"))
     demo = TrainConfig()
     assert before.stage1.completion_head is False and demo.stage1.completion_head is True
     assert cfg["default"] == demo  # the README's first command
@@ -31,9 +37,8 @@ def test_the_before_side_switches_off_every_reuse_and_the_others_keep_the_demo()
     assert cfg["auto"] == demo.model_copy(update={"backend": plain})
     fast = demo.backend.model_copy(update={"precision": "auto", "attention": "float32"})
     assert cfg["auto-attn32"] == demo.model_copy(update={"backend": fast})
-    assert (demo.trainer.sampled_head, demo.backend.kv_cache) == (True, "dynamic")
-    assert demo.backend.drop_finished is True
-    assert cfg["previous"] == demo.model_copy(update={"backend": demo.backend.model_copy(update={"drop_finished": False})})
+    assert demo.trainer.sampled_head is True
+    assert cfg["previous"] == demo
     assert cfg["keep"] == demo.model_copy(update={"trainer": demo.trainer.model_copy(update={"keep_activations_gb": "auto"})})
     # nothing else differs from the embedded demo
     assert before.model_copy(update={"backend": demo.backend, "trainer": demo.trainer, "stage1": demo.stage1}) == demo
@@ -128,7 +133,8 @@ def test_bad_arguments_get_one_line(argv, message, capsys):
 def test_a_run_of_several_iterations_reads_the_median_of_its_iterations(tmp_path, monkeypatch):
     """The README's command runs three iterations; the first pays one-off costs, so a run's
     iteration time is the median of its own, each kept."""
-    def run(cmd, log):
+    def run(cmd, log, env=None):
+        assert env == {"SEED_AGENTS_BENCH_LOCAL_ENGINE": "{}"}  # the default side's children run the defaults
         cfg = json.loads(Path(cmd[-1]).read_text())
         assert cfg["iterations"] == 3 and cfg["stage1"]["run"] == "off"
         rows = [{"time/step_s": s, "time/sync_s": 0.5, "time/rollout_s": s / 2, "time/score_s": 1.0}

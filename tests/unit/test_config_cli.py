@@ -15,6 +15,7 @@ import pytest
 from pydantic import BaseModel, ValidationError
 
 from seed_agents.app.cli import _parser, build_eval_config
+from seed_agents.app.flags import _RetiredEngineFlag
 from seed_agents.config import (
     PAPER,
     ConfigError,
@@ -102,6 +103,8 @@ def test_every_config_field_is_a_documented_flag(command):
         assert "(default: " in shown or "(required" in shown, (path, shown)
         assert "default factory" not in shown, (path, shown)
     for action in parser._actions:  # --config, --overwrite, --resume and the short flags too
+        if isinstance(action, _RetiredEngineFlag):  # hidden: there only to say one line to an old command line
+            continue
         assert action.help and action.help != argparse.SUPPRESS, action.option_strings
 
 
@@ -195,17 +198,19 @@ def test_seed_config_takes_every_coefficient_from_its_own_field(tmp_path):
 
 
 def test_the_update_layout_reaches_the_trainer_and_the_kv_reuse_the_backend(tmp_path):
-    """The path before (TRL's padded layout, every prompt whole) stays one flag away, for
-    bench/demo_speed.py's old side and for chasing a numerical difference."""
+    """TRL's padded layout stays one flag away (to compare against TRL); every prompt whole is
+    an engine option of the local backend, for bench/demo_speed.py's old side."""
     pytest.importorskip("trl")
     from seed_agents.app.policy import seed_config
-    from seed_agents.backends import reuse_kwargs
+    from seed_agents.backends.engine import LocalEngineOptions
 
     assert (seed_config(TrainConfig(), tmp_path / "a").chunk_tokens, seed_config(TrainConfig(), tmp_path / "a").share_prefix) \
         == (8192, True)
     args = seed_config(TrainConfig.model_validate({"trainer": {"chunk_tokens": 0, "share_prefix": False}}), tmp_path / "b")
     assert (args.chunk_tokens, args.share_prefix) == (0, False)
-    assert reuse_kwargs(True) == {} and reuse_kwargs(False) == {"share_prefix": False, "turn_cache_bytes": 0}
+    assert LocalEngineOptions().backend_kwargs() == {"kv_cache": "dynamic", "prefix_groups": True, "drop_finished": True}
+    assert LocalEngineOptions(reuse_kv=False).backend_kwargs() == {
+        "kv_cache": "dynamic", "prefix_groups": True, "drop_finished": True, "share_prefix": False, "turn_cache_bytes": 0}
     # freed heap memory goes back to the OS between a step's phases unless turned off
     assert seed_config(TrainConfig(), tmp_path / "e").release_memory
     assert not seed_config(TrainConfig.model_validate({"trainer": {"release_memory": False}}), tmp_path / "f").release_memory
@@ -284,6 +289,67 @@ def test_the_old_gate_key_still_loads_with_one_deprecation_line(tmp_path):
                         "trainer.gate_sharpness (same meaning)")
 
 
+@pytest.mark.parametrize("command", COMMANDS)
+def test_the_user_config_offers_no_older_path_of_the_local_backend(command):
+    """The local backend is the reference engine: its switches that only rebuilt an older, slower
+    path are engine options a benchmark sets (seed_agents.backends.engine), not fields a user reads
+    in --help or a config file, and no description tells history ("the path before")."""
+    from seed_agents.backends.engine import LocalEngineOptions
+    from seed_agents.config.core import LOCAL_ENGINE_KEYS
+
+    fields = dict(leaf_fields(_configs()[command]))
+    assert not {path for path in fields if path.rpartition(".")[2] in LOCAL_ENGINE_KEYS}
+    assert not [path for path, field in fields.items() if "path before" in (field.description or "")]
+    assert LOCAL_ENGINE_KEYS == LocalEngineOptions().model_dump()  # the value an old config may still name
+
+
+def test_an_old_config_naming_an_engine_switch_gets_one_line(tmp_path):
+    """At the value the engine runs (every old run's config.json), a warning and the key ignored;
+    at another value, one error naming the key and where it went: never a traceback."""
+    yaml = tmp_path / "old.yaml"
+    yaml.write_text("backend:\n  reuse_kv: true\n  kv_cache: dynamic\n  precision: float32\n")
+    with pytest.warns(RenamedConfigKey, match="backend reuse_kv, kv_cache: no longer settings"):
+        assert load_config(TrainConfig, yaml, {}).backend.precision == "float32"
+    yaml.write_text("backend:\n  kv_cache: concat\n  drop_finished: false\n")
+    with pytest.raises(ConfigError, match="backend: kv_cache concat, drop_finished false: removed from the user config"):
+        load_config(TrainConfig, yaml, {})
+    with pytest.raises(ConfigError, match="reuse_kv false: removed from the user config.*SEED_AGENTS_BENCH_LOCAL_ENGINE"):
+        load_config(EvalConfig, None, {"backend.reuse_kv": False})
+    for argv, line in [(["--no-backend.drop-finished"], "seed-agents train: error: --no-backend.drop-finished: "
+                                                         "drop_finished false: removed from the user config"),
+                       (["--backend.kv-cache", "static"], "seed-agents train: error: --backend.kv-cache: kv_cache static: "
+                                                          "removed from the user config"),
+                       (["--config", str(yaml)], "seed-agents train: error: invalid ")]:
+        console = subprocess.run([sys.executable, "-m", "seed_agents", "train", *argv, "--iterations", "0"],
+                                 capture_output=True, text=True, cwd=REPO, timeout=120)
+        assert console.returncode == 2 and len(console.stderr.strip().splitlines()) == 1, console.stderr
+        assert console.stderr.startswith(line), console.stderr
+    console = subprocess.run([sys.executable, "-m", "seed_agents", "train", "--backend.prefix-groups", "--iterations", "0"],
+                             capture_output=True, text=True, cwd=REPO, timeout=120)
+    lines = console.stderr.strip().splitlines()
+    assert console.returncode == 2 and len(lines) == 2, console.stderr  # the notice, then the one error (iterations 0)
+    assert lines[0] == ("seed-agents train: warning: backend prefix_groups: no longer a setting (the local backend "
+                        "always runs prefix_groups true); ignored, remove it")
+
+
+def test_a_benchmarks_engine_options_come_from_one_variable(monkeypatch):
+    from seed_agents.backends.engine import ENGINE_ENV, LocalEngineOptions
+
+    monkeypatch.delenv(ENGINE_ENV, raising=False)
+    assert LocalEngineOptions.from_env() == LocalEngineOptions()
+    options = LocalEngineOptions(kv_cache="concat", drop_finished=False)
+    assert options.as_env() == {ENGINE_ENV: '{"drop_finished": false, "kv_cache": "concat"}'}
+    assert LocalEngineOptions().as_env() == {ENGINE_ENV: "{}"}  # a child never inherits another side's
+    monkeypatch.setenv(*options.as_env().popitem())
+    assert LocalEngineOptions.from_env() == options
+    monkeypatch.setenv(ENGINE_ENV, '{"kv_cache": "paged"}')
+    with pytest.raises(ConfigError, match="SEED_AGENTS_BENCH_LOCAL_ENGINE: kv_cache: Input should be"):
+        LocalEngineOptions.from_env()
+    monkeypatch.setenv(ENGINE_ENV, "kv_cache=static")
+    with pytest.raises(ConfigError, match="SEED_AGENTS_BENCH_LOCAL_ENGINE: .*give a JSON object"):
+        LocalEngineOptions.from_env()
+
+
 def test_building_the_cli_loads_no_model_or_trainer_stack():
     """Every command's flags (and --help) are built without transformers, torch, TRL or the
     app modules that import them (they load inside the command that runs)."""
@@ -319,16 +385,19 @@ def test_importing_the_package_loads_no_trainer_env_or_prebuilt_agent():
 
 
 @pytest.mark.parametrize(("reuse", "kv_cache", "attention"), [(True, "dynamic", "same"), (False, "static", "float32")])
-def test_build_policy_gives_the_local_backend_the_kv_reuse_asked_for(tmp_path, tiny_model_dir, reuse, kv_cache, attention):
-    """`backend.reuse_kv false` reaches the backend `train` samples from: no shared prefix, no turn cache;
-    so do `backend.kv_cache` and (in bf16) `backend.attention`, there and in the backend `eval` and `collect` open."""
+def test_build_policy_gives_the_local_backend_the_kv_reuse_asked_for(tmp_path, tiny_model_dir, monkeypatch, reuse,
+                                                                     kv_cache, attention):
+    """A benchmark's engine options (SEED_AGENTS_BENCH_LOCAL_ENGINE) reach the backend `train` samples
+    from (reuse_kv false: no shared prefix, no turn cache; the KV cache), and so does `backend.attention`
+    (in bf16), there and in the backend `eval` and `collect` open."""
     pytest.importorskip("trl")
     from seed_agents.app.policy import build_policy
     from seed_agents.backends import make_backend
+    from seed_agents.backends.engine import LocalEngineOptions
     from seed_agents.precision import FP32_ATTENTION
 
-    cfg = TrainConfig.model_validate({"backend": {"model": tiny_model_dir, "reuse_kv": reuse, "kv_cache": kv_cache,
-                                                  "precision": "bfloat16", "attention": attention},
+    monkeypatch.setenv(*LocalEngineOptions(reuse_kv=reuse, kv_cache=kv_cache).as_env().popitem())
+    cfg = TrainConfig.model_validate({"backend": {"model": tiny_model_dir, "precision": "bfloat16", "attention": attention},
                                       "stage1": {"run": "off"}})
     for backend in (build_policy(cfg, tmp_path / "run").backend, make_backend(cfg.backend)[0]):
         assert backend.share_prefix is reuse and (backend.turn_cache.max_bytes > 0) is reuse

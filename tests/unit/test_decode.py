@@ -1,4 +1,4 @@
-"""A finished row leaves the forward (``backend.drop_finished``) and nothing a row samples
+"""A finished row leaves the forward (``drop_finished``, an engine option) and nothing a row samples
 changes: the decode loop against transformers' ``generate`` on the same batches."""
 
 import pytest

@@ -129,11 +129,13 @@ def test_grpo_and_seed_differ_only_in_the_skills_and_the_distillation(tmp_path):
     generic = train_config(args, "seed-success-generic", 1, tmp_path / "t.jsonl", tmp_path / "h.jsonl", 200, 80,
                            tmp_path / "seed")  # the control: the success rule's content alone differs
     assert generic["skills"] == {**success["skills"], "chat_model_kwargs": {"failures": "none", "successes": "generic"}}
-    # the faster decode paths reach the backend when asked for, and leave every digest alone when not
+    # the faster decode paths reach the run when asked for (the KV cache as an engine option, not a
+    # config key), and leave every digest alone when not
     faster = argparse.Namespace(**{**vars(args), "kv_cache": "static", "attention": "float32"})
     fast_grpo = train_config(faster, "grpo", 1, tmp_path / "t.jsonl", tmp_path / "h.jsonl", 200, 80, tmp_path / "grpo")
-    assert fast_grpo["backend"] == {**grpo["backend"], "kv_cache": "static", "attention": "float32"}
-    assert "kv_cache" not in grpo["backend"] and "attention" not in grpo["backend"]
+    assert fast_grpo["backend"] == {**grpo["backend"], "attention": "float32"}
+    assert fast_grpo["local_engine"] == {"kv_cache": "static"} and "local_engine" not in grpo
+    assert "attention" not in grpo["backend"]
     # the imitation control: the generic run with the gate off, and nothing else moved
     imitate = train_config(args, "seed-success-imitate", 1, tmp_path / "t.jsonl", tmp_path / "h.jsonl", 200, 80,
                            tmp_path / "seed")
@@ -598,6 +600,32 @@ def test_a_result_file_rewritten_mid_invocation_keeps_the_runs_it_held_that_come
     assert {"grpo-s0", "grpo-s1"} <= set(partial["runs"]) and partial["runs"]["grpo-s1"] == grpo_only["grpo-s1"]
 
 
+def test_a_runs_engine_options_reach_train_as_its_environment_and_stay_in_its_digest(tmp_path, monkeypatch):
+    """--kv-cache static is the local backend's engine option: the file `train` reads has no such
+    key (the user config refuses it), `train` gets it through SEED_AGENTS_BENCH_LOCAL_ENGINE, and
+    the run's digest names it."""
+    import bench.learning_curve as lc
+    from seed_agents.config import TrainConfig
+
+    seen = []
+    monkeypatch.setattr(lc, "run_logged", lambda cmd, log, env: seen.append(env) or (0, 1.0))
+    for kv_cache, out in (("static", "static-s0"), ("dynamic", "dynamic-s0")):
+        config = train_config(_args(kv_cache=kv_cache), "grpo", 0, tmp_path / "t.jsonl", tmp_path / "h.jsonl", 200, 80,
+                              tmp_path / out)
+        (tmp_path / out).mkdir()
+        run_one(config, tmp_path / out, tmp_path / "log")
+        written = json.loads((tmp_path / f"{out}.json").read_text())
+        assert "local_engine" not in written and "kv_cache" not in written["backend"]
+        TrainConfig.model_validate(written)
+    assert seen == [{"SEED_AGENTS_BENCH_LOCAL_ENGINE": '{"kv_cache": "static"}'}, {"SEED_AGENTS_BENCH_LOCAL_ENGINE": "{}"}]
+    static = train_config(_args(kv_cache="static"), "grpo", 0, tmp_path / "t.jsonl", tmp_path / "h.jsonl", 200, 80, tmp_path)
+    dynamic = train_config(_args(), "grpo", 0, tmp_path / "t.jsonl", tmp_path / "h.jsonl", 200, 80, tmp_path)
+    (tmp_path / "t.jsonl").write_text("")
+    (tmp_path / "h.jsonl").write_text("")
+    assert lc.run_digest(static, tmp_path / "t.jsonl", tmp_path / "h.jsonl") != \
+        lc.run_digest(dynamic, tmp_path / "t.jsonl", tmp_path / "h.jsonl")
+
+
 @pytest.mark.parametrize("precision, attention", [("float32", "same"), ("auto", "same"), ("auto", "float32")])
 def test_a_run_computes_in_the_format_its_digest_names_though_the_defaults_moved(tmp_path, monkeypatch, precision,
                                                                                 attention):
@@ -607,7 +635,7 @@ def test_a_run_computes_in_the_format_its_digest_names_though_the_defaults_moved
     import bench.learning_curve as lc
     from seed_agents.config import TrainConfig
 
-    monkeypatch.setattr(lc, "run_logged", lambda cmd, log: (0, 1.0))
+    monkeypatch.setattr(lc, "run_logged", lambda cmd, log, env: (0, 1.0))
     args = _args(precision=precision, attention=attention)
     config = train_config(args, "grpo", 0, tmp_path / "t.jsonl", tmp_path / "h.jsonl", 200, 80, tmp_path / "grpo-s0")
     assert "attention" not in config["backend"] or attention != "same"  # the digest's config names no moved default

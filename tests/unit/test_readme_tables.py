@@ -682,7 +682,10 @@ def test_a_capture_row_whose_graph_side_ran_faster_claims_no_goal():
 
 
 def test_a_sides_label_names_the_flags_its_own_file_switched():
-    """`previous` meant other settings in other files: each table names its own file's."""
-    assert tables.side_flags({"backend": {"kv_cache": "concat", "drop_finished": False},
+    """`previous` meant other settings in other files: each table names its own file's. The local
+    backend's engine options have no flag (an older file keeps them under `backend`)."""
+    assert tables.side_flags({"backend": {"kv_cache": "concat", "drop_finished": False, "precision": "float32"},
                                      "trainer": {"sampled_head": False, "share_prefix": True}}) == (
-        "--backend.kv-cache concat --no-backend.drop-finished --no-trainer.sampled-head --trainer.share-prefix")
+        "engine.kv_cache concat engine.drop_finished false --backend.precision float32 --no-trainer.sampled-head "
+        "--trainer.share-prefix")
+    assert tables.side_flags({"local_engine": {"prefix_groups": False}}) == "engine.prefix_groups false"

@@ -105,11 +105,9 @@ def test_cache_key_changes_with_every_setting_that_changes_the_model():
     for over in [{"stage1": {"epochs": 1}}, {"stage1": {"num_tasks": 3}}, {"stage1": {"temperature": 1.0}},
                  {"stage1": {"lora_r": 8}}, {"stage1": {"seed": 1}}, {"agent": {"max_turns": 5}}, {"sampling": {"max_tokens": 8}},
                  {"env_options": {"x": 1}}, {"backend": {"precision": "bfloat16", "attention": "same"}},
-                 {"backend": {"reuse_kv": False}},
                  {"stage1": {"completion_head": False}}, {"skills": {"answer_format": "workflow"}},
-                 {"skills": {"failures": "skip"}}, {"backend": {"kv_cache": "static"}},
-                 {"backend": {"precision": "bfloat16", "attention": "float32"}},
-                 {"backend": {"prefix_groups": False}}, {"backend": {"drop_finished": False}}]:
+                 {"skills": {"failures": "skip"}},
+                 {"backend": {"precision": "bfloat16", "attention": "float32"}}]:
         assert _key(over) != base, over
     assert _key({}, "/other") != base
     # fp32 attention is bf16's option: in fp32 it changes nothing, so neither does the key
@@ -134,6 +132,21 @@ def test_cache_key_changes_with_every_setting_that_changes_the_model():
         assert default == (bf16_attn if resolve_attention("auto", dtype)[0] else bf16_same)
 
 
+def test_cache_key_changes_with_a_benchmarks_engine_options_under_the_keys_the_config_gave_them(monkeypatch):
+    """The local backend's engine options (SEED_AGENTS_BENCH_LOCAL_ENGINE) change stage 1's
+    episodes by float rounding: keyed when not the default, as the backend keys they were, so
+    the models cached under those keys keep them; concat holds dynamic's numbers bit for bit."""
+    from seed_agents.backends.engine import LocalEngineOptions
+
+    base = _key({})
+    for options in [{"reuse_kv": False}, {"kv_cache": "static"}, {"prefix_groups": False}, {"drop_finished": False},
+                    {"kv_cache": "concat"}]:
+        monkeypatch.setenv(*LocalEngineOptions(**options).as_env().popitem())
+        assert (_key({}) == base) is (options == {"kv_cache": "concat"}), options
+    monkeypatch.setenv(*LocalEngineOptions().as_env().popitem())
+    assert _key({}) == base
+
+
 def test_suite_defaults_fill_only_what_the_user_left_unset():
     defaults = {"max_turns": 30, "history": "window", "history_window": 5}
     assert with_suite_defaults(AgentConfig(), defaults, set()).model_dump() == defaults
@@ -149,16 +162,15 @@ def test_build_passes_the_runs_format_and_sft_head_to_collect_and_sft(tmp_path, 
     seen = []
     monkeypatch.setattr(collect, "run_collect", lambda cfg, suite=None: seen.append(cfg) or {})
     monkeypatch.setattr(sft, "run_sft", lambda cfg: seen.append(cfg) or {})
-    auto.build(TrainConfig.model_validate({"backend": {"precision": "bfloat16", "reuse_kv": False, "kv_cache": "static",
-                                                       "attention": "float32"},
+    auto.build(TrainConfig.model_validate({"backend": {"precision": "bfloat16", "attention": "float32"},
                                            "stage1": {"completion_head": False},
                                            "skills": {"answer_format": "workflow", "failures": "skip"}}), "/m", tmp_path)
     auto.build(TrainConfig(), "/m", tmp_path)
     collected, trained, default_collected, default = seen
-    assert (collected.backend.precision, collected.backend.reuse_kv) == ("bfloat16", False)
+    assert collected.backend.precision == "bfloat16"  # the engine options reach collect's backend as the run's do
     # stage 1 trains on the prompt the run's hindsight node will ask with
     assert (collected.answer_format, default_collected.answer_format) == ("workflow", "paper")
     assert (collected.failures, default_collected.failures) == ("skip", "write")  # and only where it will ask
-    assert (collected.backend.kv_cache, collected.backend.attention) == ("static", "float32")
+    assert collected.backend.attention == "float32"
     assert (trained.precision, trained.completion_head) == ("bfloat16", False)
     assert (default.precision, default.completion_head) == ("auto", True)
