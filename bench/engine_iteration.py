@@ -193,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     bench_results.add_results_args(p)
     args = p.parse_args(argv)
     stop_children_on_sigterm()
-    started = bench_results.now()
+    started, code = bench_results.now(), bench_results.code_version()
     workloads = [w for w in args.workloads.split(",") if w]
     engines = [e for e in args.engines.split(",") if e]
     if bad := [w for w in workloads if w not in WORKLOADS] + [e for e in engines if e not in ENGINES]:
@@ -207,7 +207,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{workload}: local/vLLM whole iteration {r['local_over_vllm']:.2f}x", flush=True)
     config = {"workloads": {w: workload_config(w, "<engine>", args.iterations) for w in workloads},
               "engines": engines, "iterations": args.iterations, "note": args.note}
-    bench_results.write_result("engine_iteration", config, results, started_at=started, results_dir=args.results_dir)
+    bench_results.write_result("engine_iteration", config, results, started_at=started, results_dir=args.results_dir,
+                               code=code)
     return 0
 
 

@@ -46,6 +46,7 @@ def run_side(name: str, flags: list[str], work: Path) -> dict[str, Any]:
     log = folder / "train.log"
     cmd = [sys.executable, "-m", "seed_agents", "train", *flags]
     print(f"{name}: seed-agents train {' '.join(flags)} (log {log})", flush=True)
+    code = bench_results.code_version()  # each side's own: the checkout may move while the other runs
     t0 = time.perf_counter()
     with log.open("w", encoding="utf-8") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=folder,
@@ -63,7 +64,7 @@ def run_side(name: str, flags: list[str], work: Path) -> dict[str, Any]:
     # the child resets its high-water mark per phase (which resets ru_maxrss too) and carries the
     # process's peak itself: the larger of the two is the process's peak
     peak = max(usage.ru_maxrss / 1024**2, summary.get("peak_rss_gb") or 0.0)
-    side = {"exit": proc.returncode, "wall_s": wall, "peak_rss_gb": peak, "summary": summary,
+    side = {"exit": proc.returncode, "wall_s": wall, "peak_rss_gb": peak, "summary": summary, "code": code,
             "log_tail": log.read_text(encoding="utf-8", errors="replace").splitlines()[-40:]}
     print(f"{name}: exit {proc.returncode}, {wall:.0f} s, peak RSS {side['peak_rss_gb']:.2f} GB", flush=True)
     return side
@@ -90,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     bench_results.add_results_args(p)
     args = p.parse_args(argv)
     stop_children_on_sigterm()
-    started = bench_results.now()
+    started, code = bench_results.now(), bench_results.code_version()
     sides = [s for s in args.sides.split(",") if s]
     unknown = [s for s in sides if s not in SIDES]
     if unknown:
@@ -105,7 +106,8 @@ def main(argv: list[str] | None = None) -> int:
         gains = [(runs[s]["summary"].get("heldout") or {}).get("gain") for s in ("default", "grpo")]
         results["default_minus_grpo"] = None if None in gains else gains[0] - gains[1]
     config = {"sides": {s: SIDES[s] for s in sides}, "note": args.note}
-    bench_results.write_result(args.result_name, config, results, started_at=started, results_dir=args.results_dir)
+    bench_results.write_result(args.result_name, config, results, started_at=started, results_dir=args.results_dir,
+                               code=code)
     for key, value in results.get("verdicts", {}).items():
         print(f"{key}: {value}")
     return 0

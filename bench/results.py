@@ -149,21 +149,23 @@ def now() -> str:
 def write_result(name: str, config: dict[str, Any], results: dict[str, Any], *,
                  paper: dict[str, Any] | None = None, labels: dict[str, str] | None = None,
                  started_at: str | None = None, ended_at: str | None = None,
-                 machine: dict[str, Any] | None = None, results_dir: Path | str | None = None) -> Path:
+                 machine: dict[str, Any] | None = None, results_dir: Path | str | None = None,
+                 code: dict[str, Any] | None = None) -> Path:
     """Write ``<results_dir>/<name>.json`` (default ``docs/results``) and return its path.
 
     ``config``: every setting of the run (argparse's namespace as a dict is fine).
     ``results``: the raw measurements, before any reduction the README makes.
     ``paper``: the paper's value for each config key a table header must compare
     (``labels`` names them); ``machine``: facts only the caller knows (a server's version).
-    ``started_at``: from ``now()`` when the run began.
+    ``started_at``: from ``now()`` when the run began; ``code``: ``code_version()`` taken then
+    (default: now, which a long run's own commits beside it would misdate).
     """
     directory = Path(results_dir) if results_dir is not None else RESULTS_DIR
     directory.mkdir(parents=True, exist_ok=True)
     # a list keeps the header's order through sort_keys
     compared = [{"key": k, "label": (labels or {}).get(k, k), "value": v} for k, v in (paper or {}).items()]
     doc = {"name": name, "config": config, "results": results, "paper": compared,
-           "code": code_version(), "machine": machine_facts(machine), "started_at": started_at,
+           "code": code or code_version(), "machine": machine_facts(machine), "started_at": started_at,
            "ended_at": ended_at or now()}
     path = directory / f"{name}.json"
     path.write_text(json.dumps(portable(doc), sort_keys=True, indent=1, allow_nan=False) + "\n", encoding="utf-8")
