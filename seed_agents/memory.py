@@ -53,7 +53,7 @@ M_ARENA_MAX = -8
 """``mallopt`` parameters (glibc's malloc.h)."""
 
 
-def limit_heap_growth(arenas: int = 1, mmap_threshold: int = 1 << 20) -> bool:
+def limit_heap_growth(arenas: int = 2, mmap_threshold: int = 4 << 20) -> bool:
     """Keep the heap from growing with holes; whether this C library took the settings.
 
     glibc gives each thread that allocates at once an arena of its own (up to eight per core),
@@ -61,13 +61,15 @@ def limit_heap_growth(arenas: int = 1, mmap_threshold: int = 1 << 20) -> bool:
     that size come from the heap. A training process has both: the rollouts' worker threads
     allocate in parallel, and every phase frees and allocates tensors of many megabytes. The
     heap then holds freed blocks that the next phase's sizes do not fit, in several arenas,
-    and ``malloc_trim`` between phases cannot reach what a live block pins. One arena and a
+    and ``malloc_trim`` between phases cannot reach what a live block pins. Two arenas and a
     fixed threshold send every block of ``mmap_threshold`` bytes or more to its own mapping,
-    returned to the system the moment it is freed. Called before the work allocates (glibc
-    reads the same settings from ``MALLOC_ARENA_MAX`` and ``MALLOC_MMAP_THRESHOLD_``, which
-    a user's environment may set instead: those win, since they are read first and this is
-    then not called). The numbers the process computes do not change, only where its blocks
-    live (docs/benchmarks.md, the main job's memory)."""
+    returned to the system the moment it is freed. Not lower: a decode step's logits and
+    keys are blocks of one to a few MB, and mapping each anew (its pages faulted in and zeroed)
+    made the rollouts much slower at 1 MB and one arena. Called before the work allocates
+    (glibc reads the same settings from ``MALLOC_ARENA_MAX`` and ``MALLOC_MMAP_THRESHOLD_``,
+    which a user's environment may set instead: then this leaves both alone). The numbers the
+    process computes do not change, only where its blocks live (docs/benchmarks.md, the main
+    job's memory)."""
     if os.environ.get("MALLOC_ARENA_MAX") or os.environ.get("MALLOC_MMAP_THRESHOLD_"):
         return False
     try:
