@@ -190,6 +190,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--iterations", type=int, default=3, help="Updates per side (the first is reported apart).")
     p.add_argument("--work", type=Path, default=None, help="Folder for the runs (default: a temporary one, deleted).")
     p.add_argument("--note", default="", help="What else ran on the machine.")
+    p.add_argument("--result-name", default="engine_iteration", help="The result file's name.")
+    p.add_argument("--no-idle", action="store_true", help="Skip the idle server's CPU measurement.")
     bench_results.add_results_args(p)
     args = p.parse_args(argv)
     stop_children_on_sigterm()
@@ -198,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     engines = [e for e in args.engines.split(",") if e]
     if bad := [w for w in workloads if w not in WORKLOADS] + [e for e in engines if e not in ENGINES]:
         p.error(f"unknown workload or engine: {', '.join(bad)}")
-    idle = idle_server_cores() if "vllm" in engines else None
+    idle = idle_server_cores() if "vllm" in engines and not args.no_idle else None
     with tempfile.TemporaryDirectory(prefix="engine-iteration-") as tmp:
         work = args.work or Path(tmp)
         sides = {f"{w}/{e}": run_side(w, e, args.iterations, work) for w in workloads for e in engines}
@@ -207,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{workload}: local/vLLM whole iteration {r['local_over_vllm']:.2f}x", flush=True)
     config = {"workloads": {w: workload_config(w, "<engine>", args.iterations) for w in workloads},
               "engines": engines, "iterations": args.iterations, "note": args.note}
-    bench_results.write_result("engine_iteration", config, results, started_at=started, results_dir=args.results_dir,
+    bench_results.write_result(args.result_name, config, results, started_at=started, results_dir=args.results_dir,
                                code=code)
     return 0
 
