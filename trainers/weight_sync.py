@@ -48,7 +48,7 @@ class WeightSync(Protocol):
 class _Versioned:
     def __init__(self, backend: Any, save_root: str | Path, keep_last: int, timeout_s: float) -> None:
         self.backend = backend
-        self.save_root = Path(save_root)
+        self.save_root = Path(save_root).absolute()  # the server reads it from another process and folder
         self.keep_last = max(1, keep_last)
         self.timeout_s = timeout_s
         self.last_sync_s = 0.0
