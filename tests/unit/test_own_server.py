@@ -107,3 +107,13 @@ def test_without_vllm_installed_the_owned_server_is_one_line(monkeypatch, tmp_pa
     assert code == 2 and len(err) == 1, err
     assert "starts a vLLM server" in err[0] and "--backend.kind local" in err[0]
     assert not (tmp_path / "run").exists()
+
+
+def test_weight_sync_names_its_folder_absolutely(tmp_path, monkeypatch):
+    """A server the command started runs in a folder of its own: a run's relative ``--out``
+    must reach it as an absolute path, or the first adapter load names nothing."""
+    from seed_agents.trainers.weight_sync import FullWeightSync, LoRASync
+
+    monkeypatch.chdir(tmp_path)
+    for sync in (LoRASync(object(), "run/weights"), FullWeightSync(object(), "run/weights")):
+        assert sync.save_root == tmp_path / "run" / "weights"
