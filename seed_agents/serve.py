@@ -50,13 +50,18 @@ def vllm_python(python: str | os.PathLike[str] | None = None) -> str:
     ``<repo>/.venv-vllm/bin/python`` if it exists, else the current interpreter.
     """
     if python:
-        return str(python)
+        return _absolute(str(python))
     if env := os.environ.get(VLLM_PYTHON_ENV):
-        return env
+        return _absolute(env)
     repo_venv = _REPO_ROOT / ".venv-vllm" / "bin" / "python"
     if repo_venv.exists():
         return str(repo_venv)
     return sys.executable
+
+
+def _absolute(exe: str) -> str:
+    """A path made absolute (the server starts in a folder of its own); a bare command name as is."""
+    return str(Path(exe).absolute()) if os.sep in exe else exe
 
 
 def vllm_available(python: str | os.PathLike[str] | None = None) -> bool:

@@ -117,3 +117,15 @@ def test_weight_sync_names_its_folder_absolutely(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     for sync in (LoRASync(object(), "run/weights"), FullWeightSync(object(), "run/weights")):
         assert sync.save_root == tmp_path / "run" / "weights"
+
+
+def test_a_relative_vllm_python_is_made_absolute(tmp_path, monkeypatch):
+    """The server starts in a folder of its own: ``.venv-vllm/bin/python`` must name the
+    checkout's, not one under that folder."""
+    from seed_agents.serve import VLLM_PYTHON_ENV, vllm_python
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv(VLLM_PYTHON_ENV, ".venv-vllm/bin/python")
+    assert vllm_python() == str(tmp_path / ".venv-vllm" / "bin" / "python")
+    monkeypatch.setenv(VLLM_PYTHON_ENV, "python3")
+    assert vllm_python() == "python3"
