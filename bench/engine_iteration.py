@@ -152,7 +152,8 @@ def idle_server_cores(model: str = "smollm2-135m", seconds: float = 20.0) -> dic
     from seed_agents.models import resolve_model
     from seed_agents.serve import VLLMServer
 
-    with VLLMServer(resolve_model(model), served_model_name=model) as server:
+    with tempfile.TemporaryDirectory(prefix="engine-iteration-idle-") as folder, \
+            VLLMServer(resolve_model(model), served_model_name=model, work_dir=folder) as server:
         group = [psutil.Process(server.process.pid), *psutil.Process(server.process.pid).children(recursive=True)]
         time.sleep(2.0)  # the warm-up request's tail
 
