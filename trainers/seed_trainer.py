@@ -307,13 +307,18 @@ class SEEDTrainer(GRPOTrainer):
         in groups of similar length with each group's padding cut off, and the results are put
         back in the batch's order and width. Exact up to float rounding: padding is masked out,
         and a left-pad shift leaves RoPE's relative positions unchanged (the unit tests compare
-        both layouts). Multimodal inputs keep TRL's path.
+        both layouts). Multimodal inputs, and the loss under DDP, keep TRL's path.
 
         ``scored`` ((rows, ``logits_to_keep``) bool, the positions the caller reads): with
         ``sampled_head`` the LM head runs there only and the other positions are 0
         (``trainers.head``).
         """
-        if self.args.chunk_tokens <= 0 or any(v is not None for v in kwargs.values()):
+        if (self.args.chunk_tokens <= 0 or any(v is not None for v in kwargs.values())
+                or (torch.is_grad_enabled() and isinstance(model, torch.nn.parallel.DistributedDataParallel))):
+            # Under DDP the loss gets one forward through the wrapper, as TRL's: DDP all-reduces a
+            # parameter's gradient once per forward it saw, so chunks (several forwards), a decoder
+            # called past the wrapper (no all-reduce) or a checkpointed prefix replayed in backward
+            # (a forward during the reduction) would each break the ranks' lockstep.
             return super()._get_per_token_logps_and_entropies(
                 model, input_ids, attention_mask, logits_to_keep, batch_size=batch_size, compute_entropy=compute_entropy,
                 **kwargs)
