@@ -1,6 +1,7 @@
-"""Every test the README and the docs name exists: a promise cites its evidence, and the
-evidence must not be renamed or deleted from under it (the README's security and
-reliability table is such a list of promises)."""
+"""Every test and every file the README and the docs name exists: a promise cites its
+evidence, and the evidence must not be renamed or deleted from under it (docs/promises.md,
+the security and reliability table, is such a list of promises). Paths the code's comments
+and docstrings name are checked too."""
 
 from __future__ import annotations
 
