@@ -57,9 +57,10 @@ def _exists(path: str) -> bool:
 
 
 def file_references() -> list[tuple[str, int, str]]:
-    """(file, line, path) for every path under one of FOLDERS that a page or a source file
-    names; a pattern (``docs/results/{name}.json``, ``learning_curve_*.json``) is not a path."""
-    files = [*PAGES, ROOT / "docs" / "results" / "README.md",
+    """(file, line, path) for every path under one of FOLDERS that a page, a source file, a
+    config or pyproject.toml names; a pattern (``docs/results/{name}.json``, ``learning_curve_*.json``) is not a path."""
+    files = [*PAGES, ROOT / "docs" / "results" / "README.md", ROOT / "pyproject.toml",
+             *sorted((ROOT / "configs").rglob("*.yaml")),
              *(p for d in SOURCES for p in sorted((ROOT / d).rglob("*.py")))]
     out = []
     for file in files:
