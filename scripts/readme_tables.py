@@ -1208,20 +1208,24 @@ STATUS: list[tuple[str, str, str, Any, str]] = [
      "docs/results.md#seed-with-its-own-skills-on-successes-only-at-opd-weight-01-far-above-grpo-five-seeds-0203-paired"),
     ("one fixed sentence in place of the skills beats GRPO (the content control)", "paired",
      "learning_curve_t05_const_success_generic_opd01", "seed-success-generic",
-     "docs/results.md#the-content-control-one-fixed-sentence-on-every-success-five-seeds-0177-paired-above-grpo-the-skills-content-adds-nothing-detected"),
+     "docs/results.md#the-content-control-one-fixed-sentence-on-every-success-five-seeds-0177-paired-above-grpo-the-skills"
+     "-content-adds-nothing-detected"),
     ("plain imitation of successes, no teacher, beats GRPO (the imitation control)", "paired",
      "learning_curve_t05_const_success_imitate_opd01", "seed-success-imitate",
-     "docs/results.md#the-imitation-control-the-gate-off-plain-imitation-of-successes-five-seeds-0105-paired-above-grpo-about-half"),
+     "docs/results.md#the-imitation-control-the-gate-off-plain-imitation-of-successes-five-seeds-0105-paired-above-grpo-about"
+     "-half"),
     ("the skills' content adds to the fixed sentence (own skills minus sentence)", "between",
      "learning_curve_t05_const_seed_success_opd01",
      ("seed", "learning_curve_t05_const_success_generic_opd01", "seed-success-generic"),
-     "docs/results.md#the-content-control-one-fixed-sentence-on-every-success-five-seeds-0177-paired-above-grpo-the-skills-content-adds-nothing-detected"),
+     "docs/results.md#the-content-control-one-fixed-sentence-on-every-success-five-seeds-0177-paired-above-grpo-the-skills"
+     "-content-adds-nothing-detected"),
     ("SEED as the paper runs it (own skills on every episode) beats GRPO", "paired",
      "learning_curve_t05_const_seed_opd01_r3", "seed",
      "docs/results.md#seed-with-its-own-skills-at-opd-weight-01-after-two-fixes-three-seeds-not-above-grpo--0021-paired"),
     ("SEED holds to 30 updates where GRPO's gain does not", "paired",
      "learning_curve_t05_const_seed_success_u30", "seed",
-     "docs/results.md#thirty-updates-of-seed-with-its-own-skills-on-successes-096-0975-on-three-seeds-grpo-anywhere-from-011-to-089-paired-0471-not-yet-a-test"),
+     "docs/results.md#thirty-updates-of-seed-with-its-own-skills-on-successes-096-0975-on-three-seeds-grpo-anywhere-from-011"
+     "-to-089-paired-0471-not-yet-a-test"),
     ("a free agent learns to call its tools (guided openings, 16 updates)", "gain", "learning_curve_guided_lr1e3", "grpo",
      "docs/results.md#guided-openings-at-a-constant-1e-3-the-free-agent-learns-to-call-three-seeds-the-goal-met"),
     ("level 1 (lookup, then add) learns with both calls' tools forced", "gain", "learning_curve_level1_lookup_add", "grpo",
@@ -1249,7 +1253,8 @@ def _status_row(results: dict[str, Result], claim: str, kind: str, name: str, me
                     f"{g['before']['success_rate']:.2f} -> {g['after']['success_rate']:.2f}); "
                     f"{d['wall_s'] / 60:.1f} min (target {t['wall_s_at_most'] / 60:g} min: "
                     f"{'met' if d['wall_s'] <= t['wall_s_at_most'] else 'missed'}), peak {d['peak_rss_gb']:.1f} GB "
-                    f"(target {t['peak_rss_gb_at_most']:g} GB: {'met' if d['peak_rss_gb'] <= t['peak_rss_gb_at_most'] else 'missed'})")
+                    f"(target {t['peak_rss_gb_at_most']:g} GB: "
+                    f"{'met' if d['peak_rss_gb'] <= t['peak_rss_gb_at_most'] else 'missed'})")
         return [claim, evidence, "1", "- (one seed)"]
     if kind == "continual":
         fc = r.results["final_check"]

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import sys
 from pathlib import Path
@@ -87,8 +88,8 @@ def rows(root: Path) -> list[list[str]]:
             section = "cited by no page"
         else:
             page, heading = cited
-            rel = Path("../.." if page.parent == root else "..") / page.relative_to(root if page.parent == root else root / "docs")
-            target = rel.as_posix() + ("" if heading == page.stem else f"#{anchor(heading)}")
+            rel = Path(os.path.relpath(page, here)).as_posix()  # the index sits in docs/results/
+            target = rel + ("" if heading == page.stem else f"#{anchor(heading)}")
             section = f"[{page.name}: {heading.replace('|', '/')}]({target})"
         out.append([f"`{path.name}`", f"`{script}`" if script else "-", command, commit, section])
     return out

@@ -26,7 +26,8 @@ def checkout(tmp_path: Path) -> Path:
     doc = {"code": {"git_rev": "0123456789abcdef", "dirty": True}, "config": {}, "results": {}}
     (results / "demo_speed_avx2.json").write_text(json.dumps(doc))
     (tmp_path / "docs" / "benchmarks.md").write_text(
-        "# Benchmarks\n\n```bash\n# not a heading\n```\n\n## Speed\n\n<!-- results:demo_speed_avx2 -->\n<!-- /results:demo_speed_avx2 -->\n")
+        "# Benchmarks\n\n```bash\n# not a heading\n```\n\n## Speed\n\n"
+        "<!-- results:demo_speed_avx2 -->\n<!-- /results:demo_speed_avx2 -->\n")
     (tmp_path / "README.md").write_text("# x\n")
     return tmp_path
 
