@@ -1266,7 +1266,9 @@ def _status_row(results: dict[str, Result], claim: str, kind: str, name: str, me
     curve = r.results["methods"][method if kind != "between" else method[0]]["curve"]
     a, b = curve[min(curve, key=int)]["right_answer"], curve[max(curve, key=int)]["right_answer"]
     if kind == "gain":
-        crossed, _ = __import__("bench.learning_curve", fromlist=["stored_gain"]).stored_gain(r.results, method)
+        from bench.learning_curve import stored_gain
+
+        crossed, _ = stored_gain(r.results, method)
         m = r.results["methods"][method]
         return [claim, f"held-out {a:.3f} -> {b:.3f}, {m['gain']:+.3f}: {_verdict(crossed)}", seeds,
                 f"{_interval(crossed)} (crossed bootstrap)"]
