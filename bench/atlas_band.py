@@ -1,7 +1,7 @@
 """Where does SmolLM2 sit on the atlas difficulty knob? Success per level at the training temperature.
 
 RL moves a small model only where its success is neither rare nor certain (roughly
-20-60%: docs/DESIGN.md, "Learning at small scale"); a GRPO group whose episodes all get
+20-60%: docs/architecture.md, "band" in the glossary); a GRPO group whose episodes all get
 the same reward teaches nothing. This script plays the policy on training tasks of each
 level of ``examples/atlas_tasks.py`` (one lookup; a lookup then ``add``; two lookups then
 ``add``), ``--group`` episodes per task at each of ``--temperatures``, in two modes:

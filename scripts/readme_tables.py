@@ -1190,6 +1190,115 @@ def decode_drop(results: dict[str, Result]) -> list[str]:
             "", f"Rows that sampled the same ids both ways: {x['rows_same_ids']}/{x['rows']}."]
 
 
+# -- the README's status table --------------------------------------------------------------
+
+#: The README's claims, each read off one result file: ``(claim, kind, file, method, link)``.
+#: ``gain``: a method's held-out gain (crossed bootstrap over seeds and tasks); ``paired``: a
+#: method minus GRPO's final, seed by seed (t interval, t-test p, Holm p over the variants tried);
+#: ``between``: two methods' finals from two files, seed by seed; ``main_job`` and ``continual``:
+#: their one run. The links are docs/ pages, relative to the README.
+STATUS: list[tuple[str, str, str, Any, str]] = [
+    ("`seed-agents train` with no config learns (the main job: free tool agent, 6 updates)", "main_job", "main_job", None,
+     "docs/benchmarks.md#the-main-job"),
+    ("GRPO learns the atlas tool family (level 0, first call forced, 8 updates)", "gain",
+     "learning_curve_t05_const_seed_success_opd01", "grpo",
+     "docs/results.md#seed-with-its-own-skills-on-successes-only-at-opd-weight-01-far-above-grpo-five-seeds-0203-paired"),
+    ("SEED, the policy's own skills on its successes, beats GRPO", "paired",
+     "learning_curve_t05_const_seed_success_opd01", "seed",
+     "docs/results.md#seed-with-its-own-skills-on-successes-only-at-opd-weight-01-far-above-grpo-five-seeds-0203-paired"),
+    ("one fixed sentence in place of the skills beats GRPO (the content control)", "paired",
+     "learning_curve_t05_const_success_generic_opd01", "seed-success-generic",
+     "docs/results.md#the-content-control-one-fixed-sentence-on-every-success-five-seeds-0177-paired-above-grpo-the-skills"
+     "-content-adds-nothing-detected"),
+    ("plain imitation of successes, no teacher, beats GRPO (the imitation control)", "paired",
+     "learning_curve_t05_const_success_imitate_opd01", "seed-success-imitate",
+     "docs/results.md#the-imitation-control-the-gate-off-plain-imitation-of-successes-five-seeds-0105-paired-above-grpo-about"
+     "-half"),
+    ("the skills' content adds to the fixed sentence (own skills minus sentence)", "between",
+     "learning_curve_t05_const_seed_success_opd01",
+     ("seed", "learning_curve_t05_const_success_generic_opd01", "seed-success-generic"),
+     "docs/results.md#the-content-control-one-fixed-sentence-on-every-success-five-seeds-0177-paired-above-grpo-the-skills"
+     "-content-adds-nothing-detected"),
+    ("SEED as the paper runs it (own skills on every episode) beats GRPO", "paired",
+     "learning_curve_t05_const_seed_opd01_r3", "seed",
+     "docs/results.md#seed-with-its-own-skills-at-opd-weight-01-after-two-fixes-three-seeds-not-above-grpo--0021-paired"),
+    ("SEED holds to 30 updates where GRPO's gain does not", "paired",
+     "learning_curve_t05_const_seed_success_u30", "seed",
+     "docs/results.md#thirty-updates-of-seed-with-its-own-skills-on-successes-096-0975-on-three-seeds-grpo-anywhere-from-011"
+     "-to-089-paired-0471-not-yet-a-test"),
+    ("a free agent learns to call its tools (guided openings, 16 updates)", "gain", "learning_curve_guided_lr1e3", "grpo",
+     "docs/results.md#guided-openings-at-a-constant-1e-3-the-free-agent-learns-to-call-three-seeds-the-goal-met"),
+    ("level 1 (lookup, then add) learns with both calls' tools forced", "gain", "learning_curve_level1_lookup_add", "grpo",
+     "docs/results.md#level-1-with-lookup-then-add-forced-trained-grpo-0175---081-held-out-in-8-updates-three-seeds-the-goal-met"),
+    ("the continual loop promotes a better version behind its gate (vLLM, LoRA, gateway)", "continual",
+     "continual_demo_atlas", None, "docs/deploy.md#continual-training-learn-from-the-traffic-behind-a-gate"),
+]
+
+
+def _verdict(ci: Any, p_holm: float | None = None) -> str:
+    """``shown`` where the interval excludes 0; a paired claim also needs its Holm p under 5%."""
+    if ci is None or ci[0] <= 0 <= ci[1]:
+        return "not decided"
+    word = "shown" if ci[0] > 0 else "the opposite shown"
+    return word if p_holm is None or p_holm < 0.05 else f"{word} alone, not after Holm's correction"
+
+
+def _status_row(results: dict[str, Result], claim: str, kind: str, name: str, method: Any) -> list[str]:
+    r = one(results, name)
+    if kind == "main_job":
+        x, t = r.results, r.results["targets"]
+        d, g = x["sides"]["default"], x["sides"]["grpo"]["summary"]["heldout"]
+        h = d["summary"]["heldout"]
+        evidence = (f"held-out {h['before']['success_rate']:.2f} -> {h['after']['success_rate']:.2f} (GRPO "
+                    f"{g['before']['success_rate']:.2f} -> {g['after']['success_rate']:.2f}); "
+                    f"{d['wall_s'] / 60:.1f} min (target {t['wall_s_at_most'] / 60:g} min: "
+                    f"{'met' if d['wall_s'] <= t['wall_s_at_most'] else 'missed'}), peak {d['peak_rss_gb']:.1f} GB "
+                    f"(target {t['peak_rss_gb_at_most']:g} GB: "
+                    f"{'met' if d['peak_rss_gb'] <= t['peak_rss_gb_at_most'] else 'missed'})")
+        return [claim, evidence, "1", "- (one seed)"]
+    if kind == "continual":
+        fc = r.results["final_check"]
+        ci = tuple(fc["ci95"])
+        return [claim, f"last promoted v{fc['version']} {fc['final_mean']:.3f} against v0 {fc['v0_mean']:.3f} on "
+                       f"{fc['n_tasks']} canary tasks, {fc['mean_diff']:+.3f}: {_verdict(ci)}",
+                "1 run", f"{_interval(ci)} over tasks"]
+    seeds = str(len(r.config["seeds"]))
+    curve = r.results["methods"][method if kind != "between" else method[0]]["curve"]
+    a, b = curve[min(curve, key=int)]["right_answer"], curve[max(curve, key=int)]["right_answer"]
+    if kind == "gain":
+        from bench.learning_curve import stored_gain
+
+        crossed, _ = stored_gain(r.results, method)
+        m = r.results["methods"][method]
+        return [claim, f"held-out {a:.3f} -> {b:.3f}, {m['gain']:+.3f}: {_verdict(crossed)}", seeds,
+                f"{_interval(crossed)} (crossed bootstrap)"]
+    if kind == "between":
+        mine, other, theirs = method
+        p = compare(_finals(r, mine), _finals(one(results, other), theirs))
+        return [claim, f"{p.mean:+.3f}, t-test p {p.p_t:.2f}: {_verdict(p.t_ci)}", str(p.n), f"{_interval(p.t_ci)} (t)"]
+    d = _family(results).get(f"{name}:{method}") or {}
+    claim_ = d.get("claim")
+    holm = f", Holm {claim_.p_holm:.3f} over {claim_.variants} variants" if claim_ and claim_.p_holm is not None else ""
+    p_t = d["p_t"]
+    return [claim, f"{a:.3f} -> {b:.3f}; minus GRPO {d['mean']:+.3f}, t-test p "
+                   f"{f'{p_t:.4f}' if p_t < 0.01 else f'{p_t:.3f}'}{holm}: "
+                   f"{_verdict(d['t_ci'], claim_.p_holm if claim_ else None)}",
+            seeds, f"{_interval(d['t_ci'])} (t)"]
+
+
+def status(results: dict[str, Result]) -> list[str]:
+    """The README's claims, one row each: the evidence read off its result file, the seeds, the
+    95% interval and the section that has the rest."""
+    rows = [[*_status_row(results, claim, kind, name, method), f"[{name}]({link})"]
+            for claim, kind, name, method, link in STATUS]
+    return ["*Atlas tool family, SmolLM2-135M-Instruct with LoRA on 2 CPU cores, held-out tasks played greedily; "
+            "each row from `docs/results/<file>.json`. Intervals are 95%: a gain's resamples seeds and held-out tasks "
+            "(crossed), a difference between methods is the paired t interval over seeds, the continual loop's a "
+            "bootstrap over its canary tasks. Shown: the interval excludes 0 (and, for a SEED variant against GRPO, "
+            "Holm's correction over every variant tried keeps it under 5%).*", "",
+            *table(["claim", "evidence", "seeds", "interval", "file, section"], rows)]
+
+
 RENDERERS: dict[str, Callable[[dict[str, Result]], list[str]]] = {
     "determinism": determinism, "tool_agent": tool_agent, "continual_demo": continual_demo,
     "continual_demo_atlas": continual_demo_atlas,
@@ -1200,7 +1309,7 @@ RENDERERS: dict[str, Callable[[dict[str, Result]], list[str]]] = {
     "rollout_throughput": rollout_throughput, "atlas_band": atlas_band, "continual_atlas": continual_atlas,
     "update_throughput": update_throughput, "learning_curve": learning_curve, "skill_scoring_speed": skill_scoring_speed,
     "atlas_skills": atlas_skills, "page_faults": page_faults, "learning_summary": learning_summary,
-    "decode_profile": decode_profile, "decode_drop": decode_drop, "main_job": main_job}
+    "decode_profile": decode_profile, "decode_drop": decode_drop, "main_job": main_job, "status": status}
 
 #: Benchmarks that write variants under another name (``--result-name NAME_variant``): a
 #: marker ``results:NAME_variant`` renders that file with its family's table.

@@ -5,7 +5,7 @@ Every loss is a *masked token-mean* over the whole batch: padding and tokens the
 policy did not sample (observations inside merged rows, episodes without a skill for
 the OPD term) have mask 0 and contribute nothing.
 
-Objective per sampled token (DESIGN.md, "The algorithm"):
+Objective per sampled token (docs/architecture.md, "The SEED objective"):
     L = L_ppo_clip(A) - c_ent * H + lambda * L_opd + c_kl * KL_k3(pi || pi_ref)
 with the gated on-policy distillation term
     delta_t = stopgrad(l_skill_t - l_theta_t);  g_t = sigmoid(gate_sharpness * delta_t)

@@ -689,3 +689,20 @@ def test_a_sides_label_names_the_flags_its_own_file_switched():
         "engine.kv_cache concat engine.drop_finished false --backend.precision float32 --no-trainer.sampled-head "
         "--trainer.share-prefix")
     assert tables.side_flags({"local_engine": {"prefix_groups": False}}) == "engine.prefix_groups false"
+
+
+def test_the_status_table_reads_each_claim_off_its_file_and_says_what_holds_after_holm():
+    """The README's status rows: the main job's targets read as misses where they were, and a
+    variant above GRPO only before Holm's correction is not called shown."""
+    from bench.results import load_results
+
+    results = load_results(ROOT / "docs" / "results")
+    rows = {line.split(" | ")[0].lstrip("| "): line for line in tables.status(results) if line.startswith("| ")}
+    assert len(rows) == len(tables.STATUS) + 1  # and the header
+    job = results["main_job"].results
+    d = job["sides"]["default"]
+    main = next(v for k, v in rows.items() if "main job" in k)
+    assert f"{d['wall_s'] / 60:.1f} min" in main and ("missed" in main) == (d["wall_s"] > job["targets"]["wall_s_at_most"])
+    content = next(v for k, v in rows.items() if "content control" in k)
+    assert "not after Holm's correction" in content
+    assert all(f"[{name}](docs/" in rows[claim] for claim, _, name, _, _ in tables.STATUS)
