@@ -269,8 +269,9 @@ def main_job(results: dict[str, Result], name: str = "main_job") -> list[str]:
                      f"{f(b.get('markup_share'), '.2f')} -> {f(a.get('markup_share'), '.2f')}",
                      " ".join(f"{v:.2f}" for v in side["summary"].get("training_success", [])),
                      f"{side['wall_s'] / 60:.1f} min", f"{side['peak_rss_gb']:.2f} GB", str(side["exit"])])
-    lines = [source_line(r, "the default command and GRPO from the same start, one seed each, each in its own process"
-                            + (f"; {r.config['note']}" if r.config.get("note") else "")), "",
+    what = ("the default command and GRPO from the same start, one seed each, each in its own process"
+            if "grpo" in x["sides"] else "the default command alone, one seed, in its own process")
+    lines = [source_line(r, what + (f"; {r.config['note']}" if r.config.get("note") else "")), "",
              *table(["run", "held-out success (greedy)", "gain", "called the right tool", "answers with markup",
                      "training success per update", "wall", "peak RSS", "exit"], rows)]
     if "default" in x["sides"]:
@@ -1255,6 +1256,13 @@ def _status_row(results: dict[str, Result], claim: str, kind: str, name: str, me
                     f"{'met' if d['wall_s'] <= t['wall_s_at_most'] else 'missed'}), peak {d['peak_rss_gb']:.1f} GB "
                     f"(target {t['peak_rss_gb_at_most']:g} GB: "
                     f"{'met' if d['peak_rss_gb'] <= t['peak_rss_gb_at_most'] else 'missed'})")
+        if "main_job_allocator" in results:  # the same command re-run with the allocator settings it now starts with
+            m = results["main_job_allocator"].results["sides"]["default"]
+            mh = m["summary"]["heldout"]
+            met = "met" if m["peak_rss_gb"] <= t["peak_rss_gb_at_most"] else "missed"
+            evidence += (f"; re-run with the allocator settings the commands now start with: "
+                         f"{mh['before']['success_rate']:.2f} -> {mh['after']['success_rate']:.2f}, "
+                         f"{m['wall_s'] / 60:.1f} min (not quiet), peak {m['peak_rss_gb']:.1f} GB ({met})")
         return [claim, evidence, "1", "- (one seed)"]
     if kind == "continual":
         fc = r.results["final_check"]
