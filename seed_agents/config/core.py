@@ -105,7 +105,7 @@ class BackendConfig(BaseModel):
     max_concurrency: int = Field(32, ge=1, le=4096, description="Requests in flight to the server.")
     timeout_s: float = Field(120.0, gt=0, description="Per-request timeout.")
     max_retries: int = Field(3, ge=0, le=20, description="Retries on connection errors, timeouts and 5xx.")
-    max_batch_size: int = Field(8, ge=1, le=1024, description="Local backend: requests batched into one generate call.")
+    max_batch_size: int = Field(32, ge=1, le=1024, description="Local backend: requests batched into one generate call; 32 holds a 4 x 8 iteration's calls in one batch (docs/benchmarks.md#the-engine-for-a-whole-iteration).")
     precision: Literal["auto", "float32", "bfloat16"] = Field("auto", description="Local backend and trainer (stage 1 too): the number format matmuls run in. auto: bfloat16 (autocast over fp32 weights) where the CPU has bf16 instructions or the GPU supports it, else float32, and float32 for the trainer with kind vllm and for a local backend on a machine with a CUDA device; the choice is printed. float32: the sampler's and the trainer's logprobs agree to ~2e-6 nat a token (~0.02 in bf16), and a seeded config samples in one format on every machine (docs/training.md, Precision).")
     attention: Literal["auto", "same", "float32"] = Field("auto", description="Local backend and trainer, when precision resolves to bfloat16: float32 runs attention in fp32 over the bf16 products (seed_agents.precision.attention_in_fp32), same runs it in bf16 too; auto (the default) is float32 on a CPU without AMX, where torch's bf16 attention kernel was 5x slower than its fp32 one (docs/benchmarks.md, decode taken apart), and same on an AMX CPU or a GPU (not measured there). Three seeds of a learning run with fp32 attention learned like fp32 (docs/results.md). Ignored in float32.")
     reload_method: Literal["seed_reload_weights", "reload_weights"] = Field("seed_reload_weights", description="vLLM full sync RPC: seed_reload_weights needs our worker extension (`seed-agents serve` loads it; exact for tied embeddings); reload_weights for a plain `vllm serve`.")
@@ -161,7 +161,7 @@ class RunnerConfig(BaseModel):
     model_config = {"extra": "forbid"}
 
     group_size: int = Field(1, ge=1, le=1024, description="Episodes per task (the GRPO group G).")
-    concurrency: int = Field(8, ge=1, le=4096, description="Episodes in flight at once.")
+    concurrency: int = Field(32, ge=1, le=4096, description="Episodes in flight at once; 32 lets a 4 x 8 iteration's episodes batch together (docs/benchmarks.md#the-engine-for-a-whole-iteration).")
     episode_timeout_s: float = Field(600.0, gt=0, description="Wall-clock limit per episode.")
     recursion_limit: int = Field(1000, ge=10, description="LangGraph super-step limit per episode.")
     progress: bool = Field(True, description=(
