@@ -11,6 +11,7 @@ pytest.importorskip("trl")
 from bench import run_memory  # noqa: E402
 
 
+@pytest.mark.slow  # whole training processes, one a side: the benchmarks' tier, not the default suite's budget
 def test_each_side_reports_its_peak_and_both_train_the_same_batches(tiny_model_dir, tmp_path, capsys):
     run_memory.main(["--model", tiny_model_dir, "--updates", "1", "--group", "2", "--results-dir", str(tmp_path)])
     doc = json.loads((tmp_path / "run_memory.json").read_text())
@@ -36,6 +37,7 @@ def test_a_failed_side_is_one_line_naming_it(tmp_path):
         run_memory.main(["--model", str(tmp_path / "no-such-model"), "--updates", "1", "--results-dir", str(tmp_path)])
 
 
+@pytest.mark.slow  # whole training processes, one a side: the benchmarks' tier, not the default suite's budget
 def test_phases_report_the_main_jobs_peak_per_phase_beside_trl_on_the_same_tokens(tiny_model_dir, tmp_path, capsys):
     from seed_agents.memory import PeakRSS
 
