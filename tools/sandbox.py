@@ -48,9 +48,8 @@ class SandboxReset(BaseModel):
     path: str | None = Field(None, description="Path of the reset request, appended to sandbox_base_url (e.g. /reset).")
     body: Any = Field(None, description="JSON body of the reset request (none: no body).")
     command: tuple[str, ...] | None = Field(None, min_length=1, description=(
-        "Instead of path: argv of a command that resets the sandbox (exit 0 = done), run without a shell in the loop's "
-        "working directory with its environment; a server it starts must be detached, output redirected "
-        "(`setsid server > sandbox.log 2>&1 < /dev/null &`)."))
+        "Instead of path: argv of a command that resets the sandbox (exit 0 = done), run without a shell;"
+        " a server it starts must be detached (`setsid server > log 2>&1 < /dev/null &`)."))
     timeout_s: float = Field(30.0, gt=0, description="Longest a reset may take before the episode is a fault.")
 
     @model_validator(mode="after")
