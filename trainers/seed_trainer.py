@@ -228,7 +228,7 @@ def tail_groups(lengths: list[int], fixed_cost: int = 128) -> list[list[int]]:
     group when padding the group to it would compute more than ``fixed_cost`` extra tokens
     (about what another forward costs in fixed work). The tails differ several-fold (a skill
     of 30 tokens and a 16-token completion beside a skill of 120 and a 64-token call); one
-    padded forward over them computed ~60% padding on the atlas."""
+    padded forward over them would compute mostly padding."""
     groups: list[list[int]] = []
     width = 0
     for i in sorted(range(len(lengths)), key=lambda i: (lengths[i], i)):

@@ -83,7 +83,7 @@ def add_config_flags(parser: argparse.ArgumentParser, model: type[BaseModel], *,
             action.help += f" Why this default: {reason.why} (docs/{reason.evidence})".replace("%", "%%")
         if action.help and "(ifdef: required)" in action.help:  # a field of an optional section
             action.help = action.help.replace("(ifdef: required)", f"(required when {action.dest.rpartition('.')[0]} is set)")
-        if isinstance(action, argparse._AppendAction):  # a list: several values after one flag, as before
+        if isinstance(action, argparse._AppendAction):  # a list: several values after one flag, as users type them
             parser.add_argument(*action.option_strings, dest=action.dest, action="extend", nargs="+",
                                 default=argparse.SUPPRESS, help=action.help,
                                 metavar=action.metavar[5:-1] if str(action.metavar).startswith("list[") else action.metavar)

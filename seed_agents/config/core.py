@@ -61,9 +61,9 @@ policy call is free to call a bound tool (the share the guided-openings curve le
 
 
 #: Switches of the local backend kept out of the user config, at the one value every command
-#: runs. Each rebuilds an older, slower way of computing the same tokens (every prompt whole, one
+#: runs. Each computes the same tokens a simpler, slower way (every prompt whole, one
 #: prefix a batch, transformers' own cache, ``generate``); the local backend is the reference
-#: engine, and a user needs only its default. Benchmarks that time the older ways set them
+#: engine, and a user needs only its default. Benchmarks that time the simpler ways set them
 #: (``seed_agents.backends.engine.LocalEngineOptions``, which has these defaults). A config that
 #: names one at this value loads with a warning; at another, it is refused with one line.
 LOCAL_ENGINE_KEYS: dict[str, Any] = {"reuse_kv": True, "prefix_groups": True, "kv_cache": "dynamic", "drop_finished": True}
