@@ -37,10 +37,11 @@ class SandboxResetFailed(EpisodeSignal):
 
 class SandboxReset(BaseModel):
     """How a URL sandbox goes back to its initial state before every episode: one HTTP
-    request to the sandbox (``path``, sent with ``sandbox_auth``), or one command
-    (``command``, an argv run without a shell: restore a database dump, restart a
-    container; how it runs: the module docstring). It must succeed (a 2xx answer, exit
-    status 0) within ``timeout_s``."""
+    request (``path``) or one command (``command``), done within ``timeout_s``.
+
+    The request goes to the sandbox with ``sandbox_auth`` and must answer 2xx; the command
+    is an argv run without a shell (restore a database dump, restart a container; how it
+    runs: the module docstring) and must exit 0."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 

@@ -108,9 +108,10 @@ against transformers' own table); each needs its package installed (checked befo
 
 
 class TrainerConfig(BaseModel):
-    """Optimization; names follow TRL's GRPOConfig where they exist. Where a learning run here
-    chose a default, the field says why (docs/training.md, "Defaults and why"); ``--preset
-    paper`` gives the paper's settings."""
+    """Optimization; names follow TRL's GRPOConfig where they exist. A default a learning run
+    here chose says why (docs/training.md, "Defaults and why").
+
+    ``--preset paper`` gives the paper's settings."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -211,8 +212,10 @@ class GraphConfig(BaseModel):
 
 
 class Stage1Config(BaseModel):
-    """Stage 1 before RL: SEED needs a policy that can already write parsable skills (the
-    paper's ablation: 91.8 with stage 1, 86.0 without). With ``run: auto``, a SEED run
+    """Stage 1 before RL: SEED needs a policy that can already write parsable skills
+    (docs/training.md, "Stage 1").
+
+    The paper's ablation: 91.8 with stage 1, 86.0 without. With ``run: auto``, a SEED run
     (``skills.source: self``) on TextWorld with the local backend starts from a stage-1
     model: the base model after SFT on skills that the offline rule-based analyzer wrote
     about the base policy's own episodes. It is built once and cached by its settings.
@@ -237,9 +240,11 @@ class Stage1Config(BaseModel):
 
 class StoreSourceConfig(BaseModel):
     """Train on a deployed agent's recorded sessions (``train --from-store URL``) instead of
-    playing episodes: each task key with at least two rewarded, unconsumed, unflagged
-    sessions is a task, and its sessions are the GRPO group. Every session is claimed by
-    exactly one update (``trainers.store_rollout``)."""
+    playing episodes.
+
+    Each task key with at least two rewarded, unconsumed, unflagged sessions is a task, and
+    its sessions are the GRPO group. Every session is claimed by exactly one update
+    (``trainers.store_rollout``)."""
 
     model_config = ConfigDict(extra="forbid")
 

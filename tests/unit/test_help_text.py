@@ -79,3 +79,32 @@ def test_every_seed_config_help_is_one_breath():
         text = " ".join(text.split())
         assert text, name
         assert len(text) <= LIMIT and sentences(text) <= 2, (name, len(text), text)
+
+
+def _parsers():
+    """(command, parser) of every command: `eval`, `skills collect`, ..."""
+    from tests.unit.test_config_cli import subparser
+
+    return [(command, subparser(command)) for command in _configs()]
+
+
+def test_every_section_summary_is_one_breath():
+    """``--help`` prints a section's docstring above its flags: its first paragraph only
+    (``seed_agents.app.flags.section_summary``), the rest being for the code's reader."""
+    for command, parser in _parsers():
+        for group in parser._action_groups:
+            text = " ".join((group.description or "").split())
+            assert len(text) <= LIMIT and sentences(text) <= 2, (command, group.title, len(text), text)
+
+
+def test_every_other_flag_is_one_breath():
+    """The flags a command adds beside its config's (``--config``, ``--preset``, ``--resume``...)."""
+    import argparse
+
+    for command, parser in _parsers():
+        for action in parser._actions:
+            text = " ".join((action.help or "").split())
+            if action.help == argparse.SUPPRESS or any(s.startswith(("--", "-")) and "." in s for s in action.option_strings):
+                continue  # a generated flag: its description is checked above (its default and why follow it)
+            text = text.split(" (default: ")[0]
+            assert len(text) <= LIMIT and sentences(text) <= 2, (command, action.option_strings, len(text), text)
