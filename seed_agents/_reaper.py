@@ -16,8 +16,8 @@ The watchdog ignores SIGTERM and SIGINT: the owner's own ``killpg(SIGTERM)`` is 
 vLLM, and the owner ends with ``killpg(SIGKILL)``, which ends the watchdog too. Its pid is
 the group id, so the id cannot be reused while any member lives.
 
-Stdlib only, run as ``python -I _reaper.py GRACE_S`` (~30 ms to start, none of
-seed_agents' dependencies).
+Stdlib only, run as ``python -I _reaper.py GRACE_S``: quick to start, with none of
+seed_agents' dependencies.
 """
 
 from __future__ import annotations

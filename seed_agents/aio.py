@@ -131,9 +131,9 @@ class DaemonThreadExecutor(ThreadPoolExecutor):
     exits, and ``shutdown`` refuses new calls, releases the idle workers and leaves running
     calls to finish on their own threads.
 
-    Reuse is what keeps an agent step cheap: starting a thread per call cost about 9 ms of
-    each env step and tool call (a thread start waits for the new thread to run), the
-    largest part of the framework's cost per step (``bench/capture_overhead.py``). (A
+    Reuse is what keeps an agent step cheap: starting a thread per call (a thread start
+    waits for the new thread to run) was the largest part of the framework's cost per env
+    step and tool call (docs/benchmarks.md, "Figures behind code comments"). (A
     subclass of ``ThreadPoolExecutor`` only because ``loop.set_default_executor`` requires
     one; none of its pool is used.)
     """

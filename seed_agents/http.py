@@ -1,8 +1,7 @@
 """One retry policy for every HTTP client that talks to a model server.
 
 The vLLM backend (sync and async requests, stream openings) and the OpenAI-compatible
-analyzer used to carry four hand-written loops with four policies; they now share this
-one, built on tenacity:
+analyzer share this one, built on tenacity, so every client retries the same way:
 
 - retried: connection errors and timeouts (``httpx.TransportError``), and the answers
   ``408``, ``429`` and ``5xx`` (``retryable_status``); a client raises ``RetryableResponse``

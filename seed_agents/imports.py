@@ -1,11 +1,11 @@
 """Resolve ``"package.module:attribute"`` strings from configs, with one clear error.
 
-``graphs``, ``tools`` and ``trainers`` used to install as bare top-level packages; they now
-live inside the namespace (``seed_agents.graphs``, ...), where a user's own ``tools.py``
-cannot shadow them. A config written for the old layout (``tools.openapi:...``,
-``graphs.calculator:...``) still loads: the path is rewritten to the new one with a one-line
-deprecation (``RenamedConfigKey``, which the CLI prints as one line), but only when the new
-module exists, so a user's own ``tools.my_tools:make`` is imported as written.
+``graphs``, ``tools`` and ``trainers`` live inside the namespace (``seed_agents.graphs``, ...),
+where a user's own ``tools.py`` cannot shadow them. A config that names them as bare top-level
+packages (``tools.openapi:...``, ``graphs.calculator:...``) still loads: the path is rewritten
+to the namespaced one with a one-line deprecation (``RenamedConfigKey``, which the CLI prints
+as one line), but only when the namespaced module exists, so a user's own
+``tools.my_tools:make`` is imported as written.
 """
 
 from __future__ import annotations
@@ -44,8 +44,8 @@ def load_object(spec: str) -> Any:
 
 
 def moved_module(module_name: str, spec: str | None = None) -> str:
-    """``module_name``, or its new name when it names one of ours under the old layout
-    (with a one-line deprecation warning)."""
+    """``module_name``, or its namespaced name when it names one of ours as a bare top-level
+    package (with a one-line deprecation warning)."""
     top, dot, _ = module_name.partition(".")
     if top not in _NAMESPACED or not dot:  # a bare `tools` is the user's own module: ours held nothing there
         return module_name

@@ -4,11 +4,10 @@ glibc's malloc keeps what a process frees in its heap, to hand out again; only t
 the heap is returned by itself. A training step frees gigabytes in blocks of many sizes
 (each decode step's key/value tensors grow by one token, scoring's logits, the loss
 forward's activations), and the next phase's blocks rarely fit the holes, so the heap grows
-and the memory stays resident. Measured in a 30-update atlas learning run (SmolLM2-135M,
-LoRA, fp32, 2 cores): the training process held 13.6 GB resident between updates, 7.5 GB
-of it in the heap, and its peak grew from 10 GB after the first update to 15-20 GB later
-(once past what a 23 GB machine had beside another job: an OOM kill). One ``malloc_trim(0)``
-called into the live process brought it to 2.1 GB; called during a rollout, 9.9 -> 5.1 GB.
+and the memory stays resident: in a long learning run most of what the training process
+held between updates was such freed heap, its peak grew over the run, and one
+``malloc_trim(0)`` called into the live process gave most of it back (docs/benchmarks.md,
+"Framework costs").
 ``malloc_trim`` walks the free chunks and releases their whole pages (``madvise``): no
 value any tensor holds changes, only which pages stay mapped.
 

@@ -244,7 +244,7 @@ def load_tokenizer(source: str = SMOLLM2_ALIAS) -> PreTrainedTokenizerBase:
     """A tokenizer by alias or path, without converting model weights just for it.
 
     For the SmolLM2 alias the converted folder is used when it is cached; otherwise the
-    tokenizer is read straight from the GGUF (seconds, versus ~30 s for the weights).
+    tokenizer is read straight from the GGUF, much quicker than converting the weights.
     """
     from transformers import AutoTokenizer
 

@@ -2,8 +2,8 @@
 
 bf16 halves the bytes every decode step reads and, on a CPU with bf16 matrix units (AMX,
 AVX-512 BF16), runs matmuls several times faster than fp32. Without them torch emulates
-bf16 and it is far *slower* (``bench/roofline.py`` measured 0.3 vs 58 GFLOP/s on an AVX2-only
-AMD EPYC), so ``auto`` picks bf16 only where the CPU has the instructions (or a CUDA device
+bf16 and it is far *slower* (docs/benchmarks.md, "This machine's limits": ``bench/roofline.py``
+on an AVX2-only CPU), so ``auto`` picks bf16 only where the CPU has the instructions (or a CUDA device
 supports it) and keeps fp32 everywhere else, and the choice is printed with its reason.
 
 bf16 runs as autocast over fp32 master weights (``torch.autocast``): the trainer keeps
@@ -67,11 +67,10 @@ def resolve_attention(wanted: Attention, dtype: torch.dtype, *, device: str = "c
     """(run attention in fp32 over bf16 products?, why) for ``wanted`` under ``dtype``.
 
     ``auto`` is fp32 attention on a CPU without AMX and bf16 attention elsewhere. Why: on an
-    AVX-512 BF16 CPU without AMX torch's bf16 attention kernel was 5x slower than its fp32 one
-    (56 against 10 ms of a batch-8 SmolLM2 decode step, docs/results/decode_profile.json; why,
-    inside the kernel, was not profiled). AMX is a bf16 matrix unit, so on an AMX CPU, or a GPU,
-    bf16 attention is kept; which is faster there has not been measured (no AMX machine since
-    the lever was built)."""
+    AVX-512 BF16 CPU without AMX torch's bf16 attention kernel is several times slower than its
+    fp32 one (docs/benchmarks.md, "Decode taken apart"; why, inside the kernel, was not
+    profiled). AMX is a bf16 matrix unit, so on an AMX CPU, or a GPU, bf16 attention is kept;
+    which is faster there has not been measured."""
     if dtype == torch.float32:
         return False, "attention in float32 with the rest"
     if wanted == "float32":
@@ -119,8 +118,8 @@ def attention_in_fp32(model: torch.nn.Module) -> None:
     """Run ``model``'s attention in fp32 while its matmuls stay under bf16 autocast.
 
     Why: on a CPU with AVX-512 BF16 but no AMX, torch's bf16 SDPA kernel is several times
-    slower than its fp32 one (51 against 10 ms of a batch-8 SmolLM2 decode step,
-    docs/results/decode_profile.json), which cancels bf16's faster products at decode. The
+    slower than its fp32 one (docs/benchmarks.md, "Decode taken apart"), which cancels bf16's
+    faster products at decode. The
     attention's inputs are upcast (their bf16 rounding stays), so the numbers are bf16
     autocast's with a more exact softmax: not the plain bf16 path's bits. Through
     transformers' public attention registry; the mask is SDPA's."""

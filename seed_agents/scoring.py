@@ -97,8 +97,8 @@ def completion_logprobs(
 
     Two savings, both exact up to float rounding: the vocabulary projection runs only where a
     completion token is predicted (``logits_to_keep``; SmolLM2's 49k-word head is about a
-    fifth of its per-token matmuls, though on atlas scoring this alone measured only 1.1x,
-    ``bench/skill_scoring_speed.py``), and
+    fifth of its per-token matmuls, though on atlas scoring it is the smaller of the two
+    savings: docs/benchmarks.md, ``bench/skill_scoring_speed.py``), and
     the first ``prefix_len`` tokens, which every prompt must share (the system prompt and tool
     schemas, the task), run once and every row reads their keys and values
     (``backends.prefix``). Layout: each row's own prompt tokens left-padded, its completion

@@ -14,9 +14,8 @@ always passed are the ones this project relies on:
 vLLM's temp files go inside ``work_dir``, and so do its compile caches unless the
 environment names them (``VLLM_CACHE_ROOT``, ``TORCHINDUCTOR_CACHE_DIR``): by default a run
 leaves nothing behind and parallel servers share nothing; with the variables set, a restart
-reuses the kernels torch.compile built at an earlier start (keyed by what they compile),
-which took a tiny model's start from 100 s to 75 s on two loaded cores (2026-12-03; the
-warm-up's compiled op from 21 s to 12 s of it).
+reuses the kernels torch.compile built at an earlier start (keyed by what they compile), which
+shortens the start (docs/benchmarks.md, "Figures behind code comments").
 """
 
 from __future__ import annotations
@@ -97,8 +96,8 @@ class VLLMServer:
 
     Use as a context manager (``with VLLMServer(path) as server: server.url``) or call
     ``start()``, ``wait_ready()`` and ``stop()`` yourself. ``startup_s`` is the time from
-    ``start()`` until the server answered its warm-up request (~60-90 s for the tiny
-    model on a 2-core CPU, ~18 s of it the warm-up).
+    ``start()`` until the server answered its warm-up request (on a CPU, a minute or more
+    for the tiny model, much of it the warm-up).
     """
 
     def __init__(
@@ -287,7 +286,7 @@ class VLLMServer:
 
         With ``warmup`` one 1-token completion with logprobs is sent before returning:
         the first request that asks for logprobs makes vLLM torch.compile its
-        rank-counting op (~18 s on 2 CPU cores), which would otherwise land on
+        rank-counting op (many seconds on a CPU), which would otherwise land on
         whichever real request comes first and skew its latency and timeout.
         Raises ``VLLMServerError`` at once if the process exits, or after ``timeout``.
         """

@@ -74,9 +74,9 @@ class SamplingParams(BaseModel):
     seed: int | None = Field(None, description="Per-request sampling seed, if reproducibility matters.")
     stop_token_ids: tuple[int, ...] = Field((), description="Extra token ids that end the completion.")
     structural_tag: str | None = Field(None, description=(
-        "Constrained decoding: an xgrammar structural tag (JSON text; vLLM's structured_outputs.structural_tag) "
-        "the completion must follow; logprobs are then those of the masked distribution. None: unconstrained. "
-        "Built by seed_agents.backends.grammar."))
+        "Constrained decoding: an xgrammar structural tag (JSON text, built by "
+        "seed_agents.backends.grammar) the completion follows; logprobs are the masked distribution's. "
+        "None: unconstrained."))
 
 
 class Completion(BaseModel):

@@ -3,8 +3,8 @@
 vLLM 0.32's CPU build packs the output layer for its matmul kernels once, at start-up.
 With tied input/output embeddings (SmolLM2, Qwen2.5-0.5B, ...) a checkpoint has no
 ``lm_head.weight``, so ``reload_weights`` updates the embedding but never re-packs the
-output layer, and the server keeps sampling from the start-up logits (measured: ~0.1 nat
-drift from the trainer after one update). ``seed_reload_weights`` reloads and then re-runs
+output layer, and the server keeps sampling from the start-up logits, drifting from the
+trainer from the first update on. ``seed_reload_weights`` reloads and then re-runs
 the output layer's post-load processing, which makes a full sync exact again.
 
 ``BearerAuth`` is an ASGI middleware for the same server (``--middleware``): with it, every

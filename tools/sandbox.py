@@ -37,10 +37,11 @@ class SandboxResetFailed(EpisodeSignal):
 
 class SandboxReset(BaseModel):
     """How a URL sandbox goes back to its initial state before every episode: one HTTP
-    request to the sandbox (``path``, sent with ``sandbox_auth``), or one command
-    (``command``, an argv run without a shell: restore a database dump, restart a
-    container; how it runs: the module docstring). It must succeed (a 2xx answer, exit
-    status 0) within ``timeout_s``."""
+    request (``path``) or one command (``command``), done within ``timeout_s``.
+
+    The request goes to the sandbox with ``sandbox_auth`` and must answer 2xx; the command
+    is an argv run without a shell (restore a database dump, restart a container; how it
+    runs: the module docstring) and must exit 0."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -48,9 +49,8 @@ class SandboxReset(BaseModel):
     path: str | None = Field(None, description="Path of the reset request, appended to sandbox_base_url (e.g. /reset).")
     body: Any = Field(None, description="JSON body of the reset request (none: no body).")
     command: tuple[str, ...] | None = Field(None, min_length=1, description=(
-        "Instead of path: argv of a command that resets the sandbox (exit 0 = done), run without a shell in the loop's "
-        "working directory with its environment; a server it starts must be detached, output redirected "
-        "(`setsid server > sandbox.log 2>&1 < /dev/null &`)."))
+        "Instead of path: argv of a command that resets the sandbox (exit 0 = done), run without a shell;"
+        " a server it starts must be detached (`setsid server > log 2>&1 < /dev/null &`)."))
     timeout_s: float = Field(30.0, gt=0, description="Longest a reset may take before the episode is a fault.")
 
     @model_validator(mode="after")

@@ -2,8 +2,8 @@
 
 Gradient checkpointing (``trainer.gradient_checkpointing``) keeps each layer's input only and
 runs the layer's forward again in backward: memory for compute. A learning-benchmark batch
-(64 rows of ~470 tokens) went past 23 GB without it and was killed (docs/benchmarks.md); the
-demo's update (8 rows of ~430 tokens) keeps ~3 GB without it. With ``keep_activations_gb``
+does not fit in memory without it, where the demo's small update does (docs/training.md,
+"Activations kept where they fit"). With ``keep_activations_gb``
 above 0 the trainer chooses for each update, keeping what fits.
 
 It estimates the bytes the loss forward would keep for backward as ``fixed + per_token x
@@ -17,13 +17,12 @@ starts, leaving room for logits, gradients and the optimizer). Above it the laye
 The numbers do not depend on the choice: checkpointing replays the same forward
 (``tests/unit/test_activations.py``: the same loss and gradients, bit for bit).
 
-Off by default (0: every update recomputes). At the demo's update shape (8 rows of 434 tokens,
-bf16 autocast) a warm forward and backward took 0.78x the recomputing one, and 0.86x with the
-heap trimmed after each pass, as ``trainer.release_memory`` does after every update
-(``bench/activation_trim.py``). A process's first update, which maps the kept memory fresh,
-was not faster (``bench/update_memory.py --demo``: 1.09x), no whole run has yet separated the
-saving from its noise, and the demo's peak RSS grows by ~2.9 GB (docs/training.md). On a GPU,
-whose caching allocator keeps its memory, it should pay more; not measured.
+Off by default (0: every update recomputes). Keeping saves time in a warm update, less with
+the heap trimmed after each one as ``trainer.release_memory`` does; a process's first update,
+which maps the kept memory fresh, is not faster; no whole run has yet separated the saving from
+its noise; and the peak RSS grows (docs/benchmarks.md, "Framework costs":
+``bench/activation_trim.py``, ``bench/update_memory.py --demo``). On a GPU, whose caching
+allocator keeps its memory, it should pay more; not measured.
 """
 
 from __future__ import annotations

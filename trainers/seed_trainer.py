@@ -58,12 +58,12 @@ class SEEDConfig(GRPOConfig):
     gate_sharpness: float = field(default=PAPER.gate_sharpness, metadata={"help": "Sharpness of the sigmoid gate on (teacher - student) log-probs (the paper's beta)."})
     advantage_norm: Literal["mean_std", "mean"] = field(default="mean_std", metadata={"help": "Group advantage: (r-mean)/std (ALFWorld) or r-mean (WebShop)."})
     score_batch_size: int = field(default=16, metadata={"help": "Most rows per forward when scoring teacher/reference log-probs (chunk_tokens bounds each forward too); more rows share one prefix forward."})
-    share_prefix: bool = field(default=True, metadata={"help": "Compute the prompt tokens a chunk's rows share (system prompt, tool schemas, the task) once and run each row's own tokens on top (trainers/shared_prefix.py); exact up to float rounding."})
-    fuse_teacher: bool = field(default=False, metadata={"help": "Score SEED's teacher on top of the prompt keys and values the loss forward computes (trainers/shared_prefix.logps_on_prompt_kv): the teacher computes its skill and the completion, not the prompt it shares with its row. Needs share_prefix and one optimizer step per rollout batch (num_iterations 1, steps_per_generation 1, gradient_accumulation_steps 1: the loss forward runs the pre-update weights); rows whose chunk shares no prefix are scored in a pass of their own. Exact up to float rounding."})
-    release_memory: bool = field(default=True, metadata={"help": "Give the heap's freed memory back to the OS after the rollouts, the scoring, the update and a held-out evaluation of each step (glibc malloc_trim, seed_agents/memory.py); values are unchanged."})
-    sampled_head: bool = field(default=True, metadata={"help": "Run the LM head, its log-softmax and entropy at the trained (loss-mask) completion positions only, in the loss and every scoring pass (trainers/head.py): a merged multi-turn row's completion also holds the environment's answers, which no term reads. The others read 0. Exact up to float rounding; needs chunk_tokens > 0."})
-    chunk_tokens: int = field(default=8192, metadata={"help": "Token budget (rows x trimmed width) of one forward in the loss and in scoring; rows are grouped by length and each group's padding trimmed. 0: TRL's layout (every row padded to the batch's widest prompt and completion)."})
-    keep_activations_gb: float | None = field(default=0.0, metadata={"help": "With gradient_checkpointing: an update whose activations are estimated under this many GB keeps them and recomputes nothing (trainers/activations.py); None: a third of the memory available when the update starts; 0: always recompute (TRL's behaviour, the default)."})
+    share_prefix: bool = field(default=True, metadata={"help": "Compute the prompt tokens a chunk's rows share once and run each row's own tokens on top (trainers/shared_prefix.py); exact up to float rounding."})
+    fuse_teacher: bool = field(default=False, metadata={"help": "Score the teacher on the prompt keys and values the loss forward computes (trainers/shared_prefix.logps_on_prompt_kv). Needs share_prefix and one optimizer step per rollout batch."})
+    release_memory: bool = field(default=True, metadata={"help": "Give the heap's freed memory back to the OS after each step's rollouts, scoring, update and held-out evaluation (glibc malloc_trim, seed_agents/memory.py); values are unchanged."})
+    sampled_head: bool = field(default=True, metadata={"help": "Run the LM head, log-softmax and entropy at the trained (loss-mask) completion positions only (trainers/head.py); the others read 0. Exact up to float rounding; needs chunk_tokens > 0."})
+    chunk_tokens: int = field(default=8192, metadata={"help": "Token budget (rows x trimmed width) of one forward in the loss and in scoring, rows grouped by length and padding trimmed. 0: TRL's layout (every row padded to the widest)."})
+    keep_activations_gb: float | None = field(default=0.0, metadata={"help": "With gradient_checkpointing: an update whose activations are estimated under this many GB keeps them (trainers/activations.py). None: a third of the free memory; 0: always recompute."})
     # TRL fields with the paper's values
     beta: float = field(default=PAPER.kl, metadata={"help": "KL(pi || pi_ref) coefficient (k3 estimator)."})
     epsilon: float = field(default=PAPER.clip_eps, metadata={"help": "PPO clip range."})
@@ -228,7 +228,7 @@ def tail_groups(lengths: list[int], fixed_cost: int = 128) -> list[list[int]]:
     group when padding the group to it would compute more than ``fixed_cost`` extra tokens
     (about what another forward costs in fixed work). The tails differ several-fold (a skill
     of 30 tokens and a 16-token completion beside a skill of 120 and a 64-token call); one
-    padded forward over them computed ~60% padding on the atlas."""
+    padded forward over them would compute mostly padding."""
     groups: list[list[int]] = []
     width = 0
     for i in sorted(range(len(lengths)), key=lambda i: (lengths[i], i)):

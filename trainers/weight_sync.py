@@ -16,7 +16,7 @@ the backend had when it sent the request.
 Known limits of full reloads on vLLM 0.32's CPU build (measured, see
 tests/integration/test_train_vllm.py): for models with tied input/output embeddings
 (SmolLM2) the CPU kernels keep the output layer packed at start-up, so after a plain
-``reload_weights`` the server's logprobs drift from the trainer's by ~0.1 nat; servers
+``reload_weights`` the server's logprobs drift from the trainer's; servers
 started with our worker extension (``seed_agents/vllm_ext.py``) take
 ``method="seed_reload_weights"``, which re-packs it. LoRA sync is exact either way. And a ``reload_weights``
 that fails *inside* vLLM can leave its engine unusable, so the folder is always written

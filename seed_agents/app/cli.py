@@ -153,9 +153,8 @@ def _parser() -> argparse.ArgumentParser:
                            formatter_class=argparse.RawDescriptionHelpFormatter)
     train.add_argument("--config", metavar="YAML", help="YAML file with TrainConfig fields (see configs/).")
     train.add_argument("--preset", choices=sorted(PRESETS),
-                       help="Start from a named set of settings, under --config and the flags: paper is the SEED paper's "
-                            "method (its coefficients, lr 1e-6 with linear decay, full fine-tuning, skills on every "
-                            "episode, T 1.0; configs/paper.yaml) in place of the defaults a learning run here chose.")
+                       help="Start from a named set of settings, under --config and the flags. paper: the SEED paper's "
+                            "method (configs/paper.yaml) in place of the defaults a learning run here chose.")
     train.add_argument("--resume", action="store_true", help="Continue from the last checkpoint in --out.")
     train.set_defaults(func=cmd_train, config_flags=add_config_flags(train, TrainConfig))
 

@@ -99,7 +99,9 @@ class CanaryConfig(BaseModel):
         "Sampling temperature of canary episodes (0: greedy). Unset: the deployment's, as the cycle's sessions recorded it."))
     sandbox_app: str | None = Field(None, description="Import path of an ASGI app factory (e.g. examples.library_service:create_app): every canary episode gets a fresh instance, in process.")
     recording: Path | None = Field(None, description="Without sandbox_app: a recording (tools.replay JSONL) that answers canary requests in replay mode; a request it lacks gets a 424.")
-    replay_sandbox: bool = Field(False, description="Instead of sandbox_app: play canary episodes in shadow mode with the replay section's sandbox (a sandbox_base_url is reset before every episode, a replay.sandbox_app is fresh); reads from `recording` when set, else live under the rate limit. For an API that is not an ASGI app.")
+    replay_sandbox: bool = Field(False, description=(
+        "Play canary episodes in shadow mode with the replay section's sandbox instead of sandbox_app (an"
+        " API that is not an ASGI app). Reads `recording` when set, else live under the rate limit."))
 
 
 class ContinualConfig(BaseModel):
@@ -114,9 +116,8 @@ class ContinualConfig(BaseModel):
     seed: int = Field(0, description="Seed of sampling and training.")
     backend: BackendConfig = Field(default_factory=BackendConfig, description="The base model; kind vllm: the server that serves every version (LoRA) and `model` is its base served name.")
     replicas: list[str] = Field(default_factory=list, description=(
-        "kind vllm: the other vLLM replicas the gateways send to (base URLs), beside backend.base_url. Every version is "
-        "loaded into each one before its canary; one that fails is reported and stays out of the gateways' rotation "
-        "until it has loaded the version. The canary samples from backend.base_url."))
+        "kind vllm: the other vLLM replicas the gateways send to (base URLs), beside backend.base_url; "
+        "each loads every version before its canary, which samples from backend.base_url."))
     sampling: SamplingParams = Field(default_factory=lambda: SamplingParams(**DEFAULT_SAMPLING), description=(
         "Replay and canary sampling. max_tokens and temperature left unset: each session's own, as the gateway "
         "recorded it (else 512 and 0.7)."))
@@ -133,9 +134,8 @@ class ContinualConfig(BaseModel):
         "Train only when this many replay groups had unequal rewards; else the cycle is skipped (sessions without "
         "reward variance unusable, the rest queued again). 0: always train."))
     carry_optimizer: bool = Field(True, description=(
-        "Keep the optimizer's state (Adam's moments and step count) with each adapter and start the next cycle's "
-        "step from the promoted adapter's, so cycles train as the steps of one run do; off: every cycle's step is "
-        "a fresh optimizer's first, which with Adam moves every weight by about the learning rate."))
+        "Keep each adapter's optimizer state and start the next cycle from the promoted adapter's, so "
+        "cycles train like one run's steps. false: a fresh optimizer every cycle."))
     precedence: list[str] = Field(default_factory=lambda: ["verifier", "user", "judge"], description="Reward sources that make a session eligible, most trusted first.")
     ignore_unlisted: bool = Field(False, description="Only sessions rewarded by a source in precedence are taken.")
     canary: CanaryConfig

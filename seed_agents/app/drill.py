@@ -13,10 +13,8 @@ LoRA ``B`` matrix, scaled per layer so that the weight change it adds,
 ``scaling * dB @ A``, has ``strength`` times the Frobenius norm of that layer's base
 weight. At the default strength 1, every linear layer's output moves by about as much as
 its own signal, in all layers at once: the replies stop making sense, and the model plays
-worse on any task the promoted version can do. Measured on SmolLM2-135M-Instruct (a fresh
-LoRA, r 8): its greedy answer to "What is the capital of France?" costs 0.14 nats per
-token unperturbed, 0.24 at strength 0.1 (still "The capital of France is Paris."), 11.2 at
-0.3 and 15.8 at 1 (the reply is noise). The adapter keeps the loop's rank, so the server
+worse on any task the promoted version can do (docs/benchmarks.md, "Figures behind code
+comments": what a strength does to one reply). The adapter keeps the loop's rank, so the server
 loads it as it loads a cycle's candidate; it is written to ``<out>/drills/<time>-<pid>/adapter``.
 
 Production never moves:

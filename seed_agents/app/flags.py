@@ -10,7 +10,9 @@ flags users already type (``--group``, ``--model``) are kept as aliases.
 from __future__ import annotations
 
 import argparse
+import inspect
 import sys
+import textwrap
 import typing
 from collections.abc import Callable
 from typing import Any
@@ -48,6 +50,12 @@ SECTION_SWITCHES = {"backend": "backend.kind"}
 PRECEDENCE = "Every field of the config is a flag; flags override the --config YAML, which overrides the defaults."
 
 
+def section_summary(doc: str) -> str:
+    """The first paragraph of a config section's docstring, filled to the help's width: what
+    ``--help`` prints above the section's flags."""
+    return textwrap.fill(" ".join(inspect.cleandoc(doc).split("\n\n")[0].split()), 76)
+
+
 def add_config_flags(parser: argparse.ArgumentParser, model: type[BaseModel], *,
                      shortcuts: dict[str, str | list[str]] | None = None,
                      switches: dict[str, str] | None = None) -> Callable[[argparse.Namespace], dict[str, Any]]:
@@ -74,6 +82,9 @@ def add_config_flags(parser: argparse.ArgumentParser, model: type[BaseModel], *,
                                cli_hide_none_type=True, cli_implicit_flags=True, cli_use_class_docs_for_groups=True,
                                cli_shortcuts=shortcuts)
     why = {reason.path: reason for reason in reasons(model)}
+    for group in parser._action_groups:  # a section's help is its docstring's summary; the rest is the code reader's
+        if group.description:
+            group.description = section_summary(group.description)
     for action in list(parser._actions):
         if action.help and "(default factory:" in action.help:  # the generator names the factory, not its value
             action.help = action.help[: action.help.index("(default factory:")] + \
@@ -83,7 +94,7 @@ def add_config_flags(parser: argparse.ArgumentParser, model: type[BaseModel], *,
             action.help += f" Why this default: {reason.why} (docs/{reason.evidence})".replace("%", "%%")
         if action.help and "(ifdef: required)" in action.help:  # a field of an optional section
             action.help = action.help.replace("(ifdef: required)", f"(required when {action.dest.rpartition('.')[0]} is set)")
-        if isinstance(action, argparse._AppendAction):  # a list: several values after one flag, as before
+        if isinstance(action, argparse._AppendAction):  # a list: several values after one flag, as users type them
             parser.add_argument(*action.option_strings, dest=action.dest, action="extend", nargs="+",
                                 default=argparse.SUPPRESS, help=action.help,
                                 metavar=action.metavar[5:-1] if str(action.metavar).startswith("list[") else action.metavar)

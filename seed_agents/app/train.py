@@ -485,7 +485,7 @@ class _SyncAndLog(TrainerCallback):
         self._sync(state, model)
         self.sync_s = time.perf_counter() - t0
         release = getattr(args, "release_memory", False)
-        if release:  # the update's, before a held-out evaluation grows the heap on top of it (9-10 -> 13.7 GB once)
+        if release:  # the update's, before a held-out evaluation grows the heap on top of it
             release_free_memory()
         if self._maybe_evaluate(state) and release:  # the evaluation's, before the next rollouts
             release_free_memory()

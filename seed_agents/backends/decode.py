@@ -11,7 +11,7 @@ on the unfinished rows only (the cache keeps their rows, ``Cache.batch_select_in
 Everything a row's tokens depend on is what ``generate`` gives it: the logits processors see
 the whole batch at every step, as there (a finished row's logits are zeros and its token is
 padding, which nothing reads), so each row's sampler draws from its own generator exactly as
-often as before and the grammar masks see the same ids; logits are cast to fp32 before the
+often as under ``generate`` and the grammar masks see the same ids; logits are cast to fp32 before the
 processors, the raw ones kept for the log-probs. The numbers are ``generate``'s up to float
 rounding (a forward over fewer rows may round a product differently); ids and log-probs are
 compared in ``tests/unit/test_decode.py``. ``drop_finished=False`` (an engine option) keeps ``generate``.

@@ -1,10 +1,10 @@
-"""The local backend's engine options: switches that rebuild an older, slower way of computing
-the same tokens (every prompt whole, one shared prefix a batch, transformers' own KV cache,
+"""The local backend's engine options: switches that compute the same tokens a simpler, slower
+way (every prompt whole, one shared prefix a batch, transformers' own KV cache,
 ``generate`` running every row to the longest).
 
 They are not in the user config (``BackendConfig``): the local backend is the reference engine
 (tests, bit-reproducible seeded runs, machines without vLLM), and a user needs only its
-defaults. They stay for the benchmarks that time the older way against the default and for
+defaults. They stay for the benchmarks that time the simpler way against the default and for
 the tests that check both sample the same tokens. A benchmark that builds a ``LocalBackend``
 passes ``LocalEngineOptions(...).backend_kwargs()`` (or the backend's own arguments); one that
 runs ``seed-agents train`` as a child process sets ``SEED_AGENTS_BENCH_LOCAL_ENGINE`` to these

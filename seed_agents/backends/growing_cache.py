@@ -1,8 +1,8 @@
 """A dynamic KV cache that grows in place instead of concatenating at every token.
 
 transformers' ``DynamicLayer`` appends a decode step's keys and values with ``torch.cat``, which
-copies the layer's whole cache: at batch 8 and ~800 cached tokens that was 12 of a 75 ms SmolLM2
-bf16 decode step on the 2-core machine (torch.profiler, 60 ``cat`` calls a step). The static
+copies the layer's whole cache at every step, a large part of a batched decode step on a CPU
+(docs/benchmarks.md, "Decode taken apart"). The static
 cache (``kv_cache="static"``, an engine option) avoids the copy but attends over its whole preallocated
 buffer, masked, and was no faster. Here each layer keeps a buffer with room to spare and hands
 attention a view of its filled columns: a step writes one column, attention reads exactly the
@@ -10,7 +10,7 @@ columns the dynamic cache would hold, so the numbers are the dynamic cache's bit
 
 ``value_dtype`` stores the values in another format as they arrive: with attention in fp32 over
 bf16 products (``seed_agents.precision.attention_in_fp32``) the values come out of their bf16
-projection and attention upcast the whole cache at every step (4 ms of the step above); stored
+projection and attention would upcast the whole cache at every step; stored
 upcast once, attention reads them as they are. The same numbers: a bf16 value is exact in fp32."""
 
 from __future__ import annotations

@@ -231,7 +231,7 @@ class LocalBackend:
             raise ValueError(f"kv_cache must be 'dynamic', 'static' or 'concat', got {kv_cache!r}")
         # static: each batch's keys and values in buffers sized for its whole generation, so a
         # decode step writes one column in place where the dynamic cache concatenates every
-        # layer's whole cache (26 ms of a 101 ms step at batch 8, docs/benchmarks.md "Decode taken
+        # layer's whole cache (a large share of a batched step: docs/benchmarks.md, "Decode taken
         # apart"). Attention then spans the buffer, masked: the same tokens up to float rounding.
         self.kv_cache = kv_cache
         self.max_batch_size = max_batch_size
@@ -543,7 +543,7 @@ class LocalBackend:
             groups = []
         elif self.prefix_groups:
             groups = prefix_groups(prompts)
-        else:  # the path before groups: one prefix, the one the whole batch shares
+        else:  # prefix_groups off (an engine option benchmarks set): one prefix, the one the whole batch shares
             groups = [(list(range(n_rows)), shared)] if (shared := worth_sharing(prompts)) else []
         with (self._lock, torch.no_grad(), compute_in(self.compute_dtype)):
             self.turn_cache.check(weights_fingerprint(self.model, self._policy_version, self.compute_dtype))

@@ -62,20 +62,21 @@ class SkillConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    source: Literal["self", "external", "frozen", "rule_based", "none"] = Field("self", description="self: SEED; none: plain GRPO; external: another model writes skills (OPID-style); frozen: the initial policy, never synced; rule_based: the env suite's offline analyzer (EnvSuite.offline_analyzer: skills read off the trajectory, an ablation).")
-    injector: Literal["system", "task_line", "last_turn"] = Field("system", description="system: a delimited block in the system message; task_line: after 'Your task is to:' (ALFWorld); last_turn: after the whole prompt, right before the model's turn (the teacher then shares the row's prompt).")
+    source: Literal["self", "external", "frozen", "rule_based", "none"] = Field("self", description=(
+        "Who writes the hindsight skills. self: the policy (SEED); none: nobody (plain GRPO); external: "
+        "another model; frozen: the initial policy; rule_based: the env suite's offline analyzer."))
+    injector: Literal["system", "task_line", "last_turn"] = Field("system", description=(
+        "Where the skill sits in the teacher prompt. system: the system message; task_line: after 'Your "
+        "task is to:' (ALFWorld); last_turn: right before the model's turn."))
     min_words: int = Field(5, ge=1, description="Shorter skills are rejected.")
     max_words: int = Field(120, ge=5, description="Longer skills are rejected.")
     max_tokens: int = Field(256, ge=16, le=8192, description="Analyzer completion budget.")
     answer_format: AnswerFormat = Field("paper", description=(
-        "The analyzer prompt's reply example (seed_agents.skills.ANSWER_FORMATS): paper, a type name per value "
-        "(\"string\", which SmolLM2-135M copies into its skills); described, what each value should hold; "
-        "workflow, the skill as a sentence frame with slots."))
+        "The analyzer prompt's reply example (seed_agents.skills.ANSWER_FORMATS). paper: a type name per "
+        "value; described: what each value should hold; workflow: a sentence frame with slots."))
     opening: SkillOpening = Field("words", description=(
-        "How the skill grammar opens a skill a served model writes in the hindsight node: words, the paper's free "
-        "text; call, 'Call <tool> with ...', the tool one of those the episode was offered (a skill naming the call "
-        "a task needed is one a 135M model can copy). `skills collect --opening call` gives a policy analyzer the "
-        "same grammar; automatic stage 1's rule-based analyzers write words (its text envs offer no tools)."))
+        "How a skill the served model writes opens. words: the paper's free text; call: 'Call <tool> with"
+        " ...', naming a tool the episode offered (docs/training.md, Skills)."))
     failures: SkillFailures | Literal["auto"] = Field("auto", description=(
         "write: a failed episode gets a skill too (the paper's avoidance rules); skip: no analyzer call for it, and "
         "its rows get no teacher. auto: skip for a graph or stored sessions, write for an env suite."),
@@ -84,7 +85,9 @@ class SkillConfig(BaseModel):
         "episode left SEED at GRPO's level; an env suite's stage 1 learns from the base policy's mostly failed "
         "episodes, and no run here tried skip there.", OWN_SUCCESS_SKILLS))
     analyzer: BackendConfig | None = Field(None, description="Backend of the external/frozen analyzer (default: a local copy of the initial policy).")
-    chat_model: str | None = Field(None, description="external: import path 'pkg.module:ChatModelOrFactory' of a LangChain chat model that writes the skills instead of a served model (a hosted API model; a scripted one for an ablation, e.g. bench.atlas_skills:OracleSkills), paced and retried like stage 1's langchain analyzers.")
+    chat_model: str | None = Field(None, description=(
+        "external: import path 'pkg.module:ChatModelOrFactory' of a LangChain chat model that writes the "
+        "skills instead of a served model (e.g. a hosted API model)."))
     chat_model_kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments for chat_model.")
 
     @model_validator(mode="after")
@@ -105,9 +108,10 @@ against transformers' own table); each needs its package installed (checked befo
 
 
 class TrainerConfig(BaseModel):
-    """Optimization; names follow TRL's GRPOConfig where they exist. Where a learning run here
-    chose a default, the field says why (docs/training.md, "Defaults and why"); ``--preset
-    paper`` gives the paper's settings."""
+    """Optimization; names follow TRL's GRPOConfig where they exist. A default a learning run
+    here chose says why (docs/training.md, "Defaults and why").
+
+    ``--preset paper`` gives the paper's settings."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -125,7 +129,9 @@ class TrainerConfig(BaseModel):
                             "(the paper's: 0.01).", json_schema_extra=because(
         "Every run where SEED beat GRPO weighed the term 0.1; at the paper's 0.01 SEED stayed at GRPO's level, with "
         "its own skills (three seeds) and with oracle ones (one seed).", OWN_SUCCESS_SKILLS))
-    gate_sharpness: float = Field(PAPER.gate_sharpness, ge=0, description="Sharpness of the OPD gate sigmoid(s * (teacher - student logprob)); the paper's beta (formerly opd_beta). 0: no gate (0.5 on every token), so the term imitates the sampled tokens of skill-bearing episodes whatever the teacher says; no teacher pass runs (a control, not SEED).")
+    gate_sharpness: float = Field(PAPER.gate_sharpness, ge=0, description=(
+        "Sharpness s of the OPD gate sigmoid(s * (teacher - student logprob)), the paper's beta. 0: no "
+        "gate and no teacher pass, a control that imitates skill-bearing episodes."))
     kl_coef: float = Field(PAPER.kl, ge=0, description="KL(pi || pi_ref) coefficient (TRL's beta).",
                            json_schema_extra=because(
         "Kept at the paper's: the atlas curves ran 0.001, and no run compared the two weights.", CONSTANT_RATE))
@@ -134,9 +140,15 @@ class TrainerConfig(BaseModel):
     max_grad_norm: float = Field(1.0, gt=0, description="Gradient clipping.")
     advantage_norm: Literal["mean_std", "mean"] = Field("mean_std", description="Group advantage normalization.")
     merge_rows: bool = Field(True, description="Merge calls whose tokens continue into one row.")
-    gradient_checkpointing: bool = Field(True, description="Recompute activations in backward (for an update whose activations do not fit under keep_activations_gb, 0 by default: every update): less memory for a little more compute (a SmolLM2 iteration on 2 cores, bench/update_memory.py: peak RSS 11.2 -> 7.3 GB at about the same update time in fp32, 6.7 -> 3.8 GB on the bf16 demo; docs/results/update_memory*.json). false: never recompute.")
-    keep_activations_gb: Annotated[float, Field(ge=0)] | Literal["auto"] = Field(0.0, description="With gradient_checkpointing: an update whose activations are estimated under this many GB keeps them and recomputes nothing (trainers/activations.py; the estimate: the batch's tokens times bytes per token measured on the model at the first update). auto: a third of the memory available when the update starts. 0 (default): always recompute. Off by default: at the demo's shape a warm update's forward and backward took 0.78-0.86x (bench/activation_trim.py), but a process's first update was not faster and a whole run has not yet separated the saving from its noise, while the demo's peak RSS grew from 3.8 to 6.7 GB (docs/training.md).")
-    release_memory: bool = Field(True, description="Give the heap's freed memory back to the OS after each step's rollouts, its scoring, its update and a held-out evaluation (glibc malloc_trim, seed_agents/memory.py; no computed value changes): otherwise a learning run keeps gigabytes it freed resident and its peak grows over the run (docs/training.md). false: glibc's own behaviour.")
+    gradient_checkpointing: bool = Field(True, description=(
+        "Recompute activations in backward for an update whose activations do not fit under "
+        "keep_activations_gb: less memory for a little more compute. false: never recompute."))
+    keep_activations_gb: Annotated[float, Field(ge=0)] | Literal["auto"] = Field(0.0, description=(
+        "With gradient_checkpointing: an update whose activations are estimated under this many GB keeps "
+        "them. auto: a third of the free memory; 0 (default): always recompute (docs/training.md)."))
+    release_memory: bool = Field(True, description=(
+        "Give freed heap memory back to the OS after each step's rollouts, scoring, update and held-out "
+        "evaluation (glibc malloc_trim); no value changes. false: glibc's own behaviour."))
     lora_r: int | None = Field(8, ge=1, le=512, description=(
         "Train a LoRA adapter of this rank instead of full weights; null (in the --config file, or --preset paper): "
         "full fine-tuning, the paper's."), json_schema_extra=because(
@@ -145,10 +157,18 @@ class TrainerConfig(BaseModel):
     lora_alpha: int = Field(16, ge=1, description="LoRA alpha: the adapter's update is scaled by alpha / r.",
                             json_schema_extra=because(
         "Twice the rank, as on every atlas curve: the adapter's scale stays 2.", LORA_RANK))
-    chunk_tokens: int = Field(8192, ge=0, le=1 << 20, description="Token budget (rows x trimmed width) of one forward in the loss and in scoring: rows are grouped by length and each group's padding trimmed; bounds the update's memory. 0: TRL's layout, every row padded to the batch's widest prompt and completion, to compare with TRL (bench/update_throughput.py).")
-    share_prefix: bool = Field(True, description="Compute the prompt tokens a chunk's rows share (system prompt, tool schemas) once, in the teacher, reference and training passes (trainers/shared_prefix.py; exact up to float rounding). false: every row's prompt whole, as TRL computes it, to compare with it.")
-    sampled_head: bool = Field(True, description="Run the LM head, its log-softmax and entropy only at the completion positions the loss trains, not at the environment's answers a merged multi-turn row also holds, in the loss, teacher and reference passes (trainers/head.py; exact up to float rounding). false: every completion position, as TRL computes it (chunk_tokens 0 does so either way).")
-    fuse_teacher: bool = Field(False, description="Score SEED's teacher on top of the prompt keys and values the training forward computes, instead of in a pass of its own: the teacher then computes the skill and the completion, not the prompt it shares with its row (most of it with skills.injector last_turn). Exact up to float rounding; needs share_prefix (bench/seed_overhead.py --injectors last_turn+fused).")
+    chunk_tokens: int = Field(8192, ge=0, le=1 << 20, description=(
+        "Token budget (rows x trimmed width) of one forward in the loss and scoring, rows grouped by "
+        "length; bounds the update's memory. 0: TRL's layout, every row padded to the widest."))
+    share_prefix: bool = Field(True, description=(
+        "Compute the prompt tokens a chunk's rows share once, in the teacher, reference and training "
+        "passes (exact up to float rounding). false: every row's prompt whole, as TRL does."))
+    sampled_head: bool = Field(True, description=(
+        "Run the LM head, log-softmax and entropy only at the completion positions the loss trains (exact"
+        " up to float rounding). false: every completion position, as TRL does."))
+    fuse_teacher: bool = Field(False, description=(
+        "Score SEED's teacher on the prompt keys and values the training forward computes, not in a pass "
+        "of its own; needs share_prefix. Worth it with skills.injector last_turn (docs/training.md)."))
     guide_share: Annotated[float, Field(ge=0, le=1)] | Literal["auto"] = Field("auto", description=(
         "Share of each group's training episodes whose first free tool choice is steered into a call, trained as if "
         "chosen. auto: 0.5 where the first turn is free with tools bound, else 0; 0: off (paper)."),
@@ -156,7 +176,9 @@ class TrainerConfig(BaseModel):
         "Guided openings taught a free agent that never called a tool to call the right one on three seeds; auto "
         "applies them only where the first turn is free with tools bound, the case they were tried on.",
         GUIDED_OPENINGS))
-    report_to: list[ReportTo] = Field([], description="Where TRL also sends the training metrics (loss/ppo, loss/opd, opd/gate, success_rate, ...): tensorboard writes <out>/checkpoints/runs/; wandb, mlflow, trackio ... read their usual environment variables. metrics.jsonl is always written.")
+    report_to: list[ReportTo] = Field([], description=(
+        "Where TRL also sends the training metrics (tensorboard: <out>/checkpoints/runs/; wandb, mlflow "
+        "and the others read their usual environment variables). metrics.jsonl is always written."))
 
     @model_validator(mode="before")
     @classmethod
@@ -190,8 +212,10 @@ class GraphConfig(BaseModel):
 
 
 class Stage1Config(BaseModel):
-    """Stage 1 before RL: SEED needs a policy that can already write parsable skills (the
-    paper's ablation: 91.8 with stage 1, 86.0 without). With ``run: auto``, a SEED run
+    """Stage 1 before RL: SEED needs a policy that can already write parsable skills
+    (docs/training.md, "Stage 1").
+
+    The paper's ablation: 91.8 with stage 1, 86.0 without. With ``run: auto``, a SEED run
     (``skills.source: self``) on TextWorld with the local backend starts from a stage-1
     model: the base model after SFT on skills that the offline rule-based analyzer wrote
     about the base policy's own episodes. It is built once and cached by its settings.
@@ -208,15 +232,19 @@ class Stage1Config(BaseModel):
     epochs: float = Field(3.0, gt=0, description="SFT epochs over the valid examples.")
     learning_rate: float = Field(5e-5, gt=0, description="SFT learning rate.")
     lora_r: int | None = Field(None, ge=1, description="SFT a LoRA adapter (merged into the saved model).")
-    completion_head: bool = Field(True, description="The SFT applies the LM head to the completion tokens only (the same loss, ~0.6x the step time); false: TRL's head over every position, to compare with TRL.")
+    completion_head: bool = Field(True, description=(
+        "The SFT applies the LM head to the completion tokens only (the same loss, a faster step). false:"
+        " TRL's head over every position, to compare with TRL."))
     cache_dir: Path | None = Field(None, description="Where stage-1 models are cached (default: $SEED_AGENTS_CACHE/stage1).")
 
 
 class StoreSourceConfig(BaseModel):
     """Train on a deployed agent's recorded sessions (``train --from-store URL``) instead of
-    playing episodes: each task key with at least two rewarded, unconsumed, unflagged
-    sessions is a task, and its sessions are the GRPO group. Every session is claimed by
-    exactly one update (``trainers.store_rollout``)."""
+    playing episodes.
+
+    Each task key with at least two rewarded, unconsumed, unflagged sessions is a task, and
+    its sessions are the GRPO group. Every session is claimed by exactly one update
+    (``trainers.store_rollout``)."""
 
     model_config = ConfigDict(extra="forbid")
 

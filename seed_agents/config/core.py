@@ -61,9 +61,9 @@ policy call is free to call a bound tool (the share the guided-openings curve le
 
 
 #: Switches of the local backend kept out of the user config, at the one value every command
-#: runs. Each rebuilds an older, slower way of computing the same tokens (every prompt whole, one
+#: runs. Each computes the same tokens a simpler, slower way (every prompt whole, one
 #: prefix a batch, transformers' own cache, ``generate``); the local backend is the reference
-#: engine, and a user needs only its default. Benchmarks that time the older ways set them
+#: engine, and a user needs only its default. Benchmarks that time the simpler ways set them
 #: (``seed_agents.backends.engine.LocalEngineOptions``, which has these defaults). A config that
 #: names one at this value loads with a warning; at another, it is refused with one line.
 LOCAL_ENGINE_KEYS: dict[str, Any] = {"reuse_kv": True, "prefix_groups": True, "kv_cache": "dynamic", "drop_finished": True}
@@ -106,8 +106,13 @@ class BackendConfig(BaseModel):
     timeout_s: float = Field(120.0, gt=0, description="Per-request timeout.")
     max_retries: int = Field(3, ge=0, le=20, description="Retries on connection errors, timeouts and 5xx.")
     max_batch_size: int = Field(32, ge=1, le=1024, description="Local backend: requests batched into one generate call; 32 holds a 4 x 8 iteration's calls in one batch (docs/benchmarks.md#the-engine-for-a-whole-iteration).")
-    precision: Literal["auto", "float32", "bfloat16"] = Field("auto", description="Local backend and trainer (stage 1 too): the number format matmuls run in. auto: bfloat16 (autocast over fp32 weights) where the CPU has bf16 instructions or the GPU supports it, else float32, and float32 for the trainer with kind vllm and for a local backend on a machine with a CUDA device; the choice is printed. float32: the sampler's and the trainer's logprobs agree to ~2e-6 nat a token (~0.02 in bf16), and a seeded config samples in one format on every machine (docs/training.md, Precision).")
-    attention: Literal["auto", "same", "float32"] = Field("auto", description="Local backend and trainer, when precision resolves to bfloat16: float32 runs attention in fp32 over the bf16 products (seed_agents.precision.attention_in_fp32), same runs it in bf16 too; auto (the default) is float32 on a CPU without AMX, where torch's bf16 attention kernel was 5x slower than its fp32 one (docs/benchmarks.md, decode taken apart), and same on an AMX CPU or a GPU (not measured there). Three seeds of a learning run with fp32 attention learned like fp32 (docs/results.md). Ignored in float32.")
+    precision: Literal["auto", "float32", "bfloat16"] = Field("auto", description=(
+        "The number format the local backend samples and the trainer updates in (stage 1 too). auto: "
+        "bfloat16 where the hardware has it, else float32 (docs/training.md, Precision); float32 for "
+        "exact logprobs."))
+    attention: Literal["auto", "same", "float32"] = Field("auto", description=(
+        "Under bfloat16, attention's format: float32 runs it in fp32 over the bf16 products, same keeps "
+        "bf16. auto: float32 on a CPU without AMX, else same (docs/training.md, Precision)."))
     reload_method: Literal["seed_reload_weights", "reload_weights"] = Field("seed_reload_weights", description="vLLM full sync RPC: seed_reload_weights needs our worker extension (`seed-agents serve` loads it; exact for tied embeddings); reload_weights for a plain `vllm serve`.")
 
     @model_validator(mode="before")
@@ -167,4 +172,6 @@ class RunnerConfig(BaseModel):
     progress: bool = Field(True, description=(
         "Show a progress bar (continual: a bar per phase where stderr is a terminal, else one line per phase; off: "
         "lines only)."))
-    max_fault_fraction: float = Field(0.5, ge=0.0, le=1.0, description="Stop the run when more than this fraction of a batch's episodes (an iteration's, or an eval's) ended in an infrastructure fault (env/tool crash, timeout, backend down, reward error). Faulted episodes are never trained on either way.")
+    max_fault_fraction: float = Field(0.5, ge=0.0, le=1.0, description=(
+        "Stop the run when more than this fraction of a batch's episodes (an iteration's or an eval's) "
+        "end in an infrastructure fault. Faulted episodes are never trained on."))

@@ -115,11 +115,12 @@ class GateConfig(BaseModel):
     resamples: int = Field(10_000, ge=100, le=1_000_000, description="Bootstrap resamples of the tasks.")
     seed: int = Field(0, description="Seed of the bootstrap's random.Random: the decision is deterministic.")
     max_fault_rate_increase: float = Field(0.1, ge=0.0, le=1.0, description="Reject when the candidate's share of faulted episodes exceeds the promoted version's by more than this.")
-    floor: float | None = Field(None, description="When both versions score at most this on every paired canary episode (e.g. 0: neither solved a task), the canary cannot show a regression: inconclusive, never promoted. None: no such check (two versions that fail everything are 'not worse' than each other).")
+    floor: float | None = Field(None, description=(
+        "When both versions score at most this on every paired canary episode (e.g. 0: neither solved a "
+        "task), the canary is inconclusive and nothing is promoted. None: no such check."))
     anchor_margin: float | None = Field(None, ge=0.0, description=(
-        "Also compare the candidate with the anchor (the version the name started from) on the same canary and reject "
-        "it when it may be worse than the anchor by more than this: promotions each within `margin` of the last cannot "
-        "drift down further than this in total. None: no anchor check (each decision sees only the version it replaces)."))
+        "Also reject a candidate that may be worse than the anchor (the version the name started from) by"
+        " more than this, bounding the total drift. None: no anchor check."))
 
 
 class AnchorCheck(BaseModel):

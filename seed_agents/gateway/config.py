@@ -148,10 +148,9 @@ class StoreOutageConfig(BaseModel):
     on_failure: Literal["spool", "refuse"] = Field(
         "spool", description="spool: answer and keep the call in a local durable spool until the store is back; "
                              "refuse: HTTP 503, nothing recorded.")
-    spool_path: str | None = Field(None, description="The spool's SQLite file (mode 0600, one gateway process per file); default, named "
-                                   "after the gateway (its `name`): beside a SQLite store (traces.db.NAME.spool), "
-                                   "runs/gateway-spool-NAME.sqlite for PostgreSQL. "
-                                   "Put it on another disk than a SQLite store to outlive that disk failing.")
+    spool_path: str | None = Field(None, description=(
+        "The spool's SQLite file (mode 0600, one gateway per file); default: traces.db.NAME.spool beside "
+        "a SQLite store, else runs/gateway-spool-NAME.sqlite. Best on another disk than the store."))
     max_spool_mb: float = Field(1024.0, gt=0, description="Largest spool (MB of spooled calls); beyond it new calls get HTTP 503 "
                                 "spool_unavailable until the store takes some.")
     retry_max_s: float = Field(10.0, gt=0, le=3600, description="Longest wait between flush attempts while the store stays down "
@@ -171,9 +170,9 @@ class ReplicasConfig(BaseModel):
                                                             "current version; one that does rejoins the rotation.")
     probe_timeout_s: float = Field(5.0, gt=0, le=300, description="A replica that does not list its models within this is "
                                                                   "out of rotation.")
-    load_adapters: bool = Field(True, description="Load the promoted version's LoRA adapter (its registry path, as seen "
-                                                  "by the replica) into a replica that answers without it, e.g. after a "
-                                                  "restart; false: such a replica stays out until someone loads it.")
+    load_adapters: bool = Field(True, description=(
+        "Load the promoted version's LoRA adapter (its registry path) into a replica that answers without"
+        " it, e.g. after a restart. false: such a replica stays out until loaded."))
     load_timeout_s: float = Field(120.0, gt=0, le=3600, description="Longest wait for a replica to load an adapter.")
 
 

@@ -43,7 +43,7 @@ from seed_agents.types import LLMCall
 log = logging.getLogger("seed_agents.gateway")
 
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
-"""Seconds; a CPU-served SmolLM2 call takes 0.2-10 s, a GPU one well under 1 s."""
+"""Seconds: from a GPU-served call, well under a second, to a CPU-served one, several seconds."""
 
 FEEDBACK_EVENTS = {"rewards_stored": "reward", "sessions_ended": "session_end", "verifier_rewards": "verifier_reward",
                    "judge_runs": "judge_run"}

@@ -55,7 +55,9 @@ class AnalyzerConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str | None = Field(None, min_length=1, description="Name written into each SkillExample.analyzer and shown by `skills eval` (default: the kind and model, e.g. 'openai:gpt-4o-mini').")
-    kind: Literal["rule_based", "openai", "langchain", "policy"] = Field("rule_based", description="rule_based: the env suite's offline analyzer (EnvSuite.offline_analyzer, e.g. TextWorld's); openai: an OpenAI-compatible endpoint; langchain: a LangChain chat model; policy: our own backends (base or SFT policy).")
+    kind: Literal["rule_based", "openai", "langchain", "policy"] = Field("rule_based", description=(
+        "rule_based: the env suite's offline analyzer (e.g. TextWorld's); openai: an OpenAI-compatible "
+        "endpoint; langchain: a LangChain chat model; policy: our own backends."))
     base_url: str = Field("https://api.openai.com/v1", description="openai: endpoint URL, with or without /v1 (a vLLM server: http://127.0.0.1:8000).")
     model: str | None = Field(None, description="openai: model name sent in requests; policy: a model folder/alias to load locally (when `backend` is unset).")
     api_key_env: str = Field("OPENAI_API_KEY", description="openai: NAME of the environment variable holding the API key (unset variable: no auth header, fine for a local vLLM). The key itself never goes in a config.")

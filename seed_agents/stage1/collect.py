@@ -86,9 +86,8 @@ class CollectConfig(BaseModel):
         "skip: a failed episode is not analyzed (as training with skills.failures skip asks for none), so stage 1 "
         "teaches only the skills training will ask for; write: every episode."))
     opening: SkillOpening = Field("words", description=(
-        "call: a policy analyzer's grammar opens each skill with 'Call <tool> with' and a tool the episode offered "
-        "(as training with skills.opening call does; an episode offered none keeps words). Other analyzers are not "
-        "constrained: the rule-based ones write words, and the text envs that have them offer no tools."))
+        "call: a policy analyzer's grammar opens each skill with 'Call <tool> with', a tool the episode "
+        "offered (as skills.opening call in training). Other analyzers write words."))
     min_words: int = Field(5, ge=1, description="Shorter skills are rejected (as in training).")
     max_words: int = Field(120, ge=5, description="Longer skills are rejected (as in training).")
 

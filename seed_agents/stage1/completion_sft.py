@@ -1,10 +1,10 @@
 """TRL's ``SFTTrainer`` with the LM head applied to the completion tokens only.
 
 Stage 1 trains on (analyzer prompt -> skill JSON) pairs: ~750 prompt tokens and ~65
-completion tokens each, with the loss on the completion only. TRL 1.16's fused LM head
+completion tokens each, with the loss on the completion only. TRL's fused LM head
 projects every position through the 49k-row head in chunks before it masks the prompt out,
-so on a CPU that head, its log-softmax and their backward took 20 of 53 s of a step
-(torch.profiler, 4 x 805 tokens, fp32, SmolLM2-135M). Here the backbone's hidden states are
+so on a CPU that head, its log-softmax and their backward are a large part of a step
+(docs/benchmarks.md, "The README's first command, before and now"). Here the backbone's hidden states are
 gathered at the positions whose next token is a label first, and only those ~260 rows meet
 the head: the same loss (the test compares it and its gradients with TRL's own on one
 batch), a fraction of the work.

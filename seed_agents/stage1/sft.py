@@ -55,7 +55,9 @@ class SFTRunConfig(BaseModel):
     max_eval_examples: int = Field(32, ge=1, le=100000, description="Held-out examples used for the parse-rate check (the loss uses all).")
     eval_batch_size: int = Field(8, ge=1, le=1024, description="Held-out prompts generated together in the parse-rate check.")
     completion_head: bool = Field(True, description="Apply the LM head to the completion tokens only (the same loss, a fraction of the work); false: TRL's fused head over every position, for side-by-side timing against TRL.")
-    precision: Literal["auto", "float32", "bfloat16"] = Field("float32", description="The number format the SFT's matmuls and its parse-rate checks run in (autocast over fp32 weights, as `backend.precision` in `train`); auto: bfloat16 where the CPU has bf16 instructions, the choice printed.")
+    precision: Literal["auto", "float32", "bfloat16"] = Field("float32", description=(
+        "The number format of the SFT's matmuls and parse-rate checks (autocast over fp32 weights, as "
+        "backend.precision in train). auto: bfloat16 where the CPU has bf16 instructions."))
 
 
 # -- data -------------------------------------------------------------------------------

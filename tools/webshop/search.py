@@ -14,10 +14,8 @@ frequencies, 8 bytes per distinct term of a document); a query is scored with ve
 float64 arithmetic in the same order of operations as ``reference_scores``, the
 plain-Python formula kept as the readable spec, so both give bit-identical scores. A
 catalog builds its index once per process, on first search or in ``suite.prepare``.
-Measured by ``bench/webshop_index.py`` at the full catalog's 1.18M documents (synthetic
-Zipf text, 100 words each, one core, in one run): build 182 s, 2.5 GB peak RSS over the build and
-the searches (0.9 GB of it the documents themselves); search median 46 ms (p95 92 ms) against 715 ms (p95 1.5 s)
-for the plain-Python loop, the same top 50 on all 200 queries.
+Its build time, memory and search speed at the full catalog's size, against the plain-Python
+loop with the same top 50: docs/benchmarks.md (``bench/webshop_index.py``).
 """
 
 from __future__ import annotations

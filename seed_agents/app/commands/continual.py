@@ -55,8 +55,8 @@ class DrillSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     strength: float = Field(1.0, gt=0, le=100, description=(
-        "Noise added to every LoRA B matrix of the promoted adapter, per layer as a multiple of the base weight's norm "
-        "(1: each layer's output moves about as much as its own signal: the model plays much worse)."))
+        "Noise added to every LoRA B matrix of the promoted adapter, per layer as a multiple of the base "
+        "weight's norm (1: the model plays much worse)."))
     noise_seed: int = Field(0, description="Seed of the noise: the same seed and strength give the same candidate.")
 
 

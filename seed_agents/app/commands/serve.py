@@ -35,7 +35,9 @@ class ServeConfig(BaseModel):
     model: str = Field("smollm2-135m", description="Alias, local folder or hub id to serve (also its served name).")
     host: str = Field("127.0.0.1", description="Interface to listen on. Anything but loopback needs an API key (see api_key_env): dev mode lets any caller replace the weights.")
     port: int = Field(8000, ge=0, le=65535, description="Port to listen on.")
-    api_key_env: str = Field(API_KEY_ENV, description="Environment variable holding the API key. When it is set, every route but /health demands `Authorization: Bearer <key>` (clients read the key from the variable their backend.api_key_env names). The key itself is never a flag nor written anywhere.")
+    api_key_env: str = Field(API_KEY_ENV, description=(
+        "Environment variable holding the API key; when set, every route but /health demands "
+        "`Authorization: Bearer <key>`. The key itself is never a flag nor written anywhere."))
     vllm_python: str | None = Field(None, description="Python of the venv with vLLM; unset: $SEED_AGENTS_VLLM_PYTHON, else .venv-vllm.")
     work_dir: Path | None = Field(None, description="Folder for vLLM caches and the log; unset: a new temporary folder. "
                                   "Not one named like a package (vllm, torch, ...) in the working directory or on "
