@@ -99,7 +99,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run as a script: bench/ and examples/ are on the path
 from bench.children import run_logged, stop_children_on_sigterm  # noqa: E402
-from bench.preregistration import PreregistrationError, split_argv  # noqa: E402
+from bench.preregistration import PREREGISTRATION_KEY, PreregistrationError, split_argv  # noqa: E402
 from bench.preregistration import load as load_preregistration  # noqa: E402
 from bench.results import add_results_args, config_of, now, write_result  # noqa: E402
 from bench.stats import (claim_words, compare, crossed_bootstrap_ci, family_claims, paired_t,  # noqa: E402
@@ -644,10 +644,16 @@ def comparison_family(curves: dict[str, dict[str, Any]]) -> dict[str, dict[str, 
     before a later variant was chosen). Its p is the paired t-test's on the seeds' final
     held-out answer success; a member with one seed has none and still counts among the
     variants. Each member ("stem:method") gets its comparison (``against_grpo``) and its
-    ``Claim``: the raw p, the Holm-adjusted p over the family, the family's size."""
+    ``Claim``: the raw p, the Holm-adjusted p over the family, the family's size. A
+    preregistered file (bench/preregistration.py) is a family of its own: its comparisons were
+    fixed before it ran, not chosen from the variants tried."""
     members = {f"{stem}:{method}": d for stem, method in curve_rows(curves) if method != "grpo"
                and (d := against_grpo(curves[stem]["results"], method)) is not None}
-    claims = family_claims({key: d["p_t"] for key, d in members.items()})
+    groups: dict[str | None, list[str]] = {}
+    for key in members:
+        stem = key.rpartition(":")[0]
+        groups.setdefault(stem if curves[stem]["config"].get(PREREGISTRATION_KEY) else None, []).append(key)
+    claims = {k: c for keys in groups.values() for k, c in family_claims({k: members[k]["p_t"] for k in keys}).items()}
     return {key: {**d, "claim": claims[key]} for key, d in members.items()}
 
 
@@ -789,7 +795,7 @@ def main(argv: list[str] | None = None) -> None:
     if prereg:
         if args.split != "test":
             p.exit(2, f"learning_curve: {prereg.path} reads split {args.split}; a preregistered comparison reads test\n")
-        args.preregistration = prereg.record()
+        setattr(args, PREREGISTRATION_KEY, prereg.record())
     if not 0.0 <= args.guide_share <= 1.0:
         p.error("--guide-share: a share in [0, 1]")
     if args.guide_share and args.first_turn != "auto":
@@ -939,7 +945,8 @@ def report(args: argparse.Namespace, so_far: Invocation) -> None:
               f"{'' if t_ci is None else f', t interval [{t_ci[0]:+.3f}, {t_ci[1]:+.3f}]'}; "
               f"training success {m['training_success']:.3f}; "
               f"zero-variance groups {'-' if m['zero_variance_groups'] is None else format(m['zero_variance_groups'], '.3f')}")
-    family = family_in(results_dir, args.result_name, {"seeds": seeds},
+    family = family_in(results_dir, args.result_name,
+                       {"seeds": seeds, PREREGISTRATION_KEY: getattr(args, PREREGISTRATION_KEY, None)},
                        {"methods": analysis["methods"], "runs": packed})
     for method in METHODS[1:]:
         d = analysis.get(f"{method.replace('-', '_')}_minus_grpo")
