@@ -8,6 +8,13 @@ call on every turn (``tool_choice`` auto, as users' agents are). Training and he
 tasks ask about disjoint places, so a held-out gain is a gain in using the tool, not a
 memorised fact.
 
+Splits: ``train`` (``train_tasks``, ``make_tasks("train")``) trains; ``heldout``
+(``heldout_tasks``, ``make_tasks("heldout")``) is the set past figures were both tuned and
+reported on, kept so they replay; ``validation`` (``validation_tasks``) is where settings are
+chosen, on the held-out places; ``test`` (``final_test_tasks``) asks about places no run has
+seen, half in phrasings no other split uses, and is read once, by a preregistered comparison
+(bench/preregistered/).
+
 Three levels (``make_task``): 0, one lookup whose result is the answer; 1, a lookup then an
 ``add`` with a number from the question; 2, two lookups combined by ``add``. Every task
 names the calls that solve it (``data["calls"]``, ``seed_agents.task_calls``), so the
