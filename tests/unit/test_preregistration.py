@@ -119,3 +119,16 @@ def test_a_preregistration_on_another_split_is_refused(repo, tmp_path, monkeypat
     with pytest.raises(SystemExit) as refused:
         lc.main(["--preregistered", str(path), "--work", str(tmp_path / "w")])
     assert refused.value.code == 2 and "reads test" in capsys.readouterr().err
+
+
+def test_the_headline_preregistration_keeps_the_exploratory_runs_settings_but_seeds_split_and_name():
+    """The file says its settings are the held-out figure's: hold it to that."""
+    from bench.learning_curve import build_parser
+
+    doc = yaml.safe_load((ROOT / "bench" / "preregistered" / "seed_success_vs_grpo_test.yaml").read_text())
+    args = vars(build_parser().parse_args(prereg.Preregistration("", "", "", doc["settings"]).argv()))
+    args["methods"] = args["methods"].split(",")
+    stored = json.loads((ROOT / "docs" / "results" / "learning_curve_t05_const_seed_success_opd01.json").read_text())
+    differ = {key for key, value in stored["config"].items() if key in args and args[key] != value}
+    assert differ == {"seeds", "result_name", "note", "work", "heldout", "train_tasks"}
+    assert args["split"] == "test" and len(doc["settings"]["seeds"]) == 8
