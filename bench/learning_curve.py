@@ -70,7 +70,14 @@ in every episode (docs/results/atlas_band_levels12.json), ``--first-turn forced-
 the first two turns to a tool call and ``lookup-add`` to ``lookup`` then ``add`` (the
 sequence scripted, the arguments and the answer the model's), training and held-out alike.
 
+``--split validation`` plays the evaluations on the places every setting is chosen on, ``--split
+test`` on those nothing was tuned on (seed_agents.tools.atlas); the default ``heldout`` is the set
+past figures were both tuned and reported on. A headline comparison runs from a committed file
+under bench/preregistered/ (``--preregistered``, bench/preregistration.py), which gives every
+setting and whose commit the result file records.
+
     .venv/bin/python bench/learning_curve.py --note "nothing else ran"
+    .venv/bin/python bench/learning_curve.py --preregistered bench/preregistered/seed_success_vs_grpo_test.yaml
     .venv/bin/python bench/learning_curve.py --seeds 0 --methods grpo --updates 2 --tasks-per-update 1 \\
         --group 2 --heldout 4 --eval-every 1 --work runs/lc-smoke --results-dir runs/lc-smoke/results  # smoke
 """
@@ -92,6 +99,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run as a script: bench/ and examples/ are on the path
 from bench.children import run_logged, stop_children_on_sigterm  # noqa: E402
+from bench.preregistration import PREREGISTRATION_KEY, PreregistrationError, split_argv  # noqa: E402
+from bench.preregistration import load as load_preregistration  # noqa: E402
 from bench.results import add_results_args, config_of, now, write_result  # noqa: E402
 from bench.stats import (claim_words, compare, crossed_bootstrap_ci, family_claims, paired_t,  # noqa: E402
                          paired_tests, seeds_needed)
@@ -127,13 +136,14 @@ LABELS = {"model": "model", "updates": "updates", "tasks_per_update": "tasks/upd
 
 # -- the runs ---------------------------------------------------------------------------
 
-def write_tasks(work: Path, level: int, train: int | None, heldout: int | None) -> tuple[Path, Path, int, int]:
-    """The level's training and held-out tasks as JSONL (the generator's, which the
-    committed manifests under bench/atlas/ are checked against)."""
+def write_tasks(work: Path, level: int, train: int | None, heldout: int | None,
+                eval_split: str = "heldout") -> tuple[Path, Path, int, int]:
+    """The level's training tasks and those of ``eval_split`` as JSONL (the generator's, which
+    the committed manifests under bench/atlas/ are checked against)."""
     from examples.atlas_tasks import make_tasks
 
     files = []
-    for split, n in (("train", train), ("heldout", heldout)):
+    for split, n in (("train", train), (eval_split, heldout)):
         tasks = make_tasks(split, levels=[level])[:n]
         path = work / f"{split}-L{level}.jsonl"
         path.write_text("".join(t.model_dump_json() + "\n" for t in tasks), encoding="utf-8")
@@ -634,10 +644,16 @@ def comparison_family(curves: dict[str, dict[str, Any]]) -> dict[str, dict[str, 
     before a later variant was chosen). Its p is the paired t-test's on the seeds' final
     held-out answer success; a member with one seed has none and still counts among the
     variants. Each member ("stem:method") gets its comparison (``against_grpo``) and its
-    ``Claim``: the raw p, the Holm-adjusted p over the family, the family's size."""
+    ``Claim``: the raw p, the Holm-adjusted p over the family, the family's size. A
+    preregistered file (bench/preregistration.py) is a family of its own: its comparisons were
+    fixed before it ran, not chosen from the variants tried."""
     members = {f"{stem}:{method}": d for stem, method in curve_rows(curves) if method != "grpo"
                and (d := against_grpo(curves[stem]["results"], method)) is not None}
-    claims = family_claims({key: d["p_t"] for key, d in members.items()})
+    groups: dict[str | None, list[str]] = {}
+    for key in members:
+        stem = key.rpartition(":")[0]
+        groups.setdefault(stem if curves[stem]["config"].get(PREREGISTRATION_KEY) else None, []).append(key)
+    claims = {k: c for keys in groups.values() for k, c in family_claims({k: members[k]["p_t"] for k in keys}).items()}
     return {key: {**d, "claim": claims[key]} for key, d in members.items()}
 
 
@@ -705,6 +721,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--group", type=int, default=8)
     p.add_argument("--train-tasks", type=int, default=None, help="Distinct training tasks (default: all of the level).")
     p.add_argument("--heldout", type=int, default=None, help="Held-out tasks (default: all of the level).")
+    p.add_argument("--split", choices=["heldout", "validation", "test"], default="heldout",
+                   help="Which places and phrasings the evaluations play (seed_agents.tools.atlas): heldout, the set "
+                        "past figures were tuned and reported on; validation, for choosing settings; test, read once.")
+    p.add_argument("--preregistered", type=Path, default=None,
+                   help="A committed file under bench/preregistered/ that gives every setting (the command line "
+                        "may add only --work, --results-dir, --note); the result file records its commit.")
     p.add_argument("--eval-every", type=int, default=5)
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--skill-tokens", type=int, default=64)
@@ -763,7 +785,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> None:
     p = build_parser()
-    args = p.parse_args(argv)
+    try:
+        path, rest = split_argv(sys.argv[1:] if argv is None else list(argv))
+        prereg = load_preregistration(path, "learning_curve") if path else None
+    except PreregistrationError as e:
+        p.exit(2, f"learning_curve: {e}\n")
+    args = p.parse_args([*prereg.argv(), *rest] if prereg else rest)
+    del args.preregistered  # the file's record below stands for it
+    if prereg:
+        if args.split != "test":
+            p.exit(2, f"learning_curve: {prereg.path} reads split {args.split}; a preregistered comparison reads test\n")
+        setattr(args, PREREGISTRATION_KEY, prereg.record())
     if not 0.0 <= args.guide_share <= 1.0:
         p.error("--guide-share: a share in [0, 1]")
     if args.guide_share and args.first_turn != "auto":
@@ -784,7 +816,7 @@ def main(argv: list[str] | None = None) -> None:
         p.error("--seeds: a comma list of integers")
     started = now()
     args.work.mkdir(parents=True, exist_ok=True)
-    tasks, heldout, n_train, n_heldout = write_tasks(args.work, args.level, args.train_tasks, args.heldout)
+    tasks, heldout, n_train, n_heldout = write_tasks(args.work, args.level, args.train_tasks, args.heldout, args.split)
     log = args.work / "train.log"
     so_far = Invocation(seeds, methods, tasks, n_train, n_heldout, started)
     runs, walls, packed, read_from = so_far.runs, so_far.walls, so_far.packed, so_far.read_from
@@ -913,7 +945,8 @@ def report(args: argparse.Namespace, so_far: Invocation) -> None:
               f"{'' if t_ci is None else f', t interval [{t_ci[0]:+.3f}, {t_ci[1]:+.3f}]'}; "
               f"training success {m['training_success']:.3f}; "
               f"zero-variance groups {'-' if m['zero_variance_groups'] is None else format(m['zero_variance_groups'], '.3f')}")
-    family = family_in(results_dir, args.result_name, {"seeds": seeds},
+    family = family_in(results_dir, args.result_name,
+                       {"seeds": seeds, PREREGISTRATION_KEY: getattr(args, PREREGISTRATION_KEY, None)},
                        {"methods": analysis["methods"], "runs": packed})
     for method in METHODS[1:]:
         d = analysis.get(f"{method.replace('-', '_')}_minus_grpo")

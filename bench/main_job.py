@@ -36,6 +36,11 @@ ROOT = Path(__file__).resolve().parents[1]
 TARGETS = {"gain_at_least": 0.25, "wall_s_at_most": 900.0, "peak_rss_gb_at_most": 4.0}
 SIDES = {"default": [], "grpo": ["--skills.source", "none"]}
 """Each side's flags after `seed-agents train`: the default command, and GRPO from the same start."""
+SPLIT_FLAGS = {"heldout": [],
+               "validation": ["--eval.tasks", "seed_agents.tools.atlas:validation_tasks", "--eval.num-tasks", "150"],
+               "test": ["--eval.tasks", "seed_agents.tools.atlas:final_test_tasks", "--eval.num-tasks", "300"]}
+"""The flags that point both sides' evaluations at a split (seed_agents.tools.atlas): none for
+``heldout``, the command's own held-out set, on which past figures were tuned and reported."""
 
 
 def run_side(name: str, flags: list[str], work: Path) -> dict[str, Any]:
@@ -88,6 +93,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--work", type=Path, default=None, help="Folder for the runs (default: a temporary one, deleted).")
     p.add_argument("--note", default="", help="What else ran on the machine (it shapes the wall time).")
     p.add_argument("--result-name", default="main_job", help="The result file's name (a variant: main_job_NAME).")
+    p.add_argument("--split", choices=list(SPLIT_FLAGS), default="heldout",
+                   help="Which tasks the evaluations play: heldout (the command's own), validation (for choosing "
+                        "settings) or test (read once).")
     bench_results.add_results_args(p)
     args = p.parse_args(argv)
     stop_children_on_sigterm()
@@ -98,14 +106,14 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"unknown side(s) {', '.join(unknown)}; sides: {', '.join(SIDES)}")
     with tempfile.TemporaryDirectory(prefix="main-job-") as tmp:
         work = args.work or Path(tmp)
-        runs = {name: run_side(name, SIDES[name], work) for name in sides}
+        runs = {name: run_side(name, [*SIDES[name], *SPLIT_FLAGS[args.split]], work) for name in sides}
     results: dict[str, Any] = {"sides": runs, "targets": TARGETS}
     if "default" in runs:
         results["verdicts"] = verdicts(runs["default"])
     if {"default", "grpo"} <= runs.keys():
         gains = [(runs[s]["summary"].get("heldout") or {}).get("gain") for s in ("default", "grpo")]
         results["default_minus_grpo"] = None if None in gains else gains[0] - gains[1]
-    config = {"sides": {s: SIDES[s] for s in sides}, "note": args.note}
+    config = {"sides": {s: [*SIDES[s], *SPLIT_FLAGS[args.split]] for s in sides}, "split": args.split, "note": args.note}
     bench_results.write_result(args.result_name, config, results, started_at=started, results_dir=args.results_dir,
                                code=code)
     for key, value in results.get("verdicts", {}).items():

@@ -1294,17 +1294,48 @@ def _status_row(results: dict[str, Result], claim: str, kind: str, name: str, me
             seeds, f"{_interval(d['t_ci'])} (t)"]
 
 
+def _design(r: Result) -> str:
+    """``preregistered`` (file, commit, split) where the result file records a preregistration
+    committed before the run started; ``exploratory`` where it records none. A recorded
+    preregistration that is not older than the run is refused: its settings could have been
+    chosen after seeing it."""
+    from bench.preregistration import PREREGISTRATION_KEY, older_than
+
+    record = r.config.get(PREREGISTRATION_KEY)
+    if not record:
+        return "exploratory"
+    if not older_than(record, r.started_at):
+        raise TablesError(f"{r.name}: its preregistration {record.get('path')} (commit {str(record.get('commit'))[:7]}, "
+                          f"{record.get('committed_at')}) is not older than the run ({r.started_at})")
+    return f"preregistered (`{record['path']}` at {record['commit'][:7]}, {r.config.get('split', 'heldout')} split)"
+
+
+def _status_design(results: dict[str, Result], kind: str, name: str, method: Any) -> str:
+    """A row's design: a comparison across two files is preregistered only where both are."""
+    designs = [_design(one(results, name))]
+    if kind == "between":
+        designs.append(_design(one(results, method[1])))
+    return next((d for d in designs if d == "exploratory"), designs[0])
+
+
 def status(results: dict[str, Result]) -> list[str]:
     """The README's claims, one row each: the evidence read off its result file, the seeds, the
-    95% interval and the section that has the rest."""
-    rows = [[*_status_row(results, claim, kind, name, method), f"[{name}]({link})"]
-            for claim, kind, name, method, link in STATUS]
+    95% interval, whether its settings were preregistered, and the section that has the rest."""
+    rows = [[*_status_row(results, claim, kind, name, method), _status_design(results, kind, name, method),
+             f"[{name}]({link})"] for claim, kind, name, method, link in STATUS]
+    exploratory = sum(row[-2] == "exploratory" for row in rows)
+    design = ("Every row is exploratory" if exploratory == len(rows) else f"{exploratory} of {len(rows)} rows are "
+              "exploratory") + (": an exploratory row's settings (temperature, schedule, rank, OPD weight, skill "
+                                "options) were chosen on the same held-out tasks that report it, so its figure is "
+                                "likely optimistic; a preregistered row's settings were committed under "
+                                "`bench/preregistered/` before it ran on the test split "
+                                "([splits and preregistration](docs/results.md#splits-and-preregistration)).")
     return ["*Atlas tool family, SmolLM2-135M-Instruct with LoRA on 2 CPU cores, held-out tasks played greedily; "
             "each row from `docs/results/<file>.json`. Intervals are 95%: a gain's resamples seeds and held-out tasks "
             "(crossed), a difference between methods is the paired t interval over seeds, the continual loop's a "
             "bootstrap over its canary tasks. Shown: the interval excludes 0 (and, for a SEED variant against GRPO, "
-            "Holm's correction over every variant tried keeps it under 5%).*", "",
-            *table(["claim", "evidence", "seeds", "interval", "file, section"], rows)]
+            f"Holm's correction over every variant tried keeps it under 5%). {design}*", "",
+            *table(["claim", "evidence", "seeds", "interval", "design", "file, section"], rows)]
 
 
 RENDERERS: dict[str, Callable[[dict[str, Result]], list[str]]] = {

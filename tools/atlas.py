@@ -8,6 +8,13 @@ call on every turn (``tool_choice`` auto, as users' agents are). Training and he
 tasks ask about disjoint places, so a held-out gain is a gain in using the tool, not a
 memorised fact.
 
+Splits: ``train`` (``train_tasks``, ``make_tasks("train")``) trains; ``heldout``
+(``heldout_tasks``, ``make_tasks("heldout")``) is the set past figures were both tuned and
+reported on, kept so they replay; ``validation`` (``validation_tasks``) is where settings are
+chosen, on the held-out places; ``test`` (``final_test_tasks``) asks about places no run has
+seen, half in phrasings no other split uses, and is read once, by a preregistered comparison
+(bench/preregistered/).
+
 Three levels (``make_task``): 0, one lookup whose result is the answer; 1, a lookup then an
 ``add`` with a number from the question; 2, two lookups combined by ``add``. Every task
 names the calls that solve it (``data["calls"]``, ``seed_agents.task_calls``), so the
@@ -48,9 +55,18 @@ SYSTEM_PROMPT = (
 
 ATLAS_SEED = 22
 """The main job's atlas (the knowledge-base benchmark uses another seed: no shared place)."""
-ATLAS_SIZE = 400
+ATLAS_SIZE = 800
+"""Places are drawn one after another from the seed, so the first 400 (all that past runs asked
+about) are the same at any size; 400-800 are the test split's."""
 SPLITS = {"train": (0, 300), "heldout": (300, 400)}
-"""Which places (by index in the atlas) each split asks about: disjoint by construction."""
+"""Which places (by index in the atlas) each split asks about: disjoint by construction.
+``heldout`` is the one held-out set that past runs were both tuned and reported on."""
+EVAL_SPLITS = {"validation": (300, 400), "test": (400, 800)}
+"""The splits a result is read on: ``validation`` (the old held-out places: every choice of
+settings is made here) and ``test`` (places no run has been tuned or reported on, asked half
+in phrasings no training or validation task uses; a preregistered comparison reads it once)."""
+EVAL_TASKS_PER_LEVEL = {"validation": 150, "test": 300}
+"""Distinct questions per level: the test split's 300 give a paired comparison its task count."""
 LEVELS = (0, 1, 2)
 TASKS_PER_LEVEL = {"train": 200, "heldout": 80}
 """The benchmarks' committed manifests: 600 training and 240 held-out tasks, levels interleaved."""
@@ -62,6 +78,13 @@ NOUNS = {"population": "population", "area": "area", "founded": "founding year"}
 """How a field reads inside a longer question."""
 SUM_FIELDS = ("population", "area")
 """Level 2 adds two places' facts: a sum of founding years means nothing."""
+TEST_QUESTIONS = {"population": "How many people live in {place}?",
+                  "area": "How many square km does {place} cover?",
+                  "founded": "When was {place} founded? Give the year."}
+TEST_LEVEL1 = "Take the {noun} of {place} and add {k}. What do you get?"
+TEST_LEVEL2 = "Add the {noun} of {first} to the {noun} of {second}: what is the total?"
+"""Phrasings only the test split uses (``unseen``): a gain that holds on them is not a
+template learnt by heart."""
 
 
 def _name(rng: random.Random) -> str:
@@ -157,13 +180,65 @@ def make_task(level: int, names: Sequence[str], rng: random.Random, facts: dict[
     raise ValueError(f"unknown level {level!r}; levels: {', '.join(map(str, LEVELS))}")
 
 
+def unseen_question(level: int, calls: Sequence[dict[str, Any]]) -> str:
+    """The test split's other phrasing of the task that ``calls`` solve."""
+    first = calls[0]["args"]
+    if level == 0:
+        return TEST_QUESTIONS[first["field"]].format(place=first["place"])
+    if level == 1:
+        return TEST_LEVEL1.format(noun=NOUNS[first["field"]], place=first["place"], k=calls[1]["args"]["b"])
+    return TEST_LEVEL2.format(noun=NOUNS[first["field"]], first=first["place"], second=calls[1]["args"]["place"])
+
+
+def _question_key(level: int, calls: Sequence[dict[str, Any]]) -> tuple[Any, ...]:
+    """What makes two questions the same fact asked twice (a level-1 offset or a phrasing does not)."""
+    looked = [(c["args"]["place"], c["args"]["field"]) for c in calls if c["name"] == "lookup"]
+    return (level, frozenset(looked))
+
+
+def eval_split_tasks(split: str, per_level: int | None = None, levels: Sequence[int] = LEVELS,
+                     seed: int = ATLAS_SEED) -> list[Task]:
+    """``per_level`` distinct questions of each level about ``split``'s places (``EVAL_SPLITS``;
+    default ``EVAL_TASKS_PER_LEVEL``), interleaved by level, no fact asked twice within a level.
+    On ``test`` every second task of a level is asked in its unseen phrasing
+    (``data["phrasing"]``: ``seen`` or ``unseen``), so a result can be read on each half."""
+    if split not in EVAL_SPLITS:
+        raise ValueError(f"unknown split {split!r}; evaluation splits: {', '.join(EVAL_SPLITS)}")
+    per_level = EVAL_TASKS_PER_LEVEL[split] if per_level is None else per_level
+    facts = places(seed)
+    names = list(facts)[slice(*EVAL_SPLITS[split])]
+    by_level: dict[int, list[dict[str, Any]]] = {}
+    for level in levels:
+        rng, seen, drawn = random.Random(f"atlas-{split}-{seed}-{level}"), set(), []
+        for _ in range(100 * per_level):
+            if len(drawn) == per_level:
+                break
+            data = make_task(level, names, rng, facts)
+            if (key := _question_key(level, data["calls"])) in seen:
+                continue
+            seen.add(key)
+            unseen = split == "test" and len(drawn) % 2 == 1
+            if unseen:
+                data["question"] = unseen_question(level, data["calls"])
+            drawn.append({**data, "level": level, "phrasing": "unseen" if unseen else "seen"})
+        if len(drawn) < per_level:
+            raise ValueError(f"{split} has only {len(drawn)} distinct level-{level} questions, {per_level} asked")
+        by_level[level] = drawn
+    return [Task(task_id=f"atlas-{split}-L{level}-{i:03d}", split=split, data=by_level[level][i])
+            for i in range(per_level) for level in levels]
+
+
 def make_tasks(split: str, per_level: int | None = None, levels: Sequence[int] = LEVELS,
                seed: int = ATLAS_SEED) -> list[Task]:
     """``per_level`` tasks of each level in ``levels`` about ``split``'s places (default:
     the committed manifest's count), interleaved by level; each level has its own random
-    stream, so asking for fewer tasks or fewer levels gives a prefix of the same tasks."""
+    stream, so asking for fewer tasks or fewer levels gives a prefix of the same tasks.
+    ``train`` and ``heldout`` are the committed manifests; ``validation`` and ``test`` are
+    ``eval_split_tasks``'s."""
+    if split in EVAL_SPLITS:
+        return eval_split_tasks(split, per_level, levels, seed)
     if split not in SPLITS:
-        raise ValueError(f"unknown split {split!r}; splits: {', '.join(SPLITS)}")
+        raise ValueError(f"unknown split {split!r}; splits: {', '.join([*SPLITS, *EVAL_SPLITS])}")
     per_level = TASKS_PER_LEVEL[split] if per_level is None else per_level
     facts = places(seed)
     names = list(facts)[slice(*SPLITS[split])]
@@ -178,13 +253,15 @@ HELDOUT_TASKS = 120
 
 
 def train_tasks() -> list[Task]:
-    """The main job's training tasks: the level-0 questions of the training places."""
+    """The main job's training tasks (split ``train``): the level-0 questions of the training places."""
     return make_tasks("train", levels=[0])
 
 
 def heldout_tasks() -> list[Task]:
-    """The main job's held-out tasks: ``HELDOUT_TASKS`` distinct level-0 questions (place and
-    field) about the held-out places, in a fixed order, so no question counts twice."""
+    """The main job's held-out tasks (split ``heldout``, the places ``validation`` now asks
+    about): ``HELDOUT_TASKS`` distinct level-0 questions (place and field) about the held-out
+    places, in a fixed order, so no question counts twice. Kept as it was so past runs replay;
+    a new figure reads ``validation_tasks`` while tuning and ``final_test_tasks`` once."""
     facts = places()
     names = list(facts)[slice(*SPLITS["heldout"])]
     pairs = [(place, field) for place in names for field in FIELDS]
@@ -193,6 +270,17 @@ def heldout_tasks() -> list[Task]:
                  data={"question": QUESTIONS[field].format(place=place), "answer": facts[place][field], "level": 0,
                        "calls": [_call("lookup", place=place, field=field)]})
             for i, (place, field) in enumerate(pairs[:HELDOUT_TASKS])]
+
+
+def validation_tasks() -> list[Task]:
+    """Split ``validation``: the level-0 questions every choice of settings is read on."""
+    return eval_split_tasks("validation", levels=[0])
+
+
+def final_test_tasks() -> list[Task]:
+    """Split ``test``: 300 level-0 questions about places nothing was tuned on, half in unseen
+    phrasings (not named ``test_*``: a test module that imports it would collect it)."""
+    return eval_split_tasks("test", levels=[0])
 
 
 # -- the agent and its reward ---------------------------------------------------------------

@@ -214,3 +214,75 @@ def test_each_first_turn_mode_builds_the_agent_it_names(tokenizer) -> None:
         if mode == "lookup-add":  # the tools named: each forced opening carries its tool's name
             assert [c.messages[-1]["content"].endswith(f'"name": "{n}", "arguments":') for c, n in
                     zip(cap.calls, ("lookup", "add"))] == [True, True]
+
+
+# -- the validation and test splits ---------------------------------------------------------
+
+def _asked(tasks: list[Task]) -> set[str]:
+    return {c["args"]["place"] for t in tasks for c in t.data["calls"] if c["name"] == "lookup"}
+
+
+def test_train_validation_and_test_ask_about_disjoint_places() -> None:
+    from seed_agents.tools import atlas as family
+
+    train, heldout = _asked(make_tasks("train")), _asked(make_tasks("heldout"))
+    validation, test = _asked(make_tasks("validation")), _asked(make_tasks("test"))
+    assert not train & validation and not train & test and not validation & test
+    assert validation <= set(list(places())[slice(*family.EVAL_SPLITS["validation"])])
+    assert test <= set(list(places())[slice(*family.EVAL_SPLITS["test"])])
+    assert not test & heldout  # the test places are ones no past run was tuned or reported on
+
+
+def test_the_first_400_places_are_those_past_runs_asked_about() -> None:
+    """Growing the atlas for the test split left every earlier place and fact as it was."""
+    from seed_agents.tools.atlas import generate_places
+
+    assert list(places().items())[:400] == list(generate_places(22, 400).items())
+
+
+def test_test_phrasings_are_unseen_in_train_and_validation_and_half_the_test_split() -> None:
+    import re
+
+    def shape(question: str) -> str:  # the template: places and numbers blanked out
+        names = "|".join(sorted(places(), key=len, reverse=True))
+        return re.sub(r"\d+", "#", re.sub(rf"\b({names})\b", "@", question))
+
+    test = make_tasks("test")
+    seen = {shape(t.data["question"]) for split in ("train", "heldout", "validation") for t in make_tasks(split)}
+    unseen = [t for t in test if t.data["phrasing"] == "unseen"]
+    assert len(unseen) == len(test) // 2
+    assert not {shape(t.data["question"]) for t in unseen} & seen
+    assert {shape(t.data["question"]) for t in test if t.data["phrasing"] == "seen"} <= seen
+    assert all(t.data["phrasing"] == "seen" for t in make_tasks("validation"))
+
+
+def test_split_sizes_distinct_questions_and_determinism() -> None:
+    from seed_agents.tools.atlas import final_test_tasks, validation_tasks
+
+    test, validation = make_tasks("test"), make_tasks("validation")
+    for tasks, per_level in ((test, 300), (validation, 150)):
+        for level in LEVELS:
+            mine = [t for t in tasks if t.data["level"] == level]
+            assert len(mine) == per_level
+            facts = {frozenset((c["args"]["place"], c["args"]["field"]) for c in t.data["calls"] if c["name"] == "lookup")
+                     for t in mine}
+            assert len(facts) == per_level  # no fact asked twice within a level
+    assert make_tasks("test") == test and make_tasks("validation") == validation
+    assert final_test_tasks() == [t for t in test if t.data["level"] == 0]
+    assert validation_tasks() == [t for t in validation if t.data["level"] == 0]
+    assert len({t.task_id for t in test + validation}) == len(test) + len(validation)
+
+
+def test_every_split_task_is_answered_by_its_calls() -> None:
+    from seed_agents.tools.atlas import lookup_fact
+
+    for task in make_tasks("test", per_level=20) + make_tasks("validation", per_level=20):
+        looked = [int(lookup_fact(c["args"]["place"], c["args"]["field"], places()).rsplit(" ", 1)[1].rstrip("."))
+                  for c in task.data["calls"] if c["name"] == "lookup"]
+        extra = [c["args"]["b"] for c in task.data["calls"] if c["name"] == "add" and task.data["level"] == 1]
+        assert sum(looked) + sum(extra) == task.data["answer"]
+
+
+def test_an_unknown_split_names_them_all() -> None:
+    with pytest.raises(ValueError, match="validation, test"):
+        make_tasks("dev")

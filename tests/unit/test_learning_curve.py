@@ -704,3 +704,24 @@ def test_the_family_is_every_seed_variant_against_grpo_each_counted_once():
     assert family["lc:seed"]["mean"] == pytest.approx(0.3) and claims["lc:seed"].p_holm == pytest.approx(min(1.0, 3 * p))
     episode = claims["lc_episode:seed-episode"]
     assert episode.p_holm == pytest.approx(min(1.0, max(3 * p, 2 * episode.p)))
+
+
+def test_a_preregistered_file_is_a_family_of_its_own():
+    """Its comparison was fixed before it ran: no Holm correction over the variants tried on the
+    held-out set, and it does not widen theirs."""
+    from bench.learning_curve import comparison_family
+
+    def curve(tag: str) -> dict:  # another file's runs, with their own digests
+        n = 20
+        c = _curve({**{f"grpo-s{s}": _run([False] * n, [i < 5 + s for i in range(n)]) for s in range(3)},
+                    **{f"seed-s{s}": _run([False] * n, [i < 10 + 2 * s for i in range(n)]) for s in range(3)}}, [0, 1, 2])
+        for name, run in c["results"]["runs"].items():
+            run["digest"] = f"{tag}-{name}"
+        return c
+
+    explored, other, pre = curve("a"), curve("b"), curve("c")
+    pre["config"]["preregistration"] = {"path": "bench/preregistered/x.yaml", "commit": "c", "committed_at": "t"}
+    family = comparison_family({"lc": explored, "lc_other": other, "lc_pre": pre})
+    claims = {k: d["claim"] for k, d in family.items()}
+    assert claims["lc_pre:seed"].variants == 1 and claims["lc_pre:seed"].p_holm == pytest.approx(claims["lc_pre:seed"].p)
+    assert claims["lc:seed"].variants == 2 and claims["lc_other:seed"].variants == 2

@@ -706,3 +706,24 @@ def test_the_status_table_reads_each_claim_off_its_file_and_says_what_holds_afte
     content = next(v for k, v in rows.items() if "content control" in k)
     assert "not after Holm's correction" in content
     assert all(f"[{name}](docs/" in rows[claim] for claim, _, name, _, _ in tables.STATUS)
+    assert all(" | exploratory | " in rows[claim] or " | preregistered (" in rows[claim] for claim, *_ in tables.STATUS)
+
+
+def test_a_status_row_is_exploratory_without_a_preregistration_and_refused_with_a_late_one():
+    """A result file that names no preregistration reads as exploratory (tuned and reported on
+    one held-out set); one whose preregistration commit is not older than the run is refused."""
+    from bench.results import Result
+
+    def result(record=None, started="2026-12-08T04:00:00+00:00"):
+        config = {"split": "test", **({"preregistration": record} if record else {})}
+        return Result(name="learning_curve_x", config=config, results={}, started_at=started)
+
+    record = {"path": "bench/preregistered/x.yaml", "commit": "abcdef0123", "committed_at": "2026-12-08T03:00:00+00:00"}
+    assert tables._design(result()) == "exploratory"
+    assert tables._design(result(record)) == "preregistered (`bench/preregistered/x.yaml` at abcdef0, test split)"
+    for started in ("2026-12-08T03:00:00+00:00", "2026-12-08T02:59:00+00:00", None):
+        with pytest.raises(tables.TablesError, match="not older than the run"):
+            tables._design(result(record, started))
+    results = {"learning_curve_x": result(record), "learning_curve_y": result()}
+    between = tables._status_design(results, "between", "learning_curve_x", ("seed", "learning_curve_y", "grpo"))
+    assert between == "exploratory"  # a comparison across files is preregistered only where both are
